@@ -1,0 +1,72 @@
+// Tests of dea/core: errors, tensors, parameters, the RNG and initialisers, the gradient checker itself.
+#include <catch2/catch.hpp>
+#include <dea/dea.hpp>
+#include <dea/testing/gradcheck.hpp>
+
+using namespace dea;
+
+TEST_CASE("check throws dea::Error naming the argument", "[core]") {
+  Tensor<double> t({2, 3});
+  REQUIRE_THROWS_AS(check_shape(t, {3, 2}, "oracle"), Error);
+  try {
+    check_shape(t, {3, 2}, "oracle");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    REQUIRE(m.find("oracle") != std::string::npos);
+    REQUIRE(m.find("[3, 2]") != std::string::npos);
+    REQUIRE(m.find("[2, 3]") != std::string::npos);
+  }
+  Mat<double> m = Mat<double>::Zero(2, 2);
+  m(1, 0) = std::numeric_limits<double>::quiet_NaN();
+  REQUIRE_THROWS_WITH(check_finite(m, "x"), Catch::Contains("row 1, column 0"));
+}
+
+TEST_CASE("Rng is deterministic and has the right moments", "[core]") {
+  Rng a(7), b(7), c(8);
+  for (int i = 0; i < 10; ++i) REQUIRE(a.next_u64() == b.next_u64());
+  REQUIRE(a.next_u64() != c.next_u64());
+  Rng r(1);
+  double s = 0, s2 = 0, u = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const double x = r.normal();
+    s += x;
+    s2 += x * x;
+    u += r.uniform();
+  }
+  REQUIRE(std::abs(s / n) < 0.01);
+  REQUIRE(std::abs(s2 / n - 1) < 0.01);
+  REQUIRE(std::abs(u / n - 0.5) < 0.005);
+}
+
+TEST_CASE("orthogonal initialiser gives Q with QtQ = I", "[core]") {
+  Rng r(3);
+  Mat<double> q = init::orthogonal<double>(16, r);
+  REQUIRE((q.transpose() * q - Mat<double>::Identity(16, 16)).cwiseAbs().maxCoeff() < 1e-12);
+}
+
+TEST_CASE("GradCheck finds a wrong gradient and accepts a right one", "[core][gradcheck]") {
+  // f(w) = <tanh(A w), R>; gradient A^T (R .* (1 - tanh^2)).
+  Rng rng(5);
+  Mat<double> A(4, 3);
+  init::normal(A, rng, 0, 1);
+  Vec<double> w(3), g(3), R(4);
+  init::normal(w, rng, 0, 1);
+  init::normal(R, rng, 0, 1);
+  auto objective = [&] { return (A * w).array().tanh().matrix().dot(R); };
+  auto good = [&] {
+    const Vec<double> t = (A * w).array().tanh();
+    g = A.transpose() * (R.array() * (1 - t.array().square())).matrix();
+  };
+  testing::GradCheck gc;
+  gc.add("w", w.data(), g.data(), 3);
+  auto rep = gc.run(objective, good);
+  INFO(rep.str());
+  REQUIRE(rep.ok);
+  REQUIRE(rep.worst_rel_error < 1e-8);
+  auto bad = [&] {
+    good();
+    g[1] *= 1.001;
+  };
+  REQUIRE_FALSE(gc.run(objective, bad).ok);
+}
