@@ -1,0 +1,33 @@
+// dea/ops/linear.hpp: the affine map of PyTorch's Linear, forward and backward.
+//
+// Shapes: x [N, in], W [out, in] (PyTorch layout), b [out], y [N, out].
+#pragma once
+
+#include "../core/param.hpp"
+
+namespace dea {
+namespace ops {
+
+/// y = x W^T + b   (b may be null: no bias)
+template <class S, class DX, class DW>
+void linear_forward(const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>& W, const S* b, Mat<S>& y) {
+  y.resize(x.rows(), W.rows());
+  y.noalias() = x * W.transpose();
+  if (b) y.rowwise() += Eigen::Map<const RowVec<S>>(b, W.rows());
+}
+
+/// Backward of linear_forward. Adds dW += dy^T x and db += colsum(dy) (db may be null);
+/// writes dx = dy W when dx is non-null.
+template <class S, class DY, class DX, class DW>
+void linear_backward(const Eigen::MatrixBase<DY>& dy, const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>& W,
+                     MatMap<S> dW, S* db, Mat<S>* dx) {
+  dW.noalias() += dy.transpose() * x;                                        // y = x W^T  ->  dW = dy^T x
+  if (db) Eigen::Map<RowVec<S>>(db, W.rows()) += dy.colwise().sum();       // y += b     ->  db = sum_n dy
+  if (dx) {
+    dx->resize(dy.rows(), W.cols());
+    dx->noalias() = dy * W;                                                  // y = x W^T  ->  dx = dy W
+  }
+}
+
+}  // namespace ops
+}  // namespace dea
