@@ -1,9 +1,11 @@
 // dea/ops/linear.hpp: the affine map of PyTorch's Linear, forward and backward.
 //
-// Shapes: x [N, in], W [out, in] (PyTorch layout), b [out], y [N, out].
+// Shapes: x [N, in], W [out, in] (PyTorch layout), b [out], y [N, out]. Products go through ops::gemm, so
+// results do not depend on the thread count.
 #pragma once
 
 #include "../core/param.hpp"
+#include "gemm.hpp"
 
 namespace dea {
 namespace ops {
@@ -11,8 +13,7 @@ namespace ops {
 /// y = x W^T + b   (b may be null: no bias)
 template <class S, class DX, class DW>
 void linear_forward(const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>& W, const S* b, Mat<S>& y) {
-  y.resize(x.rows(), W.rows());
-  y.noalias() = x * W.transpose();
+  gemm<S>(x, W.transpose(), y);
   if (b) y.rowwise() += Eigen::Map<const RowVec<S>>(b, W.rows());
 }
 
@@ -21,12 +22,9 @@ void linear_forward(const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>&
 template <class S, class DY, class DX, class DW>
 void linear_backward(const Eigen::MatrixBase<DY>& dy, const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>& W,
                      MatMap<S> dW, S* db, Mat<S>* dx) {
-  dW.noalias() += dy.transpose() * x;                                        // y = x W^T  ->  dW = dy^T x
-  if (db) Eigen::Map<RowVec<S>>(db, W.rows()) += dy.colwise().sum();       // y += b     ->  db = sum_n dy
-  if (dx) {
-    dx->resize(dy.rows(), W.cols());
-    dx->noalias() = dy * W;                                                  // y = x W^T  ->  dx = dy W
-  }
+  gemm_tn_add<S>(dy, x, dW);                                                 // y = x W^T  ->  dW += dy^T x
+  if (db) Eigen::Map<RowVec<S>>(db, W.rows()) += dy.colwise().sum();       // y += b     ->  db += sum_n dy
+  if (dx) gemm<S>(dy, W, *dx);                                               // y = x W^T  ->  dx = dy W
 }
 
 }  // namespace ops

@@ -1,0 +1,653 @@
+// dea/attention/dual_expert.hpp: Dual-Expert Attention (DEA) v2.8.3 with hand-derived backward passes.
+//
+// Al-Hayali, "Learning When to Look Like vs. Work Like: A Dual-Expert Attention with a Graded Alpha Knob"
+// (v2.8.3, 2026). Every head scores a (query, key) pair with two experts,
+//   E0 = q.k / sqrt(Dh)                      ("looks like")
+//   E1 = min(0, -|W_rel q - k|^2 / Dh)        ("works like", lock and key),
+// normalises each per query across the real keys, and mixes them with a graded gate
+//   alpha_hat = min(0.95, sigmoid(clip(q.w_q + k.w_k + w_E0 E0~ + w_E1 E1~ + c_gate, -10, 10))).
+// Training mixes the oracle alpha in with weight gamma_mix and adds the gate loss L_v2.8 (gate_loss.hpp).
+//
+// Gradient isolation is structural: backward() (the task path) never writes W_gate / c_gate, because the
+// scores read alpha_hat as a constant; backward_gate() (the gate loss) writes only W_gate / c_gate, because the
+// gate reads Q, K, E0~, E1~ as constants. verify_gradient_isolation() proves it on a batch.
+//
+// Layout: activations are row-major [B*T, D] (row b*T + t); head h owns feature columns [h*Dh, (h+1)*Dh).
+// Per-head score tensors [B, H, Tq, Tk] are flat buffers; the (b, h) slice starts at ((b*H + h)*Tq)*Tk.
+// The unit of parallel work is one (b, h) pair; every pair writes only its own slices, and the parameter
+// gradients all pairs touch (W_rel, W_gate, c_gate) are reduced from per-pair partials in a fixed order, so
+// results are bitwise identical for any thread count.
+#pragma once
+
+#include "../core/param.hpp"
+#include "../core/parallel.hpp"
+#include "../core/rng.hpp"
+#include "../ops/gemm.hpp"
+#include "../ops/linear.hpp"
+#include "../ops/softmax.hpp"
+#include "context.hpp"
+#include "gate_loss.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+namespace dea {
+
+/// Gate-loss statistics of one forward pass (the reference's `stats`).
+struct GateStats {
+  double loss_reg = 0;            ///< mean (alpha_hat - alpha)^2 over labelled cells (every head)
+  double loss_spot = 0;           ///< mean l_pair over valid (b, h, i, p)
+  double loss_decision = 0;       ///< mean L_decision over valid pairs
+  double decision_side_acc = 0;   ///< fraction of valid pairs on the oracle's side of beta (NaN without pairs)
+  Index n_decision_pairs = 0;     ///< number of valid pairs
+  Index n_labelled = 0;           ///< number of labelled cells (counted once per head)
+};
+
+template <class S, int Heads = Dynamic, int DHead = Dynamic>
+class DualExpertAttention {
+  static_assert(std::is_floating_point<S>::value, "DualExpertAttention: Scalar must be float or double");
+  static_assert(Heads == Dynamic || Heads > 0, "Heads must be positive or Eigen::Dynamic");
+  static_assert(DHead == Dynamic || DHead > 0, "DHead must be positive or Eigen::Dynamic");
+
+public:
+  using Scalar = S;
+  /// Per-head [T, Dh] block (column-major so that one column is allowed when Dh = 1).
+  using HeadMat = Eigen::Matrix<S, Eigen::Dynamic, DHead>;
+  /// Per-head [Dh, Dh] matrix.
+  using RelMat = Eigen::Matrix<S, DHead, DHead, (DHead == 1 ? Eigen::ColMajor : Eigen::RowMajor)>;
+
+  struct Options {
+    S dropout = 0;           ///< attention-probability dropout (training only, inverted scaling)
+    bool bias = true;        ///< biases on the four projections
+    bool out_proj = true;    ///< false: the output is the concatenated heads (no W_o), as in the BERT adapter
+    GateLossParams<S> gate;  ///< lambda_s, tau_s, tau_d, lambda_d
+  };
+
+  /// What forward() keeps for backward() and what callers read after it (eval, plots, interop).
+  struct Cache {
+    Index B = 0, Tq = 0, Tk = 0;
+    bool self = false;          ///< q_in, k_in, v_in were the same tensor
+    bool has_oracle = false;
+    bool dropout_on = false;
+    S gamma_mix = 0;
+    Mat<S> q_in, k_in, v_in;    ///< [B*Tq, D], [B*Tk, D], [B*Tk, D] (only q_in when self)
+    Mat<S> Q, K, V;             ///< projections (bias included)
+    Mat<S> R;                   ///< W_rel[h] Q_i per head, [B*Tq, D]
+    Mat<S> ctx;                 ///< concatenated head outputs [B*Tq, D] (input of W_o)
+    std::vector<std::uint8_t> km;  ///< [B, Tk] real keys
+    // [B, H, Tq, Tk]
+    std::vector<S> e0n, e1n;    ///< normalised experts E0~, E1~ (0 at padded keys)
+    std::vector<S> logit;       ///< gate logit before the clip
+    std::vector<S> alpha_hat;   ///< the gate's alpha-hat
+    std::vector<S> alpha_mix;   ///< the mixing coefficient the scores used (a constant for backward)
+    std::vector<S> scores;      ///< S_mix (with an oracle) or S~ (without)
+    std::vector<S> attn;        ///< softmax probabilities (before dropout)
+    std::vector<S> drop;        ///< dropout multipliers (0 or 1/(1-p)), when dropout was on
+    std::vector<std::uint8_t> e1_clamped;  ///< 1 where the raw E1 was > 0 (clamped to 0: no gradient)
+    // [B, H, Tq]
+    std::vector<S> sigma0, sigma1;         ///< sigma = sqrt(max(var, 1e-12)) of each row
+    std::vector<std::uint8_t> floor0, floor1;  ///< 1 where var < 1e-12 (the floor: no gradient through sigma)
+    std::vector<S> n_real;                 ///< real keys of the row's batch (floored at 1)
+    // gate loss (with an oracle)
+    S loss_gate = 0;
+    GateStats stats;
+    std::vector<S> dlogit_gate;            ///< d loss_gate / d logit, [B, H, Tq, Tk]
+    std::vector<S> beta, w, d_b;           ///< per-pair photo-finish values [B, H, Tq, Tk], NaN where not valid
+    std::vector<std::int64_t> target;      ///< target key per (b, h, i), -1 where the row is inactive
+    std::vector<S> oracle_ref;             ///< clamped oracle, NaN where unlabelled [B, H, Tq, Tk]
+
+    Index cell(Index b, Index h, Index i, Index j, Index H) const { return ((b * H + h) * Tq + i) * Tk + j; }
+  };
+
+  /// Gradients of the three inputs of cross-attention.
+  struct InputGrads {
+    Mat<S> dq, dk, dv;
+  };
+
+  DualExpertAttention(Index d_model, Index n_heads, Rng& rng, Options opt = {}) : D_(d_model), H_(n_heads), opt_(opt) {
+    check(d_model > 0, "DualExpertAttention: d_model must be positive, got ", d_model);
+    check(n_heads > 0, "DualExpertAttention: n_heads must be positive, got ", n_heads);
+    check(d_model % n_heads == 0, "DualExpertAttention: d_model (", d_model, ") must be divisible by n_heads (",
+          n_heads, ")");
+    Dh_ = d_model / n_heads;
+    check(Heads == Dynamic || Heads == n_heads, "DualExpertAttention: n_heads: expected the compile-time ", Heads,
+          ", got ", n_heads);
+    check(DHead == Dynamic || DHead == Dh_, "DualExpertAttention: d_model / n_heads: expected the compile-time ",
+          DHead, ", got ", Dh_);
+    check(opt.dropout >= 0 && opt.dropout < 1, "DualExpertAttention: dropout must be in [0, 1), got ", opt.dropout);
+    const char* names[4] = {"W_q", "W_k", "W_v", "W_o"};
+    for (int p = 0; p < 4; ++p) {
+      weight_[p] = Param<S>(std::string(names[p]) + ".weight", "main", {D_, D_});
+      bias_[p] = Param<S>(std::string(names[p]) + ".bias", "main", {D_});
+    }
+    W_rel_ = Param<S>("W_rel", "main", {H_, Dh_, Dh_});
+    W_gate_ = Param<S>("W_gate", "gate", {H_, 2 * Dh_ + 2});
+    c_gate_ = Param<S>("c_gate", "gate", {H_});
+    reset_parameters(rng);
+  }
+
+  /// The reference's initialisation: Xavier-uniform projections with zero bias, an orthogonal W_rel per head,
+  /// Xavier-uniform W_gate rows (fan_in 2Dh+2, fan_out 1), c_gate = -0.5.
+  void reset_parameters(Rng& rng) {
+    for (int p = 0; p < 4; ++p) {
+      init::xavier_uniform(weight_[p].mat(), rng, D_, D_);
+      bias_[p].value.setZero();
+    }
+    for (Index h = 0; h < H_; ++h)
+      Eigen::Map<Mat<S>>(W_rel_.value.data() + h * Dh_ * Dh_, Dh_, Dh_) = init::orthogonal<S>(Dh_, rng);
+    for (Index h = 0; h < H_; ++h) init::xavier_uniform(W_gate_.mat().row(h), rng, 2 * Dh_ + 2, 1);
+    c_gate_.value.setConstant(S(DeaConstants::c_gate_init));
+  }
+
+  Index d_model() const { return D_; }
+  Index n_heads() const { return H_; }
+  Index d_head() const { return Dh_; }
+  const Options& options() const { return opt_; }
+
+  /// Parameters under the reference's state_dict names, in its order.
+  ParamList<S> parameters() {
+    ParamList<S> out;
+    const int nproj = opt_.out_proj ? 4 : 3;
+    for (int p = 0; p < nproj; ++p) {
+      out.push_back(&weight_[p]);
+      if (opt_.bias) out.push_back(&bias_[p]);
+    }
+    out.push_back(&W_rel_);
+    out.push_back(&W_gate_);
+    out.push_back(&c_gate_);
+    return out;
+  }
+  void zero_grad() { dea::zero_grad(parameters()); }
+
+  Param<S>& W_rel() { return W_rel_; }
+  Param<S>& W_gate() { return W_gate_; }
+  Param<S>& c_gate() { return c_gate_; }
+
+  /// Self-attention: q = k = v = x [B*T, D]. Returns the output [B*T, D].
+  Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) {
+    return forward_impl(x, x, x, batch, ctx, cache, true);
+  }
+
+  /// Cross-attention: q_in [B*Tq, D], k_in and v_in [B*Tk, D]. Returns the output [B*Tq, D].
+  Mat<S> forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, Index batch, const AttnContext<S>& ctx,
+                 Cache& cache) {
+    return forward_impl(q_in, k_in, v_in, batch, ctx, cache, false);
+  }
+
+  /// Task backward of a self-attention forward: adds into the gradients of W_q, W_k, W_v, W_o and W_rel (never
+  /// W_gate / c_gate) and returns dL/dx.
+  Mat<S> backward(const Mat<S>& dy, Cache& cache) {
+    check(cache.self, "DualExpertAttention::backward: the forward was cross-attention; use backward_inputs");
+    InputGrads g = backward_inputs(dy, cache);
+    g.dq += g.dk;
+    g.dq += g.dv;
+    return std::move(g.dq);
+  }
+
+  /// Task backward returning the three input gradients (for cross-attention; for self-attention sum them).
+  InputGrads backward_inputs(const Mat<S>& dy, Cache& c) {
+    check(c.B > 0, "DualExpertAttention::backward: the cache holds no forward pass");
+    check_matrix(dy, c.B * c.Tq, D_, "DualExpertAttention::backward: dy");
+    const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
+    const S inv_sqrt = S(1) / std::sqrt(S(Dh));
+    const S inv_dh = S(1) / S(Dh);
+
+    // output projection: y = ctx W_o^T + b_o
+    Mat<S> dctx;
+    if (opt_.out_proj)
+      ops::linear_backward<S>(dy, c.ctx, weight_[3].mat(), weight_[3].grad_mat(), opt_.bias ? bias_[3].grad.data() : nullptr,
+                              &dctx);
+    else
+      dctx = dy;
+
+    Mat<S> dQ(B * Tq, D_), dK(B * Tk, D_), dV(B * Tk, D_);
+    std::vector<S> dwrel_part(static_cast<std::size_t>(B * H * Dh * Dh));
+
+    parallel_for(B * H, [&](Index bh) {
+      const Index b = bh / H, h = bh % H;
+      const Index off = bh * Tq * Tk;
+      const HeadMat Qh = c.Q.block(b * Tq, h * Dh, Tq, Dh);
+      const HeadMat Kh = c.K.block(b * Tk, h * Dh, Tk, Dh);
+      const HeadMat Vh = c.V.block(b * Tk, h * Dh, Tk, Dh);
+      const HeadMat Rh = c.R.block(b * Tq, h * Dh, Tq, Dh);
+      const HeadMat dctx_h = dctx.block(b * Tq, h * Dh, Tq, Dh);
+      ConstMatMap<S> P(c.attn.data() + off, Tq, Tk);
+      const S* drop = c.dropout_on ? c.drop.data() + off : nullptr;
+
+      // ctx_h = Pd V_h, Pd = P .* drop
+      Mat<S> dP = dctx_h * Vh.transpose();                       // ctx = Pd V  ->  dPd = dctx V^T
+      if (drop) {
+        ConstMatMap<S> Dm(drop, Tq, Tk);
+        const Mat<S> Pd = P.cwiseProduct(Dm);
+        dV.block(b * Tk, h * Dh, Tk, Dh).noalias() = Pd.transpose() * dctx_h;  // ctx = Pd V  ->  dV = Pd^T dctx
+        dP = dP.cwiseProduct(Dm);                                // Pd = P .* drop  ->  dP = dPd .* drop
+      } else {
+        dV.block(b * Tk, h * Dh, Tk, Dh).noalias() = P.transpose() * dctx_h;
+      }
+      // P = softmax(S) over real keys
+      Mat<S> dS(Tq, Tk);
+      ops::softmax_rows_backward<S>(P, dP, dS);
+      // S = (1 - alpha_mix) E0~ + alpha_mix E1~, alpha_mix constant
+      ConstMatMap<S> AM(c.alpha_mix.data() + off, Tq, Tk);
+      Mat<S> g0 = (S(1) - AM.array()).matrix().cwiseProduct(dS);
+      Mat<S> g1 = AM.cwiseProduct(dS);
+      // E~ = norm(E) per row over the real keys
+      const std::uint8_t* km = c.km.data() + b * Tk;
+      const Index row0 = bh * Tq;
+      norm_backward(g0, c.e0n.data() + off, c.sigma0.data() + row0, c.floor0.data() + row0, c.n_real[static_cast<std::size_t>(b)], km);
+      norm_backward(g1, c.e1n.data() + off, c.sigma1.data() + row0, c.floor1.data() + row0, c.n_real[static_cast<std::size_t>(b)], km);
+      // E1 = min(0, E1raw): no gradient where the clamp was active
+      const std::uint8_t* clamped = c.e1_clamped.data() + off;
+      for (Index k = 0; k < Tq * Tk; ++k)
+        if (clamped[k]) g1.data()[k] = 0;
+      // E1raw_ij = -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh
+      //   dR_i = -(2/Dh) (sum_j g1_ij R_i - sum_j g1_ij K_j),  dK_j = -(2/Dh) (sum_i g1_ij K_j - sum_i g1_ij R_i)
+      const Eigen::Matrix<S, Eigen::Dynamic, 1> rs = g1.rowwise().sum();
+      const Eigen::Matrix<S, 1, Eigen::Dynamic> cs = g1.colwise().sum();
+      HeadMat dR = -S(2) * inv_dh * (rs.asDiagonal() * Rh - g1 * Kh);
+      HeadMat dKh = -S(2) * inv_dh * (cs.transpose().asDiagonal() * Kh - g1.transpose() * Rh);
+      // E0_ij = Q_i.K_j / sqrt(Dh)
+      dKh.noalias() += inv_sqrt * (g0.transpose() * Qh);           // dK = g0^T Q / sqrt(Dh)
+      // R = Q W_rel^T  ->  dQ = dR W_rel, dW_rel = dR^T Q
+      Eigen::Map<const RelMat> Wr(W_rel_.value.data() + h * Dh * Dh, Dh, Dh);
+      HeadMat dQh = inv_sqrt * (g0 * Kh);                           // dQ = g0 K / sqrt(Dh)
+      dQh.noalias() += dR * Wr;
+      Eigen::Map<RelMat>(dwrel_part.data() + bh * Dh * Dh, Dh, Dh).noalias() = dR.transpose() * Qh;
+      dQ.block(b * Tq, h * Dh, Tq, Dh) = dQh;
+      dK.block(b * Tk, h * Dh, Tk, Dh) = dKh;
+    });
+
+    // W_rel gradient: per-pair partials summed in the fixed order b = 0..B-1
+    parallel_for(H, [&](Index h) {
+      Eigen::Map<Vec<S>> g(W_rel_.grad.data() + h * Dh * Dh, Dh * Dh);
+      for (Index b = 0; b < B; ++b) g += Eigen::Map<const Vec<S>>(dwrel_part.data() + (b * H + h) * Dh * Dh, Dh * Dh);
+    });
+
+    // projections: Q = q_in W_q^T + b_q, etc.
+    InputGrads out;
+    const Mat<S>& kin = c.self ? c.q_in : c.k_in;
+    const Mat<S>& vin = c.self ? c.q_in : c.v_in;
+    ops::linear_backward<S>(dQ, c.q_in, weight_[0].mat(), weight_[0].grad_mat(), opt_.bias ? bias_[0].grad.data() : nullptr, &out.dq);
+    ops::linear_backward<S>(dK, kin, weight_[1].mat(), weight_[1].grad_mat(), opt_.bias ? bias_[1].grad.data() : nullptr, &out.dk);
+    ops::linear_backward<S>(dV, vin, weight_[2].mat(), weight_[2].grad_mat(), opt_.bias ? bias_[2].grad.data() : nullptr, &out.dv);
+    return out;
+  }
+
+  /// Gate-loss backward: adds scale * d loss_gate / d(W_gate, c_gate) into their gradients and nothing else.
+  /// (No-op when the forward had no oracle: the gate loss was the constant 0.)
+  void backward_gate(Cache& c, S scale = S(1)) {
+    if (!c.has_oracle) return;
+    const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
+    const Index G = 2 * Dh + 2;
+    std::vector<S> part(static_cast<std::size_t>(B * H * (G + 1)), S(0));
+    parallel_for(B * H, [&](Index bh) {
+      const Index b = bh / H, h = bh % H;
+      const Index off = bh * Tq * Tk;
+      ConstMatMap<S> dl(c.dlogit_gate.data() + off, Tq, Tk);
+      ConstMatMap<S> E0(c.e0n.data() + off, Tq, Tk);
+      ConstMatMap<S> E1(c.e1n.data() + off, Tq, Tk);
+      S* p = part.data() + bh * (G + 1);
+      // logit_ij = Q_i.w_q + K_j.w_k + w_E0 E0~_ij + w_E1 E1~_ij + c
+      const Eigen::Matrix<S, Eigen::Dynamic, 1> rsum = dl.rowwise().sum();
+      const Eigen::Matrix<S, 1, Eigen::Dynamic> csum = dl.colwise().sum();
+      Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>(p, Dh).noalias() =
+          rsum.transpose() * c.Q.block(b * Tq, h * Dh, Tq, Dh);     // dw_q = sum_i (sum_j dl_ij) Q_i
+      Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>(p + Dh, Dh).noalias() =
+          csum * c.K.block(b * Tk, h * Dh, Tk, Dh);                  // dw_k = sum_j (sum_i dl_ij) K_j
+      p[2 * Dh] = dl.cwiseProduct(E0).sum();                         // dw_E0 = sum dl E0~
+      p[2 * Dh + 1] = dl.cwiseProduct(E1).sum();                     // dw_E1 = sum dl E1~
+      p[G] = rsum.sum();                                             // dc = sum dl
+    });
+    for (Index h = 0; h < H; ++h)
+      for (Index b = 0; b < B; ++b) {
+        const S* p = part.data() + (b * H + h) * (G + 1);
+        for (Index g = 0; g < G; ++g) W_gate_.grad[h * G + g] += scale * p[g];
+        c_gate_.grad[h] += scale * p[G];
+      }
+  }
+
+  /// Gradient isolation check (the reference's verify_gradient_isolation): one forward on x with the given
+  /// context (which should carry an oracle); backward of a task stand-in (mean of output^2) must leave W_gate and
+  /// c_gate exactly zero and move W_rel; backward of the gate loss alone must leave every other parameter exactly
+  /// zero and move W_gate. The layer's gradients are cleared before and after.
+  struct IsolationReport {
+    double task_gate_grad = 0;   ///< sum |grad| of W_gate, c_gate after the task backward (must be 0)
+    double task_rel_grad = 0;    ///< sum |grad| of W_rel after the task backward (> 0)
+    double gate_main_grad = 0;   ///< sum |grad| of every main-group parameter after the gate backward (must be 0)
+    double gate_gate_grad = 0;   ///< sum |grad| of W_gate, c_gate after the gate backward (> 0)
+    bool ok = false;
+  };
+  IsolationReport verify_gradient_isolation(const Mat<S>& x, Index batch, const AttnContext<S>& ctx) {
+    IsolationReport r;
+    Cache cache;
+    zero_grad();
+    const Mat<S> y = forward(x, batch, ctx, cache);
+    backward(S(2) / S(y.size()) * y, cache);  // d mean(y^2) / dy
+    for (Param<S>* p : parameters()) {
+      const double s = static_cast<double>(p->grad.cwiseAbs().sum());
+      if (p->group == "gate") r.task_gate_grad += s;
+      if (p->name == "W_rel") r.task_rel_grad += s;
+    }
+    zero_grad();
+    backward_gate(cache);
+    for (Param<S>* p : parameters()) {
+      const double s = static_cast<double>(p->grad.cwiseAbs().sum());
+      (p->group == "gate" ? r.gate_gate_grad : r.gate_main_grad) += s;
+    }
+    zero_grad();
+    r.ok = r.task_gate_grad == 0 && r.task_rel_grad > 0 && r.gate_main_grad == 0 && r.gate_gate_grad > 0;
+    return r;
+  }
+
+private:
+  Mat<S> forward_impl(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, Index batch,
+                      const AttnContext<S>& ctx, Cache& c, bool self) {
+    // ---- validation at the boundary (nothing below may throw inside a parallel region)
+    check(batch > 0, "DualExpertAttention::forward: batch must be positive, got ", batch);
+    check(q_in.cols() == D_, "DualExpertAttention::forward: x: expected ", D_, " columns (d_model), got ", q_in.cols());
+    check(q_in.rows() % batch == 0 && q_in.rows() > 0, "DualExpertAttention::forward: x: expected B*T rows with B = ",
+          batch, ", got ", q_in.rows(), " rows");
+    const Index B = batch, Tq = q_in.rows() / batch;
+    Index Tk = Tq;
+    if (!self) {
+      check(k_in.cols() == D_ && v_in.cols() == D_, "DualExpertAttention::forward: k_in/v_in: expected ", D_,
+            " columns, got ", k_in.cols(), " and ", v_in.cols());
+      check(k_in.rows() % batch == 0 && k_in.rows() > 0 && v_in.rows() == k_in.rows(),
+            "DualExpertAttention::forward: k_in/v_in: expected the same B*Tk rows with B = ", batch, ", got ",
+            k_in.rows(), " and ", v_in.rows());
+      Tk = k_in.rows() / batch;
+      check_finite(k_in, "DualExpertAttention::forward: k_in");
+      check_finite(v_in, "DualExpertAttention::forward: v_in");
+    }
+    check_finite(q_in, self ? "DualExpertAttention::forward: x" : "DualExpertAttention::forward: q_in");
+    const Index H = H_, Dh = Dh_;
+    if (ctx.key_mask) check_shape(*ctx.key_mask, {B, Tk}, "DualExpertAttention::forward: key_mask");
+    const bool has_oracle = ctx.alpha_oracle != nullptr;
+    bool oracle_per_head = false;
+    if (has_oracle) {
+      const Shape& s = ctx.alpha_oracle->shape;
+      oracle_per_head = s.size() == 4;
+      check(s == Shape{B, Tq, Tk} || s == Shape{B, H, Tq, Tk}, "DualExpertAttention::forward: alpha_oracle: expected shape ",
+            shape_str({B, Tq, Tk}), " or ", shape_str({B, H, Tq, Tk}), ", got ", shape_str(s));
+      check(ctx.gamma_mix >= 0 && ctx.gamma_mix <= 1, "DualExpertAttention::forward: gamma_mix must be in [0, 1], got ",
+            ctx.gamma_mix);
+    }
+    bool target_per_head = false;
+    if (ctx.target_idx) {
+      check(has_oracle, "DualExpertAttention::forward: target_idx was given without alpha_oracle (the gate loss needs both)");
+      const Shape& s = ctx.target_idx->shape;
+      target_per_head = s.size() == 3;
+      check(s == Shape{B, Tq} || s == Shape{B, H, Tq}, "DualExpertAttention::forward: target_idx: expected shape ",
+            shape_str({B, Tq}), " or ", shape_str({B, H, Tq}), ", got ", shape_str(s));
+      for (Index k = 0; k < ctx.target_idx->numel(); ++k) {
+        const std::int64_t t = (*ctx.target_idx)[k];
+        check(t >= -1 && t < Tk, "DualExpertAttention::forward: target_idx: expected -1 (none) or a key index in [0, ", Tk,
+              "), got ", t, " at flat position ", k);
+      }
+    }
+    if (ctx.frozen_alpha_hat)
+      check_shape(*ctx.frozen_alpha_hat, {B, H, Tq, Tk}, "DualExpertAttention::forward: frozen_alpha_hat");
+    const bool dropout_on = ctx.training && opt_.dropout > 0;
+    check(!dropout_on || ctx.rng != nullptr, "DualExpertAttention::forward: training with dropout ", opt_.dropout,
+          " needs ctx.rng");
+
+    // ---- cache set-up
+    c = Cache();
+    c.B = B;
+    c.Tq = Tq;
+    c.Tk = Tk;
+    c.self = self;
+    c.has_oracle = has_oracle;
+    c.dropout_on = dropout_on;
+    c.gamma_mix = ctx.gamma_mix;
+    c.q_in = q_in;
+    if (!self) {
+      c.k_in = k_in;
+      c.v_in = v_in;
+    }
+    c.km.assign(static_cast<std::size_t>(B * Tk), 1);
+    if (ctx.key_mask)
+      for (Index k = 0; k < B * Tk; ++k) c.km[static_cast<std::size_t>(k)] = (*ctx.key_mask)[k] ? 1 : 0;
+    c.n_real.resize(static_cast<std::size_t>(B));
+    for (Index b = 0; b < B; ++b) {
+      Index n = 0;
+      for (Index j = 0; j < Tk; ++j) n += c.km[static_cast<std::size_t>(b * Tk + j)];
+      c.n_real[static_cast<std::size_t>(b)] = S(n < 1 ? 1 : n);
+    }
+    const std::size_t cells = static_cast<std::size_t>(B * H * Tq * Tk), rows = static_cast<std::size_t>(B * H * Tq);
+    c.e0n.resize(cells);
+    c.e1n.resize(cells);
+    c.logit.resize(cells);
+    c.alpha_hat.resize(cells);
+    c.alpha_mix.resize(cells);
+    c.scores.resize(cells);
+    c.attn.resize(cells);
+    c.e1_clamped.resize(cells);
+    c.sigma0.resize(rows);
+    c.sigma1.resize(rows);
+    c.floor0.resize(rows);
+    c.floor1.resize(rows);
+    if (dropout_on) c.drop.resize(cells);
+    if (has_oracle) {
+      c.dlogit_gate.assign(cells, S(0));
+      c.beta.resize(cells);
+      c.w.resize(cells);
+      c.d_b.resize(cells);
+      c.target.assign(rows, -1);
+      c.oracle_ref.resize(cells);
+    }
+
+    // ---- projections: Q = q_in W_q^T + b_q, K = k_in W_k^T + b_k, V = v_in W_v^T + b_v
+    ops::linear_forward<S>(q_in, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, c.Q);
+    ops::linear_forward<S>(self ? q_in : k_in, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, c.K);
+    ops::linear_forward<S>(self ? q_in : v_in, weight_[2].mat(), opt_.bias ? bias_[2].value.data() : nullptr, c.V);
+    c.R.resize(B * Tq, D_);
+    c.ctx.resize(B * Tq, D_);
+
+    const std::uint64_t drop_seed = dropout_on ? ctx.rng->next_u64() : 0;
+    std::vector<GateLossSums<S>> sums(static_cast<std::size_t>(B * H));
+    std::vector<S> g_reg, g_spot;
+    if (has_oracle) {
+      g_reg.assign(cells, S(0));
+      g_spot.assign(cells, S(0));
+    }
+    const S inv_sqrt = S(1) / std::sqrt(S(Dh));
+    const S inv_dh = S(1) / S(Dh);
+    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+    const S gamma = ctx.gamma_mix;
+    const Index G = 2 * Dh + 2;
+
+    parallel_for(B * H, [&](Index bh) {
+      const Index b = bh / H, h = bh % H;
+      const Index off = bh * Tq * Tk;
+      const std::uint8_t* km = c.km.data() + b * Tk;
+      const HeadMat Qh = c.Q.block(b * Tq, h * Dh, Tq, Dh);
+      const HeadMat Kh = c.K.block(b * Tk, h * Dh, Tk, Dh);
+      const HeadMat Vh = c.V.block(b * Tk, h * Dh, Tk, Dh);
+      Eigen::Map<const RelMat> Wr(W_rel_.value.data() + h * Dh * Dh, Dh, Dh);
+
+      // 2. E0 = Q K^T / sqrt(Dh)                                  [Tq, Tk]
+      MatMap<S> E0(c.e0n.data() + off, Tq, Tk);
+      E0.noalias() = inv_sqrt * (Qh * Kh.transpose());
+      // 3. R_i = W_rel Q_i; E1 = min(0, -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh)   [Tq, Tk]
+      HeadMat Rh = Qh * Wr.transpose();
+      c.R.block(b * Tq, h * Dh, Tq, Dh) = Rh;
+      MatMap<S> E1(c.e1n.data() + off, Tq, Tk);
+      E1.noalias() = S(2) * (Rh * Kh.transpose());
+      const Eigen::Matrix<S, Eigen::Dynamic, 1> rn = Rh.rowwise().squaredNorm();
+      const Eigen::Matrix<S, Eigen::Dynamic, 1> kn = Kh.rowwise().squaredNorm();
+      std::uint8_t* clamped = c.e1_clamped.data() + off;
+      for (Index i = 0; i < Tq; ++i)
+        for (Index j = 0; j < Tk; ++j) {
+          const S v = -((rn[i] + kn[j]) - E1(i, j)) * inv_dh;
+          clamped[i * Tk + j] = v > 0;
+          E1(i, j) = v > 0 ? S(0) : v;
+        }
+      // 4. per-query normalisation over the real keys (in place: E -> E~)
+      const S n = c.n_real[static_cast<std::size_t>(b)];
+      normalise_rows(E0, km, n, c.sigma0.data() + bh * Tq, c.floor0.data() + bh * Tq);
+      normalise_rows(E1, km, n, c.sigma1.data() + bh * Tq, c.floor1.data() + bh * Tq);
+      // 5.-6. gate: logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c; alpha_hat = min(0.95, sigmoid(clip(logit)))
+      const S* wg = W_gate_.value.data() + h * G;
+      const Eigen::Matrix<S, Eigen::Dynamic, 1> lq = Qh * Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>>(wg, Dh);
+      const Eigen::Matrix<S, Eigen::Dynamic, 1> lk = Kh * Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>>(wg + Dh, Dh);
+      const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = c_gate_.value[h];
+      S* logit = c.logit.data() + off;
+      S* ahat = c.alpha_hat.data() + off;
+      S* amix = c.alpha_mix.data() + off;
+      for (Index i = 0; i < Tq; ++i)
+        for (Index j = 0; j < Tk; ++j) {
+          const Index k = i * Tk + j;
+          const S l = lq[i] + lk[j] + w0 * E0(i, j) + w1 * E1(i, j) + cg;
+          logit[k] = l;
+          const S lc = l < -clip ? -clip : (l > clip ? clip : l);
+          const S sg = S(1) / (S(1) + std::exp(-lc));
+          ahat[k] = sg > amax ? amax : sg;
+        }
+      // 7.-8. mixing coefficient: the detached alpha-hat, or with an oracle gamma a_eff + (1 - gamma) alpha-hat
+      const S* frozen = ctx.frozen_alpha_hat ? ctx.frozen_alpha_hat->ptr() + off : nullptr;
+      std::vector<std::uint8_t> has(static_cast<std::size_t>(has_oracle ? Tk : 0));
+      std::vector<S> a(static_cast<std::size_t>(has_oracle ? Tk : 0));
+      GateLossSums<S>& sm = sums[static_cast<std::size_t>(bh)];
+      for (Index i = 0; i < Tq; ++i) {
+        const S* det = frozen ? frozen + i * Tk : ahat + i * Tk;  // the detached alpha-hat the scores read
+        if (!has_oracle) {
+          for (Index j = 0; j < Tk; ++j) amix[i * Tk + j] = det[j];
+          continue;
+        }
+        const S* orc = ctx.alpha_oracle->ptr() + (oracle_per_head ? ((b * H + h) * Tq + i) * Tk : (b * Tq + i) * Tk);
+        S* oref = c.oracle_ref.data() + off + i * Tk;
+        for (Index j = 0; j < Tk; ++j) {
+          const S o = orc[j];
+          const bool hj = !std::isnan(o) && km[j];
+          const S aj = std::isnan(o) ? S(0) : (o < 0 ? S(0) : (o > amax ? amax : o));
+          has[static_cast<std::size_t>(j)] = hj;
+          a[static_cast<std::size_t>(j)] = aj;
+          oref[j] = hj ? aj : std::numeric_limits<S>::quiet_NaN();
+          const S a_eff = hj ? aj : det[j];
+          amix[i * Tk + j] = gamma * a_eff + (S(1) - gamma) * det[j];
+        }
+        // gate loss of the row (reads the gate's own alpha-hat, never the frozen copy)
+        std::int64_t tgt = -1;
+        if (ctx.target_idx)
+          tgt = (*ctx.target_idx)[target_per_head ? (b * H + h) * Tq + i : b * Tq + i];
+        const Index t = detail::gate_loss_row<S>(
+            Tk, c.e0n.data() + off + i * Tk, c.e1n.data() + off + i * Tk, ahat + i * Tk, a.data(), has.data(), km,
+            ctx.target_idx == nullptr, tgt, opt_.gate, sm, g_reg.data() + off + i * Tk, g_spot.data() + off + i * Tk,
+            c.beta.data() + off + i * Tk, c.w.data() + off + i * Tk, c.d_b.data() + off + i * Tk);
+        c.target[static_cast<std::size_t>(bh * Tq + i)] = t;
+      }
+      // 7.-9. scores and masked softmax (no extra 1/sqrt(d): E~ is unit scale)
+      MatMap<S> Sc(c.scores.data() + off, Tq, Tk);
+      ConstMatMap<S> AM(amix, Tq, Tk);
+      Sc = (S(1) - AM.array()).matrix().cwiseProduct(E0) + AM.cwiseProduct(E1);
+      MatMap<S> P(c.attn.data() + off, Tq, Tk);
+      ops::masked_softmax_rows<S>(Sc, km, P);
+      // 10. dropout on the probabilities, then ctx_h = P V_h
+      if (dropout_on) {
+        Rng r(drop_seed ^ (0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(bh + 1)));
+        MatMap<S> Dm(c.drop.data() + off, Tq, Tk);
+        const S keep = S(1) / (S(1) - opt_.dropout);
+        for (Index k = 0; k < Tq * Tk; ++k) Dm.data()[k] = r.uniform() < static_cast<double>(opt_.dropout) ? S(0) : keep;
+        c.ctx.block(b * Tq, h * Dh, Tq, Dh).noalias() = P.cwiseProduct(Dm) * Vh;
+      } else {
+        c.ctx.block(b * Tq, h * Dh, Tq, Dh).noalias() = P * Vh;
+      }
+    });
+
+    if (has_oracle) finish_gate_loss(c, sums, g_reg, g_spot);
+
+    // 11. output projection
+    if (!opt_.out_proj) return c.ctx;
+    Mat<S> y;
+    ops::linear_forward<S>(c.ctx, weight_[3].mat(), opt_.bias ? bias_[3].value.data() : nullptr, y);
+    return y;
+  }
+
+  /// Adds the per-pair sums in a fixed order, forms the loss and the statistics, and turns the row
+  /// gradients into d loss_gate / d logit through the 0.95 cap, the sigmoid and the +-10 clip.
+  void finish_gate_loss(Cache& c, const std::vector<GateLossSums<S>>& sums, const std::vector<S>& g_reg,
+                        const std::vector<S>& g_spot) {
+    GateLossSums<S> tot;
+    for (const auto& s : sums) tot.add(s);
+    const S reg = tot.n_has > 0 ? tot.reg / S(tot.n_has) : S(0);
+    const S spot = tot.n_valid > 0 ? tot.spot / S(tot.n_valid) : S(0);
+    c.loss_gate = reg + spot;
+    c.stats.loss_reg = static_cast<double>(reg);
+    c.stats.loss_spot = static_cast<double>(spot);
+    c.stats.loss_decision = tot.n_valid > 0 ? static_cast<double>(tot.decision / S(tot.n_valid)) : 0.0;
+    c.stats.decision_side_acc = tot.n_valid > 0 ? double(tot.n_side) / double(tot.n_valid)
+                                                : std::numeric_limits<double>::quiet_NaN();
+    c.stats.n_decision_pairs = tot.n_valid;
+    c.stats.n_labelled = tot.n_has;
+    const S inv_has = tot.n_has > 0 ? S(1) / S(tot.n_has) : S(0);
+    const S inv_valid = tot.n_valid > 0 ? S(1) / S(tot.n_valid) : S(0);
+    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+    const Index cells = static_cast<Index>(c.logit.size());
+    parallel_for(cells, [&](Index k) {
+      const S dah = g_reg[static_cast<std::size_t>(k)] * inv_has + g_spot[static_cast<std::size_t>(k)] * inv_valid;
+      const S l = c.logit[static_cast<std::size_t>(k)];
+      if (dah == 0 || l < -clip || l > clip) return;  // the clip passes gradient only inside [-10, 10]
+      const S sg = S(1) / (S(1) + std::exp(-l));
+      if (sg > amax) return;  // the 0.95 cap passes gradient only while sigmoid <= 0.95
+      c.dlogit_gate[static_cast<std::size_t>(k)] = dah * sg * (S(1) - sg);
+    });
+  }
+
+  /// In place: each row of E [Tq, Tk] becomes (E - mu) / (sigma + 1e-5) over the real keys, 0 at padded keys.
+  /// mu and the biased variance count only real keys (n real keys, floored at 1); sigma = sqrt(max(var, 1e-12)).
+  static void normalise_rows(MatMap<S>& E, const std::uint8_t* km, S n, S* sigma, std::uint8_t* floored) {
+    const Index tk = E.cols();
+    for (Index i = 0; i < E.rows(); ++i) {
+      S mu = 0;
+      for (Index j = 0; j < tk; ++j)
+        if (km[j]) mu += E(i, j);
+      mu /= n;
+      S var = 0;
+      for (Index j = 0; j < tk; ++j)
+        if (km[j]) {
+          const S d = E(i, j) - mu;
+          var += d * d;
+        }
+      var /= n;
+      const bool fl = var < S(DeaConstants::var_floor);
+      const S sg = std::sqrt(fl ? S(DeaConstants::var_floor) : var);
+      const S den = sg + S(DeaConstants::norm_eps);
+      for (Index j = 0; j < tk; ++j) E(i, j) = km[j] ? (E(i, j) - mu) / den : S(0);
+      sigma[i] = sg;
+      floored[i] = fl;
+    }
+  }
+
+  /// In place: g [Tq, Tk] = dL/dE~  ->  dL/dE, the backward of normalise_rows. With s = sigma + 1e-5 and
+  /// E~_j = m_j (E_j - mu) / s:
+  ///   dE_k = m_k [ (g_k - mean_m(g)) / s  -  [var >= 1e-12] (sum_j g_j E~_j) E~_k / (n sigma) ]
+  /// (the first term is the mu path, the second the sigma path; below the floor sigma is a constant).
+  static void norm_backward(Mat<S>& g, const S* en, const S* sigma, const std::uint8_t* floored, S n,
+                            const std::uint8_t* km) {
+    const Index tq = g.rows(), tk = g.cols();
+    for (Index i = 0; i < tq; ++i) {
+      const S* e = en + i * tk;
+      S gsum = 0, ge = 0;
+      for (Index j = 0; j < tk; ++j)
+        if (km[j]) {
+          gsum += g(i, j);
+          ge += g(i, j) * e[j];
+        }
+      const S s = sigma[i] + S(DeaConstants::norm_eps);
+      const S gmean = gsum / n;
+      const S coef = floored[i] ? S(0) : ge / (n * sigma[i]);
+      for (Index j = 0; j < tk; ++j) g(i, j) = km[j] ? (g(i, j) - gmean) / s - coef * e[j] : S(0);
+    }
+  }
+
+  Index D_, H_, Dh_ = 0;
+  Options opt_;
+  Param<S> weight_[4], bias_[4];
+  Param<S> W_rel_, W_gate_, c_gate_;
+};
+
+}  // namespace dea

@@ -1,0 +1,51 @@
+// dea/ops/gemm.hpp: matrix products split into row blocks over the library's threads.
+//
+// The block boundaries depend only on the sizes, never on the thread count, and Eigen runs each block's
+// product single-threaded (it does not parallelise inside a parallel region). So every element of the result
+// is computed by the same sequence of operations whatever the number of threads: results are bitwise
+// identical for 1 and N threads (Eigen's own multi-threaded GEMM changes its blocking with the thread count).
+#pragma once
+
+#include "../core/parallel.hpp"
+#include "../core/tensor.hpp"
+
+namespace dea {
+namespace ops {
+
+/// Number of row blocks for a product with `rows` output rows: a function of the size alone.
+inline Index gemm_row_blocks(Index rows) {
+  constexpr Index kMinRows = 32;
+  Index nb = rows / kMinRows;
+  if (nb > 16) nb = 16;
+  return nb < 1 ? 1 : nb;
+}
+
+/// Runs f(r0, nr) over the fixed row blocks of [0, rows), in parallel.
+template <class F>
+void for_row_blocks(Index rows, F&& f) {
+  const Index nb = gemm_row_blocks(rows);
+  const Index base = rows / nb, extra = rows % nb;
+  parallel_for(nb, [&](Index b) {
+    const Index r0 = b * base + (b < extra ? b : extra);
+    const Index nr = base + (b < extra ? 1 : 0);
+    if (nr > 0) f(r0, nr);
+  });
+}
+
+/// C = A * B  (C resized to A.rows() x B.cols()).
+template <class S, class DA, class DB>
+void gemm(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Mat<S>& C) {
+  C.resize(A.rows(), B.cols());
+  for_row_blocks(A.rows(), [&](Index r0, Index nr) { C.middleRows(r0, nr).noalias() = A.middleRows(r0, nr) * B; });
+}
+
+/// C += A^T * B, with A [N, M], B [N, K], C [M, K] (a weight gradient: reduction over the N rows).
+template <class S, class DA, class DB, class DC>
+void gemm_tn_add(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C) {
+  for_row_blocks(C.rows(), [&](Index r0, Index nr) {
+    C.middleRows(r0, nr).noalias() += A.middleCols(r0, nr).transpose() * B;
+  });
+}
+
+}  // namespace ops
+}  // namespace dea
