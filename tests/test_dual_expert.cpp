@@ -6,6 +6,7 @@
 #include <dea/testing/gradcheck.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 using namespace dea;
@@ -245,4 +246,357 @@ TEST_CASE("DEA gate-loss gradients match finite differences", "[dea][gradcheck]"
       REQUIRE(rep.tensors[0].max_abs_grad > 1e-6);
     }
   }
+}
+
+TEST_CASE("DEA gradient isolation is exact", "[dea][isolation]") {
+  Case cs;
+  cs.oracle = true;
+  cs.targets = true;
+  cs.mask = true;
+  DEA layer = make_layer(cs);
+  Inputs in = make_inputs(cs);
+  AttnContext<double> ctx = make_ctx(cs, in);
+  const auto rep = layer.verify_gradient_isolation(in.q, cs.B, ctx);
+  REQUIRE(rep.task_gate_grad == 0.0);
+  REQUIRE(rep.gate_main_grad == 0.0);
+  REQUIRE(rep.task_rel_grad > 0.0);
+  REQUIRE(rep.gate_gate_grad > 0.0);
+  REQUIRE(rep.ok);
+  // the check leaves the gradients cleared
+  for (Param<double>* p : layer.parameters()) REQUIRE(p->grad.cwiseAbs().maxCoeff() == 0.0);
+}
+
+TEST_CASE("DEA backward accumulates into parameter gradients", "[dea][contract]") {
+  Case cs;
+  cs.oracle = true;
+  cs.mask = true;
+  DEA layer = make_layer(cs);
+  Inputs in = make_inputs(cs);
+  AttnContext<double> ctx = make_ctx(cs, in);
+  const Mat<double> R = testing::random_projection(cs.B * cs.Tq, cs.D, 3);
+  DEA::Cache c;
+  layer.zero_grad();
+  layer.forward(in.q, cs.B, ctx, c);
+  layer.backward(R, c);
+  layer.backward_gate(c);
+  std::vector<Vec<double>> once;
+  for (Param<double>* p : layer.parameters()) once.push_back(p->grad);
+  layer.backward(R, c);
+  layer.backward_gate(c);
+  std::size_t k = 0;
+  for (Param<double>* p : layer.parameters()) {
+    INFO(p->name);
+    REQUIRE(once[k].cwiseAbs().maxCoeff() > 0);  // every parameter receives a gradient
+    REQUIRE((p->grad - 2 * once[k]).cwiseAbs().maxCoeff() <= 1e-12 * once[k].cwiseAbs().maxCoeff());
+    ++k;
+  }
+  layer.zero_grad();
+  for (Param<double>* p : layer.parameters()) REQUIRE(p->grad.cwiseAbs().maxCoeff() == 0.0);
+}
+
+TEMPLATE_TEST_CASE("DEA results are bitwise identical for 1 and 2 threads", "[dea][threads]", float, double) {
+  using L = DualExpertAttention<TestType>;
+  const Index B = 3, T = 40, D = 64, H = 4;
+  Rng rng(5);
+  L layer(D, H, rng);
+  Mat<TestType> x(B * T, D);
+  init::normal(x, rng, 0, 1);
+  Tensor<TestType> oracle({B, T, T}, std::numeric_limits<TestType>::quiet_NaN());
+  for (Index b = 0; b < B; ++b)
+    for (Index i = 1; i < 15; ++i)
+      for (Index j = 20; j < 35; ++j) oracle[(b * T + i) * T + j] = TestType(rng.uniform(0, 0.95));
+  Tensor<std::uint8_t> km({B, T}, 1);
+  for (Index j = 36; j < T; ++j) km[T + j] = 0;
+  AttnContext<TestType> ctx;
+  ctx.alpha_oracle = &oracle;
+  ctx.key_mask = &km;
+  ctx.gamma_mix = TestType(0.5);
+  Mat<TestType> dy(B * T, D);
+  init::normal(dy, rng, 0, 1);
+  auto run = [&](int threads) {
+    set_num_threads(threads);
+    typename L::Cache c;
+    layer.zero_grad();
+    Mat<TestType> y = layer.forward(x, B, ctx, c);
+    Mat<TestType> dx = layer.backward(dy, c);
+    layer.backward_gate(c);
+    std::vector<TestType> all(y.data(), y.data() + y.size());
+    all.insert(all.end(), dx.data(), dx.data() + dx.size());
+    for (Param<TestType>* p : layer.parameters()) all.insert(all.end(), p->grad.data(), p->grad.data() + p->numel());
+    all.push_back(c.loss_gate);
+    return all;
+  };
+  const auto one = run(1);
+  const auto two = run(2);
+  set_num_threads(2);
+  REQUIRE(one.size() == two.size());
+  REQUIRE(std::memcmp(one.data(), two.data(), one.size() * sizeof(TestType)) == 0);
+}
+
+TEST_CASE("DEA masks: padded keys read 0, rows normalised, fully masked rows give zeros", "[dea][mask]") {
+  const Index B = 2, T = 6, D = 16, H = 2;
+  Rng rng(9);
+  DEA layer(D, H, rng);
+  Mat<double> x(B * T, D);
+  init::normal(x, rng, 0, 1);
+  Tensor<std::uint8_t> km({B, T}, 1);
+  km[4] = km[5] = 0;                          // batch 0: two padded keys
+  for (Index j = 0; j < T; ++j) km[T + j] = 0;  // batch 1: every key padded
+  AttnContext<double> ctx;
+  ctx.key_mask = &km;
+  DEA::Cache c;
+  const Mat<double> y = layer.forward(x, B, ctx, c);
+  REQUIRE(y.allFinite());
+  for (Index h = 0; h < H; ++h)
+    for (Index i = 0; i < T; ++i) {
+      const Index base = c.cell(0, h, i, 0, H);
+      double m0 = 0, m1 = 0, v0 = 0, v1 = 0, psum = 0;
+      for (Index j = 0; j < 4; ++j) {
+        m0 += c.e0n[base + j];
+        m1 += c.e1n[base + j];
+        psum += c.attn[base + j];
+      }
+      for (Index j = 0; j < 4; ++j) {
+        v0 += std::pow(c.e0n[base + j] - m0 / 4, 2);
+        v1 += std::pow(c.e1n[base + j] - m1 / 4, 2);
+      }
+      REQUIRE(std::abs(m0 / 4) < 1e-12);
+      REQUIRE(std::abs(m1 / 4) < 1e-12);
+      // biased std of E~ = sigma / (sigma + 1e-5)
+      const double s0 = c.sigma0[(0 * H + h) * T + i], s1 = c.sigma1[(0 * H + h) * T + i];
+      REQUIRE(std::sqrt(v0 / 4) == Approx(s0 / (s0 + 1e-5)).epsilon(1e-10));
+      REQUIRE(std::sqrt(v1 / 4) == Approx(s1 / (s1 + 1e-5)).epsilon(1e-10));
+      REQUIRE(psum == Approx(1.0).epsilon(1e-12));
+      for (Index j = 4; j < T; ++j) {
+        REQUIRE(c.e0n[base + j] == 0.0);
+        REQUIRE(c.e1n[base + j] == 0.0);
+        REQUIRE(c.attn[base + j] == 0.0);
+      }
+      // batch 1: every key padded -> zero probabilities, zero context
+      for (Index j = 0; j < T; ++j) REQUIRE(c.attn[c.cell(1, h, i, j, H)] == 0.0);
+    }
+  REQUIRE(c.ctx.bottomRows(T).cwiseAbs().maxCoeff() == 0.0);
+  const Mat<double> dx = layer.backward(Mat<double>::Ones(B * T, D), c);
+  REQUIRE(dx.allFinite());
+}
+
+TEST_CASE("DEA gate: alpha-hat <= 0.95, beta is the exact crossing, the loss recomputes from its parts", "[dea][gate]") {
+  Case cs;
+  cs.oracle = true;
+  cs.B = 3;
+  cs.Tq = cs.Tk = 8;
+  cs.mask = true;
+  DEA layer = make_layer(cs);
+  layer.c_gate().value[1] = 6.0;  // head 1 saturates: sigmoid > 0.95 everywhere
+  Inputs in = make_inputs(cs);
+  AttnContext<double> ctx = make_ctx(cs, in);
+  DEA::Cache c;
+  layer.forward(in.q, cs.B, ctx, c);
+  const Index H = cs.H, T = cs.Tq;
+  double reg = 0, spot = 0;
+  Index n_has = 0, n_valid = 0, n_side = 0;
+  for (Index b = 0; b < cs.B; ++b)
+    for (Index h = 0; h < H; ++h)
+      for (Index i = 0; i < T; ++i) {
+        const Index t = c.target[static_cast<std::size_t>((b * H + h) * T + i)];
+        for (Index j = 0; j < T; ++j) {
+          const Index k = c.cell(b, h, i, j, H);
+          REQUIRE(c.alpha_hat[k] <= 0.95);
+          REQUIRE(c.alpha_hat[k] > 0.0);
+          if (h == 1) {
+            REQUIRE(c.alpha_hat[k] == 0.95);
+            REQUIRE(c.dlogit_gate[k] == 0.0);  // a saturated alpha-hat gets no gate gradient
+          }
+          if (!std::isnan(c.oracle_ref[k])) {
+            reg += std::pow(c.alpha_hat[k] - c.oracle_ref[k], 2);
+            ++n_has;
+          }
+          if (std::isnan(c.beta[k])) continue;
+          // a valid pair: beta in [0, 1] where the lines S*_t and S*_p cross
+          REQUIRE(t >= 0);
+          REQUIRE(j != t);
+          REQUIRE(in.km[b * T + j] == 1);
+          const double beta = c.beta[k];
+          REQUIRE(beta >= 0.0);
+          REQUIRE(beta <= 1.0);
+          const Index kt = c.cell(b, h, i, t, H);
+          const double st = (1 - beta) * c.e0n[kt] + beta * c.e1n[kt];
+          const double sp = (1 - beta) * c.e0n[k] + beta * c.e1n[k];
+          REQUIRE(std::abs(st - sp) < 1e-5);
+          const double a_t = c.oracle_ref[kt], ah_t = c.alpha_hat[kt];
+          const double d_b = std::sqrt((a_t - beta) * (a_t - beta) + 1e-4);
+          REQUIRE(c.d_b[k] == Approx(d_b).epsilon(1e-14));
+          REQUIRE(d_b >= 0.01);
+          const double w = 1 + 2 * std::exp(-d_b / 0.1);
+          REQUIRE(c.w[k] == Approx(w).epsilon(1e-14));
+          REQUIRE(w <= 1 + 2 * std::exp(-0.1) + 1e-15);
+          const double sb = std::tanh((a_t - beta) / 0.05);
+          spot += w * std::pow(ah_t - a_t, 2) + 0.5 * std::log1p(std::exp(-sb * (ah_t - beta) / 0.1));
+          ++n_valid;
+          if ((ah_t - beta) * (a_t - beta) > 0) ++n_side;
+        }
+      }
+  REQUIRE(n_has > 0);
+  REQUIRE(n_valid > 10);
+  REQUIRE(c.stats.n_decision_pairs == n_valid);
+  REQUIRE(c.stats.n_labelled == n_has);
+  REQUIRE(c.stats.loss_reg == Approx(reg / n_has).epsilon(1e-12));
+  REQUIRE(c.stats.loss_spot == Approx(spot / n_valid).epsilon(1e-12));
+  REQUIRE(c.loss_gate == Approx(reg / n_has + spot / n_valid).epsilon(1e-12));
+  REQUIRE(c.stats.decision_side_acc == Approx(double(n_side) / n_valid).epsilon(1e-12));
+}
+
+TEST_CASE("DEA gate: given targets are used where labelled; oracle winner otherwise", "[dea][gate]") {
+  Case cs;
+  cs.oracle = true;
+  cs.targets = true;
+  DEA layer = make_layer(cs);
+  Inputs in = make_inputs(cs);
+  AttnContext<double> ctx = make_ctx(cs, in);
+  DEA::Cache c;
+  layer.forward(in.q, cs.B, ctx, c);
+  const Index H = cs.H, T = cs.Tq;
+  Index active = 0;
+  for (Index b = 0; b < cs.B; ++b)
+    for (Index i = 0; i < T; ++i) {
+      const std::int64_t given = in.target[b * T + i];
+      const bool labelled = given >= 0 && !std::isnan(in.oracle[(b * T + i) * T + given]);
+      for (Index h = 0; h < H; ++h) {
+        const std::int64_t t = c.target[static_cast<std::size_t>((b * H + h) * T + i)];
+        REQUIRE(t == (labelled ? given : -1));
+        active += labelled;
+      }
+    }
+  REQUIRE(active > 0);
+  // oracle winner: the labelled key with the largest S* = (1 - a) E0~ + a E1~, per head
+  ctx.target_idx = nullptr;
+  layer.forward(in.q, cs.B, ctx, c);
+  for (Index b = 0; b < cs.B; ++b)
+    for (Index h = 0; h < H; ++h)
+      for (Index i = 0; i < T; ++i) {
+        Index best = -1;
+        double bv = -INFINITY;
+        for (Index j = 0; j < T; ++j) {
+          const double o = in.oracle[(b * T + i) * T + j];
+          if (std::isnan(o)) continue;
+          const double a = std::min(std::max(o, 0.0), 0.95);
+          const Index k = c.cell(b, h, i, j, H);
+          const double s = (1 - a) * c.e0n[k] + a * c.e1n[k];
+          if (s > bv) {
+            bv = s;
+            best = j;
+          }
+        }
+        REQUIRE(c.target[static_cast<std::size_t>((b * H + h) * T + i)] == best);
+      }
+}
+
+TEST_CASE("DEA without an oracle: zero gate loss, scores are S~ and backward_gate is a no-op", "[dea]") {
+  Case cs;
+  DEA layer = make_layer(cs);
+  Inputs in = make_inputs(cs);
+  AttnContext<double> ctx;
+  DEA::Cache c;
+  layer.forward(in.q, cs.B, ctx, c);
+  REQUIRE(c.loss_gate == 0.0);
+  for (std::size_t k = 0; k < c.scores.size(); ++k)
+    REQUIRE(c.scores[k] == Approx((1 - c.alpha_hat[k]) * c.e0n[k] + c.alpha_hat[k] * c.e1n[k]).margin(1e-15));
+  layer.zero_grad();
+  layer.backward_gate(c);
+  REQUIRE(layer.W_gate().grad.cwiseAbs().maxCoeff() == 0.0);
+}
+
+TEST_CASE("DEA gamma 1 with a fully labelled oracle mixes the oracle alone", "[dea]") {
+  Case cs;
+  DEA layer = make_layer(cs);
+  Inputs in = make_inputs(cs);
+  Tensor<double> oracle({cs.B, cs.Tq, cs.Tk});
+  Rng r(4);
+  for (Index k = 0; k < oracle.numel(); ++k) oracle[k] = r.uniform(-0.2, 1.2);  // clamped to [0, 0.95]
+  AttnContext<double> ctx;
+  ctx.alpha_oracle = &oracle;
+  ctx.gamma_mix = 1.0;
+  DEA::Cache c;
+  layer.forward(in.q, cs.B, ctx, c);
+  for (Index b = 0; b < cs.B; ++b)
+    for (Index h = 0; h < cs.H; ++h)
+      for (Index i = 0; i < cs.Tq; ++i)
+        for (Index j = 0; j < cs.Tk; ++j) {
+          const double a = std::min(std::max(oracle[(b * cs.Tq + i) * cs.Tk + j], 0.0), 0.95);
+          REQUIRE(c.alpha_mix[c.cell(b, h, i, j, cs.H)] == Approx(a).margin(1e-15));
+        }
+}
+
+TEST_CASE("DEA bad input: each is a dea::Error naming the argument, expected and actual", "[dea][errors]") {
+  Rng rng(1);
+  REQUIRE_THROWS_WITH(DEA(30, 4, rng), Catch::Contains("d_model (30)") && Catch::Contains("n_heads (4)"));
+  REQUIRE_THROWS_AS(DEA(0, 1, rng), Error);
+  REQUIRE_THROWS_WITH((DualExpertAttention<double, 4, 8>(64, 4, rng)), Catch::Contains("compile-time 8") &&
+                                                                          Catch::Contains("got 16"));
+  DEA layer(16, 2, rng);
+  Mat<double> x = Mat<double>::Zero(2 * 5, 16);
+  AttnContext<double> ctx;
+  DEA::Cache c;
+  Mat<double> bad_cols = Mat<double>::Zero(10, 12);
+  REQUIRE_THROWS_WITH(layer.forward(bad_cols, 2, ctx, c), Catch::Contains("x") && Catch::Contains("16 columns") &&
+                                                              Catch::Contains("got 12"));
+  REQUIRE_THROWS_WITH(layer.forward(x, 3, ctx, c), Catch::Contains("B = 3") && Catch::Contains("10 rows"));
+  Tensor<std::uint8_t> km({2, 4}, 1);
+  ctx.key_mask = &km;
+  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("key_mask") && Catch::Contains("[2, 5]") &&
+                                                       Catch::Contains("[2, 4]"));
+  ctx.key_mask = nullptr;
+  Tensor<double> oracle({2, 5, 4}, 0.5);
+  ctx.alpha_oracle = &oracle;
+  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("alpha_oracle") && Catch::Contains("[2, 5, 5]") &&
+                                                       Catch::Contains("[2, 5, 4]"));
+  Tensor<double> good_oracle({2, 5, 5}, 0.5);
+  ctx.alpha_oracle = &good_oracle;
+  Tensor<std::int64_t> target({2, 5}, 0);
+  target[3] = 5;
+  ctx.target_idx = &target;
+  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("target_idx") && Catch::Contains("got 5"));
+  target[3] = -2;
+  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("target_idx") && Catch::Contains("got -2"));
+  target[3] = 1;
+  ctx.gamma_mix = 1.5;
+  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("gamma_mix"));
+  ctx.gamma_mix = 0.5;
+  REQUIRE_NOTHROW(layer.forward(x, 2, ctx, c));
+  x(7, 3) = std::numeric_limits<double>::quiet_NaN();
+  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("x: non-finite") && Catch::Contains("row 7"));
+  x(7, 3) = 0;
+  ctx.target_idx = nullptr;
+  ctx.alpha_oracle = nullptr;
+  Tensor<std::int64_t> t2({2, 5}, 0);
+  ctx.target_idx = &t2;
+  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("without alpha_oracle"));
+  ctx.target_idx = nullptr;
+  DEA::Options o;
+  o.dropout = 0.2;
+  DEA drop_layer(16, 2, rng, o);
+  ctx.training = true;
+  REQUIRE_THROWS_WITH(drop_layer.forward(x, 2, ctx, c), Catch::Contains("ctx.rng"));
+  DEA::Cache empty;
+  REQUIRE_THROWS_WITH(layer.backward(x, empty), Catch::Contains("no forward"));
+}
+
+TEST_CASE("DEA fixed sizes give the same results as dynamic sizes", "[dea]") {
+  Rng r1(3), r2(3);
+  DualExpertAttention<double, 4, 8> fixed(32, 4, r1);
+  DualExpertAttention<double> dyn(32, 4, r2);
+  Rng rng(8);
+  Mat<double> x(2 * 7, 32);
+  init::normal(x, rng, 0, 1);
+  Tensor<double> oracle({2, 7, 7}, 0.3);
+  AttnContext<double> ctx;
+  ctx.alpha_oracle = &oracle;
+  ctx.gamma_mix = 0.5;
+  DualExpertAttention<double, 4, 8>::Cache cf;
+  DualExpertAttention<double>::Cache cd;
+  const Mat<double> yf = fixed.forward(x, 2, ctx, cf), yd = dyn.forward(x, 2, ctx, cd);
+  REQUIRE((yf - yd).cwiseAbs().maxCoeff() < 1e-13);
+  const Mat<double> gf = fixed.backward(yf, cf), gd = dyn.backward(yd, cd);
+  REQUIRE((gf - gd).cwiseAbs().maxCoeff() < 1e-12);
+  REQUIRE(cf.loss_gate == Approx(cd.loss_gate).epsilon(1e-13));
 }

@@ -180,6 +180,7 @@ public:
   /// Task backward of a self-attention forward: adds into the gradients of W_q, W_k, W_v, W_o and W_rel (never
   /// W_gate / c_gate) and returns dL/dx.
   Mat<S> backward(const Mat<S>& dy, Cache& cache) {
+    check(cache.B > 0, "DualExpertAttention::backward: the cache holds no forward pass");
     check(cache.self, "DualExpertAttention::backward: the forward was cross-attention; use backward_inputs");
     InputGrads g = backward_inputs(dy, cache);
     g.dq += g.dk;
