@@ -259,13 +259,13 @@ public:
       Eigen::Map<RelMat>(dwrel_part.data() + bh * Dh * Dh, Dh, Dh).noalias() = dR.transpose() * Qh;
       dQ.block(b * Tq, h * Dh, Tq, Dh) = dQh;
       dK.block(b * Tk, h * Dh, Tk, Dh) = dKh;
-    });
+    }, double(B * H) * double(Tq) * double(Tk) * double(8 * Dh + 20) > kParallelMinFlops);
 
     // W_rel gradient: per-pair partials summed in the fixed order b = 0..B-1
     parallel_for(H, [&](Index h) {
       Eigen::Map<Vec<S>> g(W_rel_.grad.data() + h * Dh * Dh, Dh * Dh);
       for (Index b = 0; b < B; ++b) g += Eigen::Map<const Vec<S>>(dwrel_part.data() + (b * H + h) * Dh * Dh, Dh * Dh);
-    });
+    }, double(B * H) * double(Dh * Dh) > kParallelMinFlops);
 
     // projections: Q = q_in W_q^T + b_q, etc.
     InputGrads out;
@@ -301,7 +301,7 @@ public:
       p[2 * Dh] = dl.cwiseProduct(E0).sum();                         // dw_E0 = sum dl E0~
       p[2 * Dh + 1] = dl.cwiseProduct(E1).sum();                     // dw_E1 = sum dl E1~
       p[G] = rsum.sum();                                             // dc = sum dl
-    });
+    }, double(B * H) * double(Tq) * double(Tk + 2 * Dh) * 4 > kParallelMinFlops);
     for (Index h = 0; h < H; ++h)
       for (Index b = 0; b < B; ++b) {
         const S* p = part.data() + (b * H + h) * (G + 1);
@@ -461,6 +461,7 @@ private:
     const S gamma = ctx.gamma_mix;
     const Index G = 2 * Dh + 2;
 
+    const bool par = double(B * H) * double(Tq) * double(Tk) * double(4 * Dh + 20) > kParallelMinFlops;
     parallel_for(B * H, [&](Index bh) {
       const Index b = bh / H, h = bh % H;
       const Index off = bh * Tq * Tk;
@@ -557,7 +558,7 @@ private:
       } else {
         c.ctx.block(b * Tq, h * Dh, Tq, Dh).noalias() = P * Vh;
       }
-    });
+    }, par);
 
     if (has_oracle) finish_gate_loss(c, sums, g_reg, g_spot);
 
@@ -595,7 +596,7 @@ private:
       const S sg = S(1) / (S(1) + std::exp(-l));
       if (sg > amax) return;  // the 0.95 cap passes gradient only while sigmoid <= 0.95
       c.dlogit_gate[static_cast<std::size_t>(k)] = dah * sg * (S(1) - sg);
-    });
+    }, double(cells) * 20 > kParallelMinFlops);
   }
 
   /// In place: each row of E [Tq, Tk] becomes (E - mu) / (sigma + 1e-5) over the real keys, 0 at padded keys.

@@ -42,15 +42,20 @@ inline bool in_parallel() {
 #endif
 }
 
-/// Runs f(i) for i in [0, n), statically scheduled over the library's threads.
+/// Runs f(i) for i in [0, n), statically scheduled over the library's threads. With `worth_it` false (too
+/// little work to pay for waking threads) the loop runs serially; the results are the same either way.
 template <class F>
-void parallel_for(Index n, F&& f) {
+void parallel_for(Index n, F&& f, bool worth_it = true) {
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (n > 1)
+#pragma omp parallel for schedule(static) if (worth_it && n > 1)
   for (Index i = 0; i < n; ++i) f(i);
 #else
+  (void)worth_it;
   for (Index i = 0; i < n; ++i) f(i);
 #endif
 }
+
+/// Below this many floating-point operations a loop is not worth spreading over threads.
+constexpr double kParallelMinFlops = 2e5;
 
 }  // namespace dea

@@ -1,0 +1,83 @@
+// dea_interop: runs a reference case file through the library, writes what it computed, and compares.
+//
+//   dea_interop CASE.safetensors [--out RESULT.safetensors] [--compare] [--float] [--threads N]
+//
+// The case's metadata `kind` selects what runs (golden/FORMAT.md): `dea_layer` (one DualExpertAttention:
+// forward on the training graph with dropout 0, backward of sum(out.output * in.grad_output) + loss_gate).
+// --out writes every computed `out.*` and `grad.*` tensor (F64). --compare prints, per expected tensor,
+// max |got - expected| / max(max |expected|, 1e-12) and exits 1 when any exceeds 1e-9 (1e-4 with --float);
+// integer tensors must match exactly. Exit 2 on bad arguments or a bad file.
+#include <dea/io/dea_case.hpp>
+
+#include <fmt/core.h>
+
+#include <cstdlib>
+#include <string>
+
+using namespace dea;
+
+namespace {
+[[noreturn]] void usage(const std::string& why) {
+  fmt::print(stderr,
+             "dea_interop: {}\nusage: dea_interop CASE.safetensors [--out RESULT.safetensors] [--compare] [--float] "
+             "[--threads N]\n",
+             why);
+  std::exit(2);
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string case_path, out_path;
+  bool compare = false, use_float = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--compare") compare = true;
+    else if (a == "--float") use_float = true;
+    else if (a == "--out") {
+      if (++i >= argc) usage("--out needs a file name");
+      out_path = argv[i];
+    } else if (a == "--threads") {
+      if (++i >= argc) usage("--threads needs a number");
+      const int n = std::atoi(argv[i]);
+      if (n < 1) usage(fmt::format("--threads expects a positive integer, got '{}'", argv[i]));
+      set_num_threads(n);
+    } else if (a == "-h" || a == "--help") usage("runs a golden case (golden/FORMAT.md) through dea");
+    else if (!a.empty() && a[0] == '-') usage("unknown flag " + a);
+    else if (case_path.empty()) case_path = a;
+    else usage("more than one case file given");
+  }
+  if (case_path.empty()) usage("no case file given");
+  if (!compare && out_path.empty()) compare = true;  // nothing else to do: compare by default
+
+  try {
+    const io::SafeTensors cs = io::SafeTensors::load(case_path);
+    const auto it = cs.metadata().find("kind");
+    const std::string kind = it == cs.metadata().end() ? "" : it->second;
+    io::SafeTensors got;
+    if (kind == "dea_layer") got = use_float ? io::run_dea_layer_case<float>(cs) : io::run_dea_layer_case<double>(cs);
+    else usage(fmt::format("{}: unsupported case kind '{}' (supported: dea_layer)", case_path, kind));
+    if (!out_path.empty()) {
+      got.save(out_path);
+      fmt::print("wrote {} tensors to {}\n", got.size(), out_path);
+    }
+    if (!compare) return 0;
+    const double tol = use_float ? 1e-4 : 1e-9;
+    const auto cmp = io::compare_case(cs, got, tol);
+    bool ok = true;
+    double worst = 0;
+    for (const auto& c : cmp) {
+      if (c.missing) fmt::print("  MISSING {}\n", c.name);
+      else
+        fmt::print("  {} {:<28} {} {:.3e}   max|ref| {:.3e}\n", c.ok ? "ok  " : "FAIL", c.name,
+                   c.integer ? "max|diff|" : "rel", c.rel_error, c.max_expected);
+      ok = ok && c.ok;
+      worst = std::max(worst, c.rel_error);
+    }
+    fmt::print("{}: {} tensors, worst relative error {:.3e} (tolerance {:.0e}, {}): {}\n", case_path, cmp.size(), worst,
+               tol, use_float ? "float" : "double", ok ? "PASS" : "FAIL");
+    return ok ? 0 : 1;
+  } catch (const Error& e) {
+    fmt::print(stderr, "dea_interop: {}\n", e.what());
+    return 2;
+  }
+}
