@@ -223,6 +223,7 @@ TEST_CASE("DEA task-path gradients match finite differences", "[dea][gradcheck]"
   for (auto& [name, cs] : cases) {
     SECTION(name) {
       auto rep = check_task_path(cs);
+      WARN(name << ": worst relative error " << rep.worst_rel_error);
       INFO(rep.str());
       REQUIRE(rep.ok);
       REQUIRE(rep.tensors.size() >= 3);
@@ -241,6 +242,7 @@ TEST_CASE("DEA gate-loss gradients match finite differences", "[dea][gradcheck]"
     cs.seed = 20 + static_cast<std::uint64_t>(variant);
     SECTION("variant " + std::to_string(variant)) {
       auto rep = check_gate_path(cs);
+      WARN("gate variant " << variant << ": worst relative error " << rep.worst_rel_error);
       INFO(rep.str());
       REQUIRE(rep.ok);
       REQUIRE(rep.tensors[0].max_abs_grad > 1e-6);

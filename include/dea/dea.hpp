@@ -1,5 +1,7 @@
-// dea/dea.hpp: the umbrella header. Embedded users may include only core/, ops/, attention/, nn/ and optim/
-// headers, which need Eigen alone.
+// dea/dea.hpp: the umbrella header. It needs Eigen alone (OpenMP optional).
+//
+// File formats (safetensors, JSONL, golden cases) are in dea/io.hpp, which also needs nlohmann_json.
+// Embedded users may include single headers from core/, ops/, attention/, nn/ and optim/ instead.
 #pragma once
 
 #include "core/config.hpp"
@@ -8,3 +10,26 @@
 #include "core/param.hpp"
 #include "core/rng.hpp"
 #include "core/tensor.hpp"
+
+#include "ops/gemm.hpp"
+#include "ops/linear.hpp"
+#include "ops/softmax.hpp"
+
+#include "attention/context.hpp"
+#include "attention/dual_expert.hpp"
+#include "attention/gate_loss.hpp"
+
+#include "optim/adamw.hpp"
+#include "optim/schedule.hpp"
+
+#include "data/collate.hpp"
+#include "data/dalpha.hpp"
+#include "data/loaders.hpp"
+#include "data/mlm.hpp"
+#include "data/oracle.hpp"
+#include "data/tokenizer.hpp"
+
+#include "eval/metrics.hpp"
+#include "eval/stats.hpp"
+
+#include "testing/gradcheck.hpp"

@@ -1,0 +1,8 @@
+// dea/io.hpp: file formats: safetensors checkpoints, JSONL, and the reference's golden case runner.
+// Needs nlohmann_json (Debian: nlohmann-json3-dev) besides Eigen.
+#pragma once
+
+#include "dea.hpp"
+#include "io/dea_case.hpp"
+#include "io/jsonl.hpp"
+#include "io/safetensors.hpp"
