@@ -77,27 +77,27 @@ public:
     Mat<S> Q, K, V;             ///< projections (bias included)
     Mat<S> R;                   ///< W_rel[h] Q_i per head, [B*Tq, D]
     Mat<S> ctx;                 ///< concatenated head outputs [B*Tq, D] (input of W_o)
-    std::vector<std::uint8_t> km;  ///< [B, Tk] real keys
+    AlignedVec<std::uint8_t> km;  ///< [B, Tk] real keys
     // [B, H, Tq, Tk]
-    std::vector<S> e0n, e1n;    ///< normalised experts E0~, E1~ (0 at padded keys)
-    std::vector<S> logit;       ///< gate logit before the clip
-    std::vector<S> alpha_hat;   ///< the gate's alpha-hat
-    std::vector<S> alpha_mix;   ///< the mixing coefficient the scores used (a constant for backward)
-    std::vector<S> scores;      ///< S_mix (with an oracle) or S~ (without)
-    std::vector<S> attn;        ///< softmax probabilities (before dropout)
-    std::vector<S> drop;        ///< dropout multipliers (0 or 1/(1-p)), when dropout was on
-    std::vector<std::uint8_t> e1_clamped;  ///< 1 where the raw E1 was > 0 (clamped to 0: no gradient)
+    AlignedVec<S> e0n, e1n;    ///< normalised experts E0~, E1~ (0 at padded keys)
+    AlignedVec<S> logit;       ///< gate logit before the clip
+    AlignedVec<S> alpha_hat;   ///< the gate's alpha-hat
+    AlignedVec<S> alpha_mix;   ///< the mixing coefficient the scores used (a constant for backward)
+    AlignedVec<S> scores;      ///< S_mix (with an oracle) or S~ (without)
+    AlignedVec<S> attn;        ///< softmax probabilities (before dropout)
+    AlignedVec<S> drop;        ///< dropout multipliers (0 or 1/(1-p)), when dropout was on
+    AlignedVec<std::uint8_t> e1_clamped;  ///< 1 where the raw E1 was > 0 (clamped to 0: no gradient)
     // [B, H, Tq]
-    std::vector<S> sigma0, sigma1;         ///< sigma = sqrt(max(var, 1e-12)) of each row
-    std::vector<std::uint8_t> floor0, floor1;  ///< 1 where var < 1e-12 (the floor: no gradient through sigma)
-    std::vector<S> n_real;                 ///< real keys of the row's batch (floored at 1)
+    AlignedVec<S> sigma0, sigma1;         ///< sigma = sqrt(max(var, 1e-12)) of each row
+    AlignedVec<std::uint8_t> floor0, floor1;  ///< 1 where var < 1e-12 (the floor: no gradient through sigma)
+    AlignedVec<S> n_real;                 ///< real keys of the row's batch (floored at 1)
     // gate loss (with an oracle)
     S loss_gate = 0;
     GateStats stats;
-    std::vector<S> dlogit_gate;            ///< d loss_gate / d logit, [B, H, Tq, Tk]
-    std::vector<S> beta, w, d_b;           ///< per-pair photo-finish values [B, H, Tq, Tk], NaN where not valid
-    std::vector<std::int64_t> target;      ///< target key per (b, h, i), -1 where the row is inactive
-    std::vector<S> oracle_ref;             ///< clamped oracle, NaN where unlabelled [B, H, Tq, Tk]
+    AlignedVec<S> dlogit_gate;            ///< d loss_gate / d logit, [B, H, Tq, Tk]
+    AlignedVec<S> beta, w, d_b;           ///< per-pair photo-finish values [B, H, Tq, Tk], NaN where not valid
+    AlignedVec<std::int64_t> target;      ///< target key per (b, h, i), -1 where the row is inactive
+    AlignedVec<S> oracle_ref;             ///< clamped oracle, NaN where unlabelled [B, H, Tq, Tk]
 
     Index cell(Index b, Index h, Index i, Index j, Index H) const { return ((b * H + h) * Tq + i) * Tk + j; }
   };
@@ -205,7 +205,7 @@ public:
       dctx = dy;
 
     Mat<S> dQ(B * Tq, D_), dK(B * Tk, D_), dV(B * Tk, D_);
-    std::vector<S> dwrel_part(static_cast<std::size_t>(B * H * Dh * Dh));
+    AlignedVec<S> dwrel_part(static_cast<std::size_t>(B * H * Dh * Dh));
 
     parallel_for(B * H, [&](Index bh) {
       const Index b = bh / H, h = bh % H;
@@ -236,14 +236,16 @@ public:
       Mat<S> g0 = (S(1) - AM.array()).matrix().cwiseProduct(dS);
       Mat<S> g1 = AM.cwiseProduct(dS);
       // E~ = norm(E) per row over the real keys
-      const std::uint8_t* km = c.km.data() + b * Tk;
+      const Eigen::Array<S, 1, Eigen::Dynamic> mrow =
+          Eigen::Map<const Eigen::Array<std::uint8_t, 1, Eigen::Dynamic>>(c.km.data() + b * Tk, Tk).template cast<S>();
       const Index row0 = bh * Tq;
-      norm_backward(g0, c.e0n.data() + off, c.sigma0.data() + row0, c.floor0.data() + row0, c.n_real[static_cast<std::size_t>(b)], km);
-      norm_backward(g1, c.e1n.data() + off, c.sigma1.data() + row0, c.floor1.data() + row0, c.n_real[static_cast<std::size_t>(b)], km);
+      const S n = c.n_real[static_cast<std::size_t>(b)];
+      norm_backward(g0, c.e0n.data() + off, c.sigma0.data() + row0, c.floor0.data() + row0, n, mrow);
+      norm_backward(g1, c.e1n.data() + off, c.sigma1.data() + row0, c.floor1.data() + row0, n, mrow);
       // E1 = min(0, E1raw): no gradient where the clamp was active
-      const std::uint8_t* clamped = c.e1_clamped.data() + off;
-      for (Index k = 0; k < Tq * Tk; ++k)
-        if (clamped[k]) g1.data()[k] = 0;
+      Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>(g1.data(), Tq * Tk) *=
+          S(1) - Eigen::Map<const Eigen::Array<std::uint8_t, Eigen::Dynamic, 1>>(c.e1_clamped.data() + off, Tq * Tk)
+                     .template cast<S>();
       // E1raw_ij = -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh
       //   dR_i = -(2/Dh) (sum_j g1_ij R_i - sum_j g1_ij K_j),  dK_j = -(2/Dh) (sum_i g1_ij K_j - sum_i g1_ij R_i)
       const Eigen::Matrix<S, Eigen::Dynamic, 1> rs = g1.rowwise().sum();
@@ -283,7 +285,7 @@ public:
     if (!c.has_oracle) return;
     const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
     const Index G = 2 * Dh + 2;
-    std::vector<S> part(static_cast<std::size_t>(B * H * (G + 1)), S(0));
+    AlignedVec<S> part(static_cast<std::size_t>(B * H * (G + 1)), S(0));
     parallel_for(B * H, [&](Index bh) {
       const Index b = bh / H, h = bh % H;
       const Index off = bh * Tq * Tk;
@@ -330,7 +332,7 @@ public:
     for (Param<S>* p : parameters()) {
       const double s = static_cast<double>(p->grad.cwiseAbs().sum());
       if (p->group == "gate") r.task_gate_grad += s;
-      if (p->name == "W_rel") r.task_rel_grad += s;
+      if (p == &W_rel_) r.task_rel_grad += s;
     }
     zero_grad();
     backward_gate(cache);
@@ -450,7 +452,7 @@ private:
 
     const std::uint64_t drop_seed = dropout_on ? ctx.rng->next_u64() : 0;
     std::vector<GateLossSums<S>> sums(static_cast<std::size_t>(B * H));
-    std::vector<S> g_reg, g_spot;
+    AlignedVec<S> g_reg, g_spot;
     if (has_oracle) {
       g_reg.assign(cells, S(0));
       g_spot.assign(cells, S(0));
@@ -481,17 +483,19 @@ private:
       E1.noalias() = S(2) * (Rh * Kh.transpose());
       const Eigen::Matrix<S, Eigen::Dynamic, 1> rn = Rh.rowwise().squaredNorm();
       const Eigen::Matrix<S, Eigen::Dynamic, 1> kn = Kh.rowwise().squaredNorm();
-      std::uint8_t* clamped = c.e1_clamped.data() + off;
-      for (Index i = 0; i < Tq; ++i)
-        for (Index j = 0; j < Tk; ++j) {
-          const S v = -((rn[i] + kn[j]) - E1(i, j)) * inv_dh;
-          clamped[i * Tk + j] = v > 0;
-          E1(i, j) = v > 0 ? S(0) : v;
-        }
+      {
+        auto A = E1.array();
+        A = -((A.colwise() - rn.array()).rowwise() - kn.transpose().array()) * (-inv_dh);  // (2 R.K - |R|^2 - |K|^2) / Dh
+        Eigen::Map<Eigen::Array<std::uint8_t, Eigen::Dynamic, 1>>(c.e1_clamped.data() + off, Tq * Tk) =
+            (Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(E1.data(), Tq * Tk) > S(0)).template cast<std::uint8_t>();
+        A = A.min(S(0));
+      }
       // 4. per-query normalisation over the real keys (in place: E -> E~)
       const S n = c.n_real[static_cast<std::size_t>(b)];
-      normalise_rows(E0, km, n, c.sigma0.data() + bh * Tq, c.floor0.data() + bh * Tq);
-      normalise_rows(E1, km, n, c.sigma1.data() + bh * Tq, c.floor1.data() + bh * Tq);
+      const Eigen::Array<S, 1, Eigen::Dynamic> mrow =
+          Eigen::Map<const Eigen::Array<std::uint8_t, 1, Eigen::Dynamic>>(km, Tk).template cast<S>();
+      normalise_rows(E0, mrow, n, c.sigma0.data() + bh * Tq, c.floor0.data() + bh * Tq);
+      normalise_rows(E1, mrow, n, c.sigma1.data() + bh * Tq, c.floor1.data() + bh * Tq);
       // 5.-6. gate: logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c; alpha_hat = min(0.95, sigmoid(clip(logit)))
       const S* wg = W_gate_.value.data() + h * G;
       const Eigen::Matrix<S, Eigen::Dynamic, 1> lq = Qh * Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>>(wg, Dh);
@@ -500,15 +504,12 @@ private:
       S* logit = c.logit.data() + off;
       S* ahat = c.alpha_hat.data() + off;
       S* amix = c.alpha_mix.data() + off;
-      for (Index i = 0; i < Tq; ++i)
-        for (Index j = 0; j < Tk; ++j) {
-          const Index k = i * Tk + j;
-          const S l = lq[i] + lk[j] + w0 * E0(i, j) + w1 * E1(i, j) + cg;
-          logit[k] = l;
-          const S lc = l < -clip ? -clip : (l > clip ? clip : l);
-          const S sg = S(1) / (S(1) + std::exp(-lc));
-          ahat[k] = sg > amax ? amax : sg;
-        }
+      {
+        MatMap<S> Lg(logit, Tq, Tk), Ah(ahat, Tq, Tk);
+        Lg.array() = ((w0 * E0.array() + w1 * E1.array()).colwise() + lq.array()).rowwise() + lk.transpose().array();
+        Lg.array() += cg;
+        Ah.array() = (S(1) / (S(1) + (-Lg.array().max(-clip).min(clip)).exp())).min(amax);
+      }
       // 7.-8. mixing coefficient: the detached alpha-hat, or with an oracle gamma a_eff + (1 - gamma) alpha-hat
       const S* frozen = ctx.frozen_alpha_hat ? ctx.frozen_alpha_hat->ptr() + off : nullptr;
       std::vector<std::uint8_t> has(static_cast<std::size_t>(has_oracle ? Tk : 0));
@@ -547,7 +548,7 @@ private:
       ConstMatMap<S> AM(amix, Tq, Tk);
       Sc = (S(1) - AM.array()).matrix().cwiseProduct(E0) + AM.cwiseProduct(E1);
       MatMap<S> P(c.attn.data() + off, Tq, Tk);
-      ops::masked_softmax_rows<S>(Sc, km, P);
+      ops::masked_softmax_rows<S>(Sc, km, P);  // vectorised per row
       // 10. dropout on the probabilities, then ctx_h = P V_h
       if (dropout_on) {
         Rng r(drop_seed ^ (0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(bh + 1)));
@@ -571,8 +572,8 @@ private:
 
   /// Adds the per-pair sums in a fixed order, forms the loss and the statistics, and turns the row
   /// gradients into d loss_gate / d logit through the 0.95 cap, the sigmoid and the +-10 clip.
-  void finish_gate_loss(Cache& c, const std::vector<GateLossSums<S>>& sums, const std::vector<S>& g_reg,
-                        const std::vector<S>& g_spot) {
+  void finish_gate_loss(Cache& c, const std::vector<GateLossSums<S>>& sums, const AlignedVec<S>& g_reg,
+                        const AlignedVec<S>& g_spot) {
     GateLossSums<S> tot;
     for (const auto& s : sums) tot.add(s);
     const S reg = tot.n_has > 0 ? tot.reg / S(tot.n_has) : S(0);
@@ -600,28 +601,19 @@ private:
   }
 
   /// In place: each row of E [Tq, Tk] becomes (E - mu) / (sigma + 1e-5) over the real keys, 0 at padded keys.
-  /// mu and the biased variance count only real keys (n real keys, floored at 1); sigma = sqrt(max(var, 1e-12)).
-  static void normalise_rows(MatMap<S>& E, const std::uint8_t* km, S n, S* sigma, std::uint8_t* floored) {
-    const Index tk = E.cols();
-    for (Index i = 0; i < E.rows(); ++i) {
-      S mu = 0;
-      for (Index j = 0; j < tk; ++j)
-        if (km[j]) mu += E(i, j);
-      mu /= n;
-      S var = 0;
-      for (Index j = 0; j < tk; ++j)
-        if (km[j]) {
-          const S d = E(i, j) - mu;
-          var += d * d;
-        }
-      var /= n;
-      const bool fl = var < S(DeaConstants::var_floor);
-      const S sg = std::sqrt(fl ? S(DeaConstants::var_floor) : var);
-      const S den = sg + S(DeaConstants::norm_eps);
-      for (Index j = 0; j < tk; ++j) E(i, j) = km[j] ? (E(i, j) - mu) / den : S(0);
-      sigma[i] = sg;
-      floored[i] = fl;
-    }
+  /// mu and the biased variance count only real keys (m [Tk] is 1 for a real key; n real keys, floored at 1);
+  /// sigma = sqrt(max(var, 1e-12)). Writes sigma [Tq] and floored [Tq] (1 where var < 1e-12).
+  static void normalise_rows(MatMap<S>& E, const Eigen::Array<S, 1, Eigen::Dynamic>& m, S n, S* sigma,
+                             std::uint8_t* floored) {
+    auto A = E.array();
+    const Eigen::Array<S, Eigen::Dynamic, 1> mu = (A.rowwise() * m).rowwise().sum() / n;
+    A = (A.colwise() - mu).rowwise() * m;                            // E - mu at real keys, 0 at padded keys
+    const Eigen::Array<S, Eigen::Dynamic, 1> var = A.square().rowwise().sum() / n;
+    Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>> sg(sigma, E.rows());
+    sg = var.max(S(DeaConstants::var_floor)).sqrt();
+    Eigen::Map<Eigen::Array<std::uint8_t, Eigen::Dynamic, 1>>(floored, E.rows()) =
+        (var < S(DeaConstants::var_floor)).template cast<std::uint8_t>();
+    A.colwise() /= (sg + S(DeaConstants::norm_eps));
   }
 
   /// In place: g [Tq, Tk] = dL/dE~  ->  dL/dE, the backward of normalise_rows. With s = sigma + 1e-5 and
@@ -629,21 +621,19 @@ private:
   ///   dE_k = m_k [ (g_k - mean_m(g)) / s  -  [var >= 1e-12] (sum_j g_j E~_j) E~_k / (n sigma) ]
   /// (the first term is the mu path, the second the sigma path; below the floor sigma is a constant).
   static void norm_backward(Mat<S>& g, const S* en, const S* sigma, const std::uint8_t* floored, S n,
-                            const std::uint8_t* km) {
+                            const Eigen::Array<S, 1, Eigen::Dynamic>& m) {
     const Index tq = g.rows(), tk = g.cols();
-    for (Index i = 0; i < tq; ++i) {
-      const S* e = en + i * tk;
-      S gsum = 0, ge = 0;
-      for (Index j = 0; j < tk; ++j)
-        if (km[j]) {
-          gsum += g(i, j);
-          ge += g(i, j) * e[j];
-        }
-      const S s = sigma[i] + S(DeaConstants::norm_eps);
-      const S gmean = gsum / n;
-      const S coef = floored[i] ? S(0) : ge / (n * sigma[i]);
-      for (Index j = 0; j < tk; ++j) g(i, j) = km[j] ? (g(i, j) - gmean) / s - coef * e[j] : S(0);
-    }
+    auto G = g.array();
+    Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> e(en, tq, tk);
+    G.rowwise() *= m;                                                // only real keys carry gradient
+    const Eigen::Array<S, Eigen::Dynamic, 1> gmean = G.rowwise().sum() / n;
+    const Eigen::Array<S, Eigen::Dynamic, 1> ge = (G * e).rowwise().sum();
+    Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>> sg(sigma, tq);
+    const Eigen::Array<S, Eigen::Dynamic, 1> live =
+        S(1) - Eigen::Map<const Eigen::Array<std::uint8_t, Eigen::Dynamic, 1>>(floored, tq).template cast<S>();
+    const Eigen::Array<S, Eigen::Dynamic, 1> coef = live * ge / (n * sg);
+    const Eigen::Array<S, Eigen::Dynamic, 1> inv_s = S(1) / (sg + S(DeaConstants::norm_eps));
+    G = ((G.colwise() - gmean).colwise() * inv_s - e.colwise() * coef).rowwise() * m;
   }
 
   Index D_, H_, Dh_ = 0;

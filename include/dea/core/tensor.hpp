@@ -28,6 +28,12 @@ using ConstMatMap = Eigen::Map<const Mat<S>>;
 
 using Shape = std::vector<Index>;
 
+/// A std::vector whose buffer is aligned as Eigen's own matrices are (EIGEN_MAX_ALIGN_BYTES). Kernels map
+/// slices of such buffers; with a fixed alignment the vectorised reductions over them run in the same order on
+/// every call, which keeps results bitwise reproducible.
+template <class T>
+using AlignedVec = std::vector<T, Eigen::aligned_allocator<T>>;
+
 /// "[2, 6, 32]"
 inline std::string shape_str(const Shape& s) {
   std::string out = "[";

@@ -41,8 +41,8 @@ inline double metadata_double(const SafeTensors& st, const std::string& key, dou
   return v;
 }
 
-template <class S>
-Tensor<S> flat_tensor(const std::vector<S>& v, const Shape& shape) {
+template <class S, class Alloc>
+Tensor<S> flat_tensor(const std::vector<S, Alloc>& v, const Shape& shape) {
   Tensor<S> t(shape);
   check(t.numel() == static_cast<Index>(v.size()), "internal: buffer of ", v.size(), " for shape ", shape_str(shape));
   for (Index k = 0; k < t.numel(); ++k) t[k] = v[static_cast<std::size_t>(k)];

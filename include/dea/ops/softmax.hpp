@@ -13,36 +13,36 @@
 namespace dea {
 namespace ops {
 
-/// p = softmax(s) over real keys, in place allowed (p may alias s).
+/// p = softmax(s) over real keys, row by row (p may alias s). Vectorised: masked keys get an additive -inf.
 template <class S, class DS, class DP>
 void masked_softmax_rows(const Eigen::MatrixBase<DS>& s, const std::uint8_t* mask, Eigen::MatrixBase<DP>& p) {
   const Index tk = s.cols();
-  for (Index i = 0; i < s.rows(); ++i) {
-    S mx = -std::numeric_limits<S>::infinity();
-    for (Index j = 0; j < tk; ++j)
-      if (!mask || mask[j]) mx = std::max(mx, s(i, j));
-    if (mx == -std::numeric_limits<S>::infinity()) {  // every key masked (or all scores -inf)
-      p.row(i).setZero();
-      continue;
-    }
-    S z = 0;
+  const S inf = std::numeric_limits<S>::infinity();
+  Eigen::Array<S, 1, Eigen::Dynamic> bias = Eigen::Array<S, 1, Eigen::Dynamic>::Zero(tk);
+  bool any_real = mask == nullptr;
+  if (mask)
     for (Index j = 0; j < tk; ++j) {
-      const S e = (!mask || mask[j]) ? std::exp(s(i, j) - mx) : S(0);
-      p(i, j) = e;
-      z += e;
+      if (!mask[j]) bias[j] = -inf;
+      any_real = any_real || mask[j];
     }
-    p.row(i) /= z;
+  if (!any_real || tk == 0) {  // every key masked: zeros, never NaN
+    p.setZero();
+    return;
   }
+  auto P = p.array();
+  P = s.array().rowwise() + bias;
+  const Eigen::Array<S, Eigen::Dynamic, 1> mx = P.rowwise().maxCoeff();
+  P = (P.colwise() - mx).exp();
+  const Eigen::Array<S, Eigen::Dynamic, 1> z = P.rowwise().sum();
+  P.colwise() /= z;
 }
 
 /// ds = p .* (dp - rowsum(dp .* p)): the backward of masked_softmax_rows (masked keys have p = 0, so ds = 0).
 template <class S, class DP, class DDP, class DDS>
 void softmax_rows_backward(const Eigen::MatrixBase<DP>& p, const Eigen::MatrixBase<DDP>& dp,
                            Eigen::MatrixBase<DDS>& ds) {
-  for (Index i = 0; i < p.rows(); ++i) {
-    const S dot = p.row(i).dot(dp.row(i));
-    ds.row(i) = p.row(i).cwiseProduct((dp.row(i).array() - dot).matrix());
-  }
+  const Eigen::Array<S, Eigen::Dynamic, 1> dot = (p.array() * dp.array()).rowwise().sum();
+  ds.array() = p.array() * (dp.array().colwise() - dot);
 }
 
 }  // namespace ops
