@@ -18,6 +18,9 @@
 #include "attention/context.hpp"
 #include "attention/dual_expert.hpp"
 #include "attention/gate_loss.hpp"
+#include "attention/token_routed.hpp"
+
+#include "nn/transformer.hpp"
 
 #include "optim/adamw.hpp"
 #include "optim/schedule.hpp"

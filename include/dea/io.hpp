@@ -5,4 +5,6 @@
 #include "dea.hpp"
 #include "io/dea_case.hpp"
 #include "io/jsonl.hpp"
+#include "io/model_case.hpp"
+#include "io/tr_mha_case.hpp"
 #include "io/safetensors.hpp"

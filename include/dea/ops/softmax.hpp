@@ -1,7 +1,8 @@
 // dea/ops/softmax.hpp: masked softmax over the last axis of a row block, forward and backward.
 //
 // Shapes: scores [Tq, Tk]; mask [Tk] (nullptr = every key real). Masked keys act as -inf: they get
-// probability 0. A row whose keys are all masked gives a row of zeros (never NaN) and zero gradient.
+// probability 0. A row whose keys are all masked (or whose scores are all -inf) gives a row of zeros (never
+// NaN) and zero gradient.
 #pragma once
 
 #include "../core/tensor.hpp"
@@ -31,10 +32,13 @@ void masked_softmax_rows(const Eigen::MatrixBase<DS>& s, const std::uint8_t* mas
   }
   auto P = p.array();
   P = s.array().rowwise() + bias;
+  // a row whose scores are all -inf (e.g. causal and key masks together) has max -inf: shift it by 0 instead,
+  // so exp gives 0 everywhere, and divide by 1: a row of zeros
   const Eigen::Array<S, Eigen::Dynamic, 1> mx = P.rowwise().maxCoeff();
-  P = (P.colwise() - mx).exp();
+  const Eigen::Array<S, Eigen::Dynamic, 1> shift = (mx == -inf).select(S(0), mx);
+  P = (P.colwise() - shift).exp();
   const Eigen::Array<S, Eigen::Dynamic, 1> z = P.rowwise().sum();
-  P.colwise() /= z;
+  P.colwise() /= (z > S(0)).select(z, S(1));
 }
 
 /// ds = p .* (dp - rowsum(dp .* p)): the backward of masked_softmax_rows (masked keys have p = 0, so ds = 0).

@@ -1,0 +1,386 @@
+// dea/attention/dot_product.hpp: multi-head scaled dot-product attention, the baseline of every comparison.
+//
+// Vaswani et al., "Attention Is All You Need" (NeurIPS 2017), section 3.2, with a hand-derived backward.
+//
+// Shapes (self-attention; N = B*T rows, row n = b*T + t; D = d_model = H*Dh):
+//   x [N, D] --W_q, W_k, W_v--> Q, K, V [N, D] (one product: [Q K V] = x [W_q; W_k; W_v]^T + b, [N, 3D]);
+//   head h owns feature columns [h*Dh, (h+1)*Dh) of each of Q, K, V
+//   per (b, h):  S = Q_bh K_bh^T / sqrt(Dh)  [T, T];  masked keys (key_mask = 0, or j > i when causal) get
+//                probability exactly 0 (they take no part in the row's max and normaliser)
+//                P = softmax_rows(S);  Pd = P .* M (attention dropout, training only);  O_bh = Pd V_bh  [T, Dh]
+//   y = O W_o^T + b_o  [N, D]
+// A query row whose keys are all masked has P = 0, so its O row is 0 (never NaN) and y = b_o there.
+//
+// Parallel work: one (b, h) pair per task (parallel_for over B*H); each pair writes only its own slices of
+// P, O, dQ, dK, dV. Projections and their weight gradients use ops::gemm's fixed row blocks. No parameter
+// gradient is touched by more than one pair, so every result is bitwise identical for any thread count.
+#pragma once
+
+#include "../core/error.hpp"
+#include "../core/parallel.hpp"
+#include "../core/param.hpp"
+#include "../core/rng.hpp"
+#include "../core/tensor.hpp"
+#include "../ops/dropout.hpp"
+#include "../ops/gemm.hpp"
+#include "../ops/linear.hpp"
+#include "../ops/softmax.hpp"
+#include "context.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+namespace dea {
+namespace detail {
+namespace mha {
+
+/// Checks d_model and n_heads against each other and against the compile-time sizes; returns d_head.
+template <int Heads, int DHead>
+Index check_head_sizes(const char* cls, Index d_model, Index n_heads) {
+  check(d_model > 0, cls, ": d_model: expected > 0, got ", d_model);
+  check(n_heads > 0, cls, ": n_heads: expected > 0, got ", n_heads);
+  check(d_model % n_heads == 0, cls, ": d_model: expected a multiple of n_heads = ", n_heads, ", got ", d_model);
+  check(Heads == Eigen::Dynamic || n_heads == Heads, cls, ": n_heads: expected ", Heads,
+        " (the Heads template argument), got ", n_heads);
+  const Index dh = d_model / n_heads;
+  check(DHead == Eigen::Dynamic || dh == DHead, cls, ": d_model / n_heads: expected ", DHead,
+        " (the DHead template argument), got ", d_model, " / ", n_heads, " = ", dh);
+  return dh;
+}
+
+/// Throws dea::Error naming `what` and the first bad position if `m` holds NaN or +-inf (a vectorised test
+/// first; the element-wise search only runs on failure).
+template <class Derived>
+void check_all_finite(const Eigen::MatrixBase<Derived>& m, const std::string& what) {
+  using S = typename Derived::Scalar;
+  // x * 0 is 0 for finite x and NaN for NaN or +-inf; the vectorised sum of those is 0 exactly when all are finite.
+  const S probe = (m.array() * S(0)).sum();
+  if (!(probe == S(0))) check_finite(m, what.c_str());
+}
+
+/// Validates one self-attention forward call: batch > 0; x is [batch*T, d_model] with T >= 1 and finite;
+/// ctx.key_mask (if any) is [batch, T]; ctx.rng is set when dropout is active. Returns T.
+template <class S>
+Index check_self_attention_input(const char* cls, const Mat<S>& x, Index batch, Index d_model,
+                                 const AttnContext<S>& ctx, S dropout) {
+  check(batch > 0, cls, ": batch: expected > 0, got ", batch);
+  check(x.cols() == d_model, cls, ": x: expected ", d_model, " columns (d_model), got ", x.cols(), " (x is [",
+        x.rows(), ", ", x.cols(), "])");
+  check(x.rows() > 0 && x.rows() % batch == 0, cls, ": x: expected batch*T rows with batch = ", batch,
+        " and T >= 1, got ", x.rows(), " rows");
+  const Index T = x.rows() / batch;
+  check_all_finite(x, std::string(cls) + ": x");
+  if (ctx.key_mask) check_shape(*ctx.key_mask, {batch, T}, (std::string(cls) + ": ctx.key_mask").c_str());
+  if (ctx.training && dropout > S(0))
+    check(ctx.rng != nullptr, cls, ": ctx.rng: expected a random generator for dropout ", dropout,
+          " in training mode, got nullptr");
+  return T;
+}
+
+/// Validates a backward call against the cache its forward filled.
+template <class S>
+void check_backward_input(const char* cls, const Mat<S>& dy, Index batch, Index seq, Index d_model) {
+  check(batch > 0, cls, ": backward: the cache is empty (run forward with it first)");
+  check(dy.rows() == batch * seq && dy.cols() == d_model, cls, ": dy: expected shape [", batch * seq, ", ",
+        d_model, "], got [", dy.rows(), ", ", dy.cols(), "]");
+  check_all_finite(dy, std::string(cls) + ": dy");
+}
+
+/// One head's [T, Dh] slice of a row-major matrix: rows [row0, row0 + T), columns [col0, col0 + Dh).
+template <class S, int DHead>
+using HeadMat = Eigen::Matrix<S, Eigen::Dynamic, DHead, Eigen::RowMajor>;
+template <class S, int DHead>
+using HeadMap = Eigen::Map<HeadMat<S, DHead>, Eigen::Unaligned, Eigen::OuterStride<>>;
+template <class S, int DHead>
+using ConstHeadMap = Eigen::Map<const HeadMat<S, DHead>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+template <int DHead, class S>
+HeadMap<S, DHead> head(Mat<S>& m, Index row0, Index col0, Index T, Index dh) {
+  return {m.data() + row0 * m.cols() + col0, T, dh, Eigen::OuterStride<>(m.cols())};
+}
+template <int DHead, class S>
+ConstHeadMap<S, DHead> head(const Mat<S>& m, Index row0, Index col0, Index T, Index dh) {
+  return {m.data() + row0 * m.cols() + col0, T, dh, Eigen::OuterStride<>(m.cols())};
+}
+
+/// In place: row i of the [Tq, Tk] score block s becomes softmax over its real keys (km[j] != 0, km may be
+/// null; and j <= i when causal); masked keys get exactly 0; a row with no real key becomes all 0.
+/// The exponentials are vectorised (Eigen); the max and the normaliser are taken over real keys only.
+template <class Derived>
+void masked_softmax_inplace(const Eigen::MatrixBase<Derived>& s_, const std::uint8_t* km, bool causal) {
+  using S = typename Derived::Scalar;
+  auto& s = const_cast<Eigen::MatrixBase<Derived>&>(s_);
+  const Index tk = s.cols();
+  for (Index i = 0; i < s.rows(); ++i) {
+    auto row = s.row(i);
+    const Index lim = causal ? std::min(i + 1, tk) : tk;  // keys [0, lim) pass the causal mask
+    S mx = -std::numeric_limits<S>::infinity();
+    if (km) {
+      for (Index j = 0; j < lim; ++j)
+        if (km[j]) mx = std::max(mx, row(j));
+    } else if (lim > 0) {
+      mx = row.head(lim).maxCoeff();
+    }
+    if (mx == -std::numeric_limits<S>::infinity()) {  // no real key: zeros, never NaN
+      row.setZero();
+      continue;
+    }
+    row.array() = (row.array() - mx).exp();                 // P_ij ∝ exp(S_ij - max_j S_ij)
+    if (lim < tk) row.tail(tk - lim).setZero();             // causal: keys j > i
+    if (km)
+      for (Index j = 0; j < lim; ++j)
+        if (!km[j]) row(j) = S(0);                          // padded keys
+    row /= row.sum();                                       // normalise over real keys
+  }
+}
+
+/// A Linear D_in -> D_out parameter pair in PyTorch layout: weight [out, in], optional bias [out].
+template <class S>
+struct Projection {
+  Param<S> weight;
+  Param<S> bias;
+  bool has_bias = true;
+
+  Projection() = default;
+  Projection(const std::string& name, Index in, Index out, bool with_bias)
+      : weight(name + ".weight", "main", {out, in}), has_bias(with_bias) {
+    if (with_bias) bias = Param<S>(name + ".bias", "main", {out});
+  }
+  void append_to(ParamList<S>& list) {
+    list.push_back(&weight);
+    if (has_bias) list.push_back(&bias);
+  }
+  void zero_grad() {
+    weight.zero_grad();
+    if (has_bias) bias.zero_grad();
+  }
+  /// y = x W^T + b
+  void forward(const Mat<S>& x, Mat<S>& y) const {
+    ops::linear_forward<S>(x, weight.mat(), has_bias ? bias.value.data() : nullptr, y);
+  }
+  /// Adds dW += dy^T x, db += colsum(dy); writes dx = dy W when dx is non-null.
+  void backward(const Mat<S>& dy, const Mat<S>& x, Mat<S>* dx) {
+    ops::linear_backward<S>(dy, x, weight.mat(), weight.grad_mat(), has_bias ? bias.grad.data() : nullptr, dx);
+  }
+};
+
+/// The three input projections of a self-attention layer as one product (one pass over x, one wide GEMM):
+///   qkv = x [W_q; W_k; W_v]^T + [b_q, b_k, b_v]      x [N, D], qkv [N, 3D] (Q | K | V column blocks)
+/// w_cat [3D, D] and b_cat [3D] are filled here and kept by the caller for the backward.
+template <class S>
+void qkv_forward(const Mat<S>& x, const Projection<S>& q, const Projection<S>& k, const Projection<S>& v,
+                 Mat<S>& w_cat, RowVec<S>& b_cat, Mat<S>& qkv) {
+  const Index D = q.weight.rows();
+  w_cat.resize(3 * D, q.weight.cols());
+  w_cat.topRows(D) = q.weight.mat();
+  w_cat.middleRows(D, D) = k.weight.mat();
+  w_cat.bottomRows(D) = v.weight.mat();
+  if (q.has_bias) {
+    b_cat.resize(3 * D);
+    b_cat.segment(0, D) = q.bias.value.transpose();
+    b_cat.segment(D, D) = k.bias.value.transpose();
+    b_cat.segment(2 * D, D) = v.bias.value.transpose();
+  }
+  ops::linear_forward<S>(x, w_cat, q.has_bias ? b_cat.data() : nullptr, qkv);  // [Q K V] = x W_cat^T + b_cat
+}
+
+/// Backward of qkv_forward: adds dW_q/dW_k/dW_v (via the scratch dw [3D, D]) and the bias gradients, and
+/// writes dx = dqkv W_cat.
+template <class S>
+void qkv_backward(const Mat<S>& dqkv, const Mat<S>& x, const Mat<S>& w_cat, Projection<S>& q, Projection<S>& k,
+                  Projection<S>& v, Mat<S>& dw, Mat<S>& dx) {
+  const Index D = q.weight.rows();
+  dw.setZero(3 * D, x.cols());
+  ops::gemm_tn_add<S>(dqkv, x, dw);                  // qkv = x W_cat^T  ->  dW_cat = dqkv^T x
+  q.weight.grad_mat() += dw.topRows(D);
+  k.weight.grad_mat() += dw.middleRows(D, D);
+  v.weight.grad_mat() += dw.bottomRows(D);
+  if (q.has_bias) {                                  // qkv += b_cat  ->  db_cat = colsum(dqkv)
+    const RowVec<S> db = dqkv.colwise().sum();
+    q.bias.grad += db.segment(0, D).transpose();
+    k.bias.grad += db.segment(D, D).transpose();
+    v.bias.grad += db.segment(2 * D, D).transpose();
+  }
+  ops::gemm<S>(dqkv, w_cat, dx);                     // qkv = x W_cat^T  ->  dx = dqkv W_cat
+}
+
+}  // namespace mha
+}  // namespace detail
+
+/// Options of DotProductAttention.
+template <class S>
+struct DotProductAttentionOptions {
+  /// Biases on W_q, W_k, W_v and W_o.
+  bool bias = true;
+  /// Attention-probability dropout p in [0, 1) (training only, inverted scaling).
+  S dropout = 0;
+};
+
+/// Multi-head scaled dot-product self-attention with optional key mask, causal mask and attention dropout.
+///
+/// Parameters (PyTorch state_dict names): W_q.weight, W_q.bias, W_k.weight, W_k.bias, W_v.weight, W_v.bias,
+/// W_o.weight, W_o.bias; weights [D, D] Xavier-uniform (bound sqrt(6/(2D))), drawn in that order; biases 0.
+/// `Heads` and `DHead` may fix n_heads and d_head at compile time (or be Eigen::Dynamic).
+template <class S, int Heads = Eigen::Dynamic, int DHead = Eigen::Dynamic>
+class DotProductAttention {
+  static_assert(std::is_floating_point<S>::value, "DotProductAttention: Scalar must be a floating-point type");
+  static_assert(Heads == Eigen::Dynamic || Heads > 0, "DotProductAttention: Heads must be positive or Dynamic");
+  static_assert(DHead == Eigen::Dynamic || DHead > 1,
+                "DotProductAttention: a fixed DHead must be > 1 (use Eigen::Dynamic for d_head = 1)");
+
+public:
+  using Scalar = S;
+  using Options = DotProductAttentionOptions<S>;
+  static constexpr int HeadsAtCompileTime = Heads;
+  static constexpr int DHeadAtCompileTime = DHead;
+
+  /// What backward needs, filled by forward, plus reusable work buffers. Reusable across calls; backward
+  /// changes only the work buffers, so it may run twice on one forward.
+  struct Cache {
+    Index batch = 0, seq = 0, d_model = 0;
+    Mat<S> x;         ///< [N, D] the input (for the projection weight gradients)
+    Mat<S> qkv;       ///< [N, 3D] projections Q | K | V (column blocks of D)
+    Mat<S> ctx;       ///< [N, D] heads' outputs concatenated (input of W_o)
+    Vec<S> p;         ///< [B, H, T, T] attention probabilities (before dropout)
+    Vec<S> drop;      ///< [B, H, T, T] dropout multipliers (0 or 1/(1-p)); empty when dropout was inactive
+    Mat<S> w_cat;     ///< [3D, D] W_q; W_k; W_v as used by this forward
+    RowVec<S> b_cat;  ///< [3D] their biases
+    Mat<S> work_dctx, work_dqkv, work_dw;  ///< backward scratch
+
+    auto q() const { return qkv.leftCols(d_model); }
+    auto k() const { return qkv.middleCols(d_model, d_model); }
+    auto v() const { return qkv.rightCols(d_model); }
+  };
+
+  DotProductAttention(Index d_model, Index n_heads, Rng& rng, Options opt = {})
+      : d_model_(d_model),
+        n_heads_(n_heads),
+        d_head_(detail::mha::check_head_sizes<Heads, DHead>("DotProductAttention", d_model, n_heads)),
+        opt_(opt) {
+    ops::check_dropout_probability(opt.dropout, "DotProductAttention: Options::dropout");
+    q_ = Proj("W_q", d_model, d_model, opt.bias);
+    k_ = Proj("W_k", d_model, d_model, opt.bias);
+    v_ = Proj("W_v", d_model, d_model, opt.bias);
+    o_ = Proj("W_o", d_model, d_model, opt.bias);
+    for (Proj* p : {&q_, &k_, &v_, &o_}) init::xavier_uniform(p->weight.mat(), rng, d_model, d_model);
+  }
+
+  Index d_model() const { return d_model_; }
+  Index n_heads() const { return n_heads_; }
+  Index d_head() const { return d_head_; }
+  const Options& options() const { return opt_; }
+
+  /// W_q.weight, W_q.bias, W_k.weight, W_k.bias, W_v.weight, W_v.bias, W_o.weight, W_o.bias (no biases
+  /// when Options::bias is false).
+  ParamList<S> parameters() {
+    ParamList<S> list;
+    for (Proj* p : {&q_, &k_, &v_, &o_}) p->append_to(list);
+    return list;
+  }
+
+  void zero_grad() {
+    for (Proj* p : {&q_, &k_, &v_, &o_}) p->zero_grad();
+  }
+
+  /// x [B*T, D] (row b*T + t), batch = B  ->  y [B*T, D]. Fills `cache` for backward.
+  Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) const {
+    const char* cls = "DotProductAttention";
+    const Index T = detail::mha::check_self_attention_input(cls, x, batch, d_model_, ctx, opt_.dropout);
+    const Index H = n_heads_, dh = d_head_, TT = T * T, D = d_model_;
+    Cache& c = cache;
+    c.batch = batch;
+    c.seq = T;
+    c.d_model = D;
+    c.x = x;
+    detail::mha::qkv_forward(x, q_, k_, v_, c.w_cat, c.b_cat, c.qkv);  // [Q K V] = x [W_q; W_k; W_v]^T + b  [N, 3D]
+    const bool dropping = ctx.training && opt_.dropout > S(0);
+    if (dropping)
+      ops::dropout_mask(c.drop, batch * H * TT, opt_.dropout, *ctx.rng);
+    else
+      c.drop.resize(0);
+    c.p.resize(batch * H * TT);
+    c.ctx.resize(x.rows(), D);
+    const S scale = S(1) / std::sqrt(static_cast<S>(dh));
+    const std::uint8_t* km = ctx.key_mask ? ctx.key_mask->ptr() : nullptr;
+    const bool causal = ctx.causal;
+    const Mat<S>& qkv = c.qkv;
+    parallel_for(batch * H, [&](Index bh) {
+      const Index b = bh / H, h = bh % H;
+      const auto Q = detail::mha::head<DHead>(qkv, b * T, h * dh, T, dh);          // [T, Dh]
+      const auto K = detail::mha::head<DHead>(qkv, b * T, D + h * dh, T, dh);      // [T, Dh]
+      const auto V = detail::mha::head<DHead>(qkv, b * T, 2 * D + h * dh, T, dh);  // [T, Dh]
+      auto O = detail::mha::head<DHead>(c.ctx, b * T, h * dh, T, dh);              // [T, Dh]
+      MatMap<S> P(c.p.data() + bh * TT, T, T);                                      // [T, T]
+      P.noalias() = Q * K.transpose();                                               // S = Q K^T
+      P *= scale;                                                                    //     / sqrt(Dh)
+      detail::mha::masked_softmax_inplace(P, km ? km + b * T : nullptr, causal);     // P = softmax over real keys
+      if (dropping) {
+        const ConstMatMap<S> M(c.drop.data() + bh * TT, T, T);
+        const Mat<S> Pd = P.cwiseProduct(M);                                         // Pd = P .* M
+        O.noalias() = Pd * V;                                                        // O = Pd V
+      } else {
+        O.noalias() = P * V;                                                         // O = P V
+      }
+    }, double(batch * H) * double(TT) * double(4 * dh + 10) > kParallelMinFlops);
+    Mat<S> y;
+    o_.forward(c.ctx, y);  // y = O W_o^T + b_o
+    return y;
+  }
+
+  /// dy [B*T, D] -> dx [B*T, D]. ADDS into every parameter's grad (two calls accumulate); only the cache's
+  /// work buffers change.
+  Mat<S> backward(const Mat<S>& dy, Cache& cache) {
+    const char* cls = "DotProductAttention";
+    detail::mha::check_backward_input(cls, dy, cache.batch, cache.seq, d_model_);
+    const Cache& c = cache;
+    const Index T = c.seq, H = n_heads_, dh = d_head_, TT = T * T, N = dy.rows(), D = d_model_;
+    const bool dropping = c.drop.size() > 0;
+    Mat<S>& dctx = cache.work_dctx;
+    Mat<S>& dqkv = cache.work_dqkv;
+    o_.backward(dy, c.ctx, &dctx);  // y = O W_o^T + b_o  ->  dW_o += dy^T O, db_o += colsum(dy), dO = dy W_o
+    dqkv.resize(N, 3 * D);
+    const S scale = S(1) / std::sqrt(static_cast<S>(dh));
+    const Mat<S>& dctx_c = dctx;
+    parallel_for(c.batch * H, [&](Index bh) {
+      const Index b = bh / H, h = bh % H;
+      const auto Q = detail::mha::head<DHead>(c.qkv, b * T, h * dh, T, dh);
+      const auto K = detail::mha::head<DHead>(c.qkv, b * T, D + h * dh, T, dh);
+      const auto V = detail::mha::head<DHead>(c.qkv, b * T, 2 * D + h * dh, T, dh);
+      const auto dO = detail::mha::head<DHead>(dctx_c, b * T, h * dh, T, dh);
+      auto dQ = detail::mha::head<DHead>(dqkv, b * T, h * dh, T, dh);
+      auto dK = detail::mha::head<DHead>(dqkv, b * T, D + h * dh, T, dh);
+      auto dV = detail::mha::head<DHead>(dqkv, b * T, 2 * D + h * dh, T, dh);
+      const ConstMatMap<S> P(c.p.data() + bh * TT, T, T);
+      Mat<S> dP(T, T);
+      dP.noalias() = dO * V.transpose();                // O = Pd V  ->  dPd = dO V^T
+      if (dropping) {
+        const ConstMatMap<S> M(c.drop.data() + bh * TT, T, T);
+        const Mat<S> Pd = P.cwiseProduct(M);
+        dV.noalias() = Pd.transpose() * dO;             // O = Pd V  ->  dV = Pd^T dO
+        dP.array() *= M.array();                        // Pd = P .* M  ->  dP = dPd .* M
+      } else {
+        dV.noalias() = P.transpose() * dO;              // O = P V   ->  dV = P^T dO
+      }
+      ops::softmax_rows_backward<S>(P, dP, dP);         // P = softmax(S)  ->  dS = P .* (dP - rowsum(dP .* P))
+      dP *= scale;                                      // S = Q K^T / sqrt(Dh)  ->  d(Q K^T) = dS / sqrt(Dh)
+      dQ.noalias() = dP * K;                            //                       ->  dQ = dS' K
+      dK.noalias() = dP.transpose() * Q;                //                       ->  dK = dS'^T Q
+    }, double(c.batch * H) * double(TT) * double(8 * dh + 10) > kParallelMinFlops);
+    Mat<S> dx;
+    // [Q K V] = x W_cat^T + b_cat  ->  dW_q, dW_k, dW_v, db_q, db_k, db_v, dx = dQKV W_cat
+    detail::mha::qkv_backward(dqkv, c.x, c.w_cat, q_, k_, v_, cache.work_dw, dx);
+    return dx;
+  }
+
+private:
+  using Proj = detail::mha::Projection<S>;
+  Index d_model_, n_heads_, d_head_;
+  Options opt_;
+  Proj q_, k_, v_, o_;
+};
+
+}  // namespace dea
