@@ -33,7 +33,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     shapes = args.shape or ["32x128x512x8"]
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads))
+    # passive waiting: spinning OpenMP threads slow 2-thread runs 5-20x on a shared machine (both sides get it)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), OPENBLAS_NUM_THREADS=str(args.threads),
+               OMP_WAIT_POLICY="PASSIVE")
     for shape in shapes:
         best = {"dea": {}, "torch": {}}
         for _ in range(args.rounds):
