@@ -97,6 +97,7 @@ public:
     AlignedVec<S> dlogit_gate;            ///< d loss_gate / d logit, [B, H, Tq, Tk]
     AlignedVec<S> beta, w, d_b;           ///< per-pair photo-finish values [B, H, Tq, Tk], NaN where not valid
     AlignedVec<std::int64_t> target;      ///< target key per (b, h, i), -1 where the row is inactive
+    AlignedVec<S> g_reg, g_spot;           ///< scratch: unnormalised d(reg)/d alpha_hat and d(spot)/d alpha_hat
     AlignedVec<S> oracle_ref;             ///< clamped oracle, NaN where unlabelled [B, H, Tq, Tk]
 
     Index cell(Index b, Index h, Index i, Index j, Index H) const { return ((b * H + h) * Tq + i) * Tk + j; }
@@ -397,8 +398,10 @@ private:
     check(!dropout_on || ctx.rng != nullptr, "DualExpertAttention::forward: training with dropout ", opt_.dropout,
           " needs ctx.rng");
 
-    // ---- cache set-up
-    c = Cache();
+    // ---- cache set-up: buffers keep their storage from the previous call (no allocation, no page faults when
+    // the shapes repeat); every element the kernels read is written below
+    c.loss_gate = 0;
+    c.stats = GateStats();
     c.B = B;
     c.Tq = Tq;
     c.Tk = Tk;
@@ -435,12 +438,17 @@ private:
     c.floor1.resize(rows);
     if (dropout_on) c.drop.resize(cells);
     if (has_oracle) {
-      c.dlogit_gate.assign(cells, S(0));
+      c.dlogit_gate.resize(cells);
       c.beta.resize(cells);
       c.w.resize(cells);
       c.d_b.resize(cells);
-      c.target.assign(rows, -1);
+      c.target.resize(rows);
       c.oracle_ref.resize(cells);
+      c.g_reg.assign(cells, S(0));
+      c.g_spot.assign(cells, S(0));
+    } else {
+      for (auto* v : {&c.dlogit_gate, &c.beta, &c.w, &c.d_b, &c.oracle_ref, &c.g_reg, &c.g_spot}) v->clear();
+      c.target.clear();
     }
 
     // ---- projections: Q = q_in W_q^T + b_q, K = k_in W_k^T + b_k, V = v_in W_v^T + b_v
@@ -452,11 +460,6 @@ private:
 
     const std::uint64_t drop_seed = dropout_on ? ctx.rng->next_u64() : 0;
     std::vector<GateLossSums<S>> sums(static_cast<std::size_t>(B * H));
-    AlignedVec<S> g_reg, g_spot;
-    if (has_oracle) {
-      g_reg.assign(cells, S(0));
-      g_spot.assign(cells, S(0));
-    }
     const S inv_sqrt = S(1) / std::sqrt(S(Dh));
     const S inv_dh = S(1) / S(Dh);
     const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
@@ -539,7 +542,7 @@ private:
           tgt = (*ctx.target_idx)[target_per_head ? (b * H + h) * Tq + i : b * Tq + i];
         const Index t = detail::gate_loss_row<S>(
             Tk, c.e0n.data() + off + i * Tk, c.e1n.data() + off + i * Tk, ahat + i * Tk, a.data(), has.data(), km,
-            ctx.target_idx == nullptr, tgt, opt_.gate, sm, g_reg.data() + off + i * Tk, g_spot.data() + off + i * Tk,
+            ctx.target_idx == nullptr, tgt, opt_.gate, sm, c.g_reg.data() + off + i * Tk, c.g_spot.data() + off + i * Tk,
             c.beta.data() + off + i * Tk, c.w.data() + off + i * Tk, c.d_b.data() + off + i * Tk);
         c.target[static_cast<std::size_t>(bh * Tq + i)] = t;
       }
@@ -561,7 +564,7 @@ private:
       }
     }, par);
 
-    if (has_oracle) finish_gate_loss(c, sums, g_reg, g_spot);
+    if (has_oracle) finish_gate_loss(c, sums);
 
     // 11. output projection
     if (!opt_.out_proj) return c.ctx;
@@ -572,8 +575,9 @@ private:
 
   /// Adds the per-pair sums in a fixed order, forms the loss and the statistics, and turns the row
   /// gradients into d loss_gate / d logit through the 0.95 cap, the sigmoid and the +-10 clip.
-  void finish_gate_loss(Cache& c, const std::vector<GateLossSums<S>>& sums, const AlignedVec<S>& g_reg,
-                        const AlignedVec<S>& g_spot) {
+  void finish_gate_loss(Cache& c, const std::vector<GateLossSums<S>>& sums) {
+    const AlignedVec<S>& g_reg = c.g_reg;
+    const AlignedVec<S>& g_spot = c.g_spot;
     GateLossSums<S> tot;
     for (const auto& s : sums) tot.add(s);
     const S reg = tot.n_has > 0 ? tot.reg / S(tot.n_has) : S(0);
@@ -593,10 +597,12 @@ private:
     parallel_for(cells, [&](Index k) {
       const S dah = g_reg[static_cast<std::size_t>(k)] * inv_has + g_spot[static_cast<std::size_t>(k)] * inv_valid;
       const S l = c.logit[static_cast<std::size_t>(k)];
+      S& out = c.dlogit_gate[static_cast<std::size_t>(k)];
+      out = 0;
       if (dah == 0 || l < -clip || l > clip) return;  // the clip passes gradient only inside [-10, 10]
       const S sg = S(1) / (S(1) + std::exp(-l));
       if (sg > amax) return;  // the 0.95 cap passes gradient only while sigmoid <= 0.95
-      c.dlogit_gate[static_cast<std::size_t>(k)] = dah * sg * (S(1) - sg);
+      out = dah * sg * (S(1) - sg);
     }, double(cells) * 20 > kParallelMinFlops);
   }
 
