@@ -1,0 +1,74 @@
+// eval: the reference's eval.py on this library (spec section 6). Loads checkpoint.safetensors, config.json and
+// tokenizer.txt from a run directory, rebuilds the data from the saved configuration, evaluates a split at
+// gamma_mix = 0 in evaluation mode, writes eval_<split>.json next to the checkpoint, then runs the Paris probe.
+//
+//   eval --ckpt DIR [--split test|val|train] [--threads N]
+//
+// Exit status: 0 done, 1 error (missing or corrupt files), 2 bad command line.
+#include <dea/io/pipeline.hpp>
+
+#include <fmt/core.h>
+
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <string>
+
+using namespace dea;
+
+namespace {
+
+const char* kUsage = "usage: eval --ckpt DIR [--split test|val|train] [--threads N]\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir, split_s = "test";
+  int threads = 0;
+  pipeline::Split split = pipeline::Split::test;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i], v;
+      if (a == "-h" || a == "--help") {
+        fmt::print("{}", kUsage);
+        return 0;
+      }
+      const auto eq = a.find('=');
+      if (eq != std::string::npos) {
+        v = a.substr(eq + 1);
+        a = a.substr(0, eq);
+      } else {
+        check(i + 1 < argc, a, ": missing value");
+        v = argv[++i];
+      }
+      if (a == "--ckpt") dir = v;
+      else if (a == "--split") split_s = v;
+      else if (a == "--threads") {
+        char* end = nullptr;
+        const long x = std::strtol(v.c_str(), &end, 10);
+        check(!v.empty() && end && !*end && x >= 0, "--threads: expected a non-negative integer, got '", v, "'");
+        threads = static_cast<int>(x);
+      } else
+        ::dea::detail::raise("unknown flag " + a);
+    }
+    check(!dir.empty(), "--ckpt DIR is required");
+    split = pipeline::parse_split(split_s);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "eval: {}\n{}", e.what(), kUsage);
+    return 2;
+  }
+  try {
+    if (threads > 0) set_num_threads(threads);
+    pipeline::ParisProbe probe;
+    const pipeline::EvalResult r = pipeline::evaluate_checkpoint(dir, split, &probe);
+    const std::string out = (std::filesystem::path(dir) / ("eval_" + std::string(pipeline::split_name(split)) + ".json")).string();
+    const nlohmann::json j = pipeline::to_json(r);
+    data::write_file_atomic(out, j.dump(2) + "\n");
+    fmt::print("{}\nwritten to {}\n", j.dump(2), out);
+    pipeline::print_paris_probe(probe);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "eval: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

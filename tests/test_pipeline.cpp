@@ -1,0 +1,345 @@
+// Tests of dea/io/pipeline.hpp: flags and config JSON, training, checkpoints, bit-exact resume, corrupt files,
+// the evaluation loop and the Paris probe, on a tiny configuration.
+#include <dea/io/pipeline.hpp>
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+using namespace dea;
+using namespace dea::pipeline;
+namespace fs = std::filesystem;
+
+namespace {
+
+TrainConfig tiny(const std::string& dir) {
+  TrainConfig c;
+  c.d_model = 16;
+  c.n_heads = 2;
+  c.n_layers = 1;
+  c.d_ff = 32;
+  c.batch_size = 8;
+  c.max_len = 32;
+  c.n_per_source = 20;
+  c.steps = 12;
+  c.gamma_steps = 8;
+  c.log_every = 4;
+  c.eval_every = 5;
+  c.eval_batches = 2;
+  c.seed = 7;
+  c.threads = 1;  // tiny sizes: one thread is fastest (and results do not depend on it)
+  c.out_dir = dir;
+  return c;
+}
+
+std::string temp_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("dea_test_pipeline_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+TrainOptions quiet() {
+  TrainOptions o;
+  o.verbose = false;
+  return o;
+}
+
+/// Every tensor of two safetensors files, compared byte for byte (names and shapes too).
+bool same_tensors(const std::string& a, const std::string& b) {
+  const io::SafeTensors x = io::SafeTensors::load(a), y = io::SafeTensors::load(b);
+  if (x.names() != y.names()) return false;
+  for (const std::string& n : x.names()) {
+    if (x.shape(n) != y.shape(n)) return false;
+    if (x.dtype(n) != y.dtype(n)) return false;
+    if (x.dtype(n) == io::DType::I64) {
+      if (!(x.get<std::int64_t>(n).data == y.get<std::int64_t>(n).data)) return false;
+      continue;
+    }
+    const Tensor<double> u = x.get<double>(n), v = y.get<double>(n);
+    for (Index i = 0; i < u.numel(); ++i)
+      if (!(u[i] == v[i])) return false;
+  }
+  return true;
+}
+
+std::vector<std::string> argv_of(std::initializer_list<const char*> a) { return {a.begin(), a.end()}; }
+
+}  // namespace
+
+TEST_CASE("pipeline: flags, --quick preset and explicit overrides", "[pipeline]") {
+  const ParsedArgs d = parse_args({});
+  CHECK(d.config.d_model == 512);
+  CHECK(d.config.steps == 12000);
+  CHECK(d.config.max_len == 64);
+  CHECK(d.config.out_dir == "runs/dea");
+
+  const ParsedArgs q = parse_args(argv_of({"--quick"}));
+  CHECK(q.config.d_model == 128);
+  CHECK(q.config.n_heads == 4);
+  CHECK(q.config.n_layers == 2);
+  CHECK(q.config.d_ff == 256);
+  CHECK(q.config.batch_size == 32);
+  CHECK(q.config.steps == 300);
+  CHECK(q.config.gamma_steps == 200);
+  CHECK(q.config.eval_every == 150);
+  CHECK(q.config.log_every == 25);
+  CHECK(q.config.n_per_source == 500);
+
+  // explicit flags win over the preset, whatever their position
+  const ParsedArgs o = parse_args(argv_of({"--steps", "40", "--quick", "--gamma_steps=10", "--eval_every", "20",
+                                           "--log_every", "5", "--supervise_layers", "-1,0"}));
+  CHECK(o.config.steps == 40);
+  CHECK(o.config.gamma_steps == 10);
+  CHECK(o.config.eval_every == 20);
+  CHECK(o.config.log_every == 5);
+  CHECK(o.config.d_model == 128);
+  REQUIRE(o.config.supervise_layers);
+  CHECK(*o.config.supervise_layers == std::vector<Index>{-1, 0});
+
+  // bad values name the flag and the value
+  try {
+    parse_args(argv_of({"--lr_main", "fast"}));
+    FAIL("no throw");
+  } catch (const dea::Error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("--lr_main") != std::string::npos);
+    CHECK(m.find("fast") != std::string::npos);
+  }
+  CHECK_THROWS_AS(parse_args(argv_of({"--steps", "-3"})), dea::Error);
+  CHECK_THROWS_AS(parse_args(argv_of({"--dropout", "1.5"})), dea::Error);
+  CHECK_THROWS_AS(parse_args(argv_of({"--data_source", "wiki"})), dea::Error);
+  CHECK_THROWS_AS(parse_args(argv_of({"--bogus", "1"})), dea::Error);
+  CHECK_THROWS_AS(parse_args(argv_of({"--steps"})), dea::Error);
+  CHECK_THROWS_AS(parse_args(argv_of({"--supervise_layers", "1,x"})), dea::Error);
+  CHECK_THROWS_AS(validate(parse_args(argv_of({"--d_model", "10", "--n_heads", "4"})).config), dea::Error);
+}
+
+TEST_CASE("pipeline: config JSON round trip", "[pipeline]") {
+  TrainConfig c = tiny("/some/dir");
+  c.quick = true;
+  c.dropout = 0.25;
+  c.lr_main = 1.5e-4;
+  c.seed = 123456789012345ULL;
+  c.oracle = "cache.jsonl";
+  c.supervise_layers = std::vector<Index>{-1};
+  c.threads = 2;
+  const std::string dir = temp_dir("config");
+  const std::string path = dir + "/config.json";
+  write_config(path, c);
+  const TrainConfig r = read_config(path);
+  CHECK(to_json(r) == to_json(c));
+  CHECK(r.seed == c.seed);
+  CHECK(r.dropout == c.dropout);
+  REQUIRE(r.supervise_layers);
+  CHECK(*r.supervise_layers == std::vector<Index>{-1});
+  TrainConfig all = c;
+  all.supervise_layers.reset();
+  write_config(path, all);
+  CHECK_FALSE(read_config(path).supervise_layers);
+  // a key of the wrong type is an error naming the key
+  data::write_file_atomic(path, "{\"d_model\": \"big\"}");
+  CHECK_THROWS_WITH(read_config(path), Catch::Contains("d_model"));
+  data::write_file_atomic(path, "{not json");
+  CHECK_THROWS_AS(read_config(path), dea::Error);
+}
+
+TEST_CASE("pipeline: training decreases the loss on a fixed batch", "[pipeline]") {
+  TrainConfig c = tiny("unused");
+  c.dropout = 0.0;
+  c.lr_main = 1e-3;
+  set_num_threads(1);
+  const RunData d = build_data(c);
+  Rng rng(c.seed);
+  Model model(model_config(c, d.tok.vocab_size(), d.task), rng);
+  auto opt = make_optimizer(model, c);
+  std::vector<std::size_t> idx = {0, 1, 2, 3, 4, 5, 6, 7};
+  const Batch b = make_batch(d, Split::train, idx, c.max_len, nullptr);
+  REQUIRE(b.alpha_oracle.dim() == 3);
+  Model::Cache cache;
+  const auto before = model.forward(b, 0.0f, false, nullptr, cache);
+  double last = 0;
+  for (int s = 0; s < 60; ++s) {
+    const auto out = model.forward(b, 0.0f, true, nullptr, cache);
+    opt.zero_grad();
+    model.backward(cache);
+    opt.clip_grad_norms();
+    opt.step();
+    last = static_cast<double>(out.loss());
+  }
+  const auto after = model.forward(b, 0.0f, false, nullptr, cache);
+  INFO("task loss " << before.task_loss << " -> " << after.task_loss << ", gate loss " << before.loss_gate << " -> "
+                    << after.loss_gate);
+  CHECK(std::isfinite(last));
+  CHECK(after.task_loss < 0.5f * before.task_loss);  // a fixed batch of 8 is memorised
+  CHECK(after.loss() < before.loss());
+}
+
+TEST_CASE("pipeline: checkpoint round trip is exact; corrupt checkpoints are rejected", "[pipeline]") {
+  const std::string dir = temp_dir("ckpt");
+  TrainConfig c = tiny(dir);
+  c.steps = 3;
+  run_training(c, quiet());
+  REQUIRE(fs::exists(checkpoint_path(dir)));
+  REQUIRE(fs::exists(config_path(dir)));
+  REQUIRE(fs::exists(tokenizer_path(dir)));
+  CHECK(to_json(read_config(config_path(dir))) == to_json(c));
+
+  // load into a fresh model + optimiser, save again: the same tensors, bit for bit
+  const data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
+  const RunData d = build_data(c, &tok);
+  Rng rng(999);  // different initial weights: every value must come from the file
+  Model model(model_config(c, tok.vocab_size(), d.task), rng);
+  auto opt = make_optimizer(model, c);
+  CHECK(load_checkpoint(dir, model, &opt, c.seed) == 3);
+  CHECK(opt.step_count("main") == 3);
+  const std::string dir2 = temp_dir("ckpt2");
+  save_checkpoint(dir2, c, tok, model, &opt, 3);
+  CHECK(same_tensors(checkpoint_path(dir), checkpoint_path(dir2)));
+  // a different seed does not match the stored Rng state
+  CHECK_THROWS_AS(load_checkpoint(dir, model, &opt, c.seed + 1), dea::Error);
+
+  // truncated file
+  const std::string bad = temp_dir("ckpt_bad");
+  fs::copy_file(config_path(dir), config_path(bad));
+  fs::copy_file(tokenizer_path(dir), tokenizer_path(bad));
+  const auto size = fs::file_size(checkpoint_path(dir));
+  fs::copy_file(checkpoint_path(dir), checkpoint_path(bad));
+  fs::resize_file(checkpoint_path(bad), size - 100);
+  CHECK_THROWS_AS(load_checkpoint(bad, model, &opt), dea::Error);
+  // garbage header
+  {
+    std::fstream f(checkpoint_path(bad), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(10);
+    f.write("\x01\x02garbage", 9);
+  }
+  CHECK_THROWS_AS(load_checkpoint(bad, model, &opt), dea::Error);
+  // a checkpoint of another architecture
+  TrainConfig big = c;
+  big.d_model = 32;
+  Model other(model_config(big, tok.vocab_size(), d.task), rng);
+  CHECK_THROWS_AS(load_checkpoint(dir, other, nullptr), dea::Error);
+  // a missing file
+  CHECK_THROWS_AS(load_checkpoint(temp_dir("empty"), model, nullptr), dea::Error);
+  // the model was left intact by the failed loads: it still evaluates to the saved values
+  save_checkpoint(dir2, c, tok, model, &opt, 3);
+  CHECK(same_tensors(checkpoint_path(dir), checkpoint_path(dir2)));
+}
+
+TEST_CASE("pipeline: resume after k steps equals an uninterrupted run bit for bit", "[pipeline]") {
+  const std::string full = temp_dir("full"), part = temp_dir("part");
+  TrainConfig c = tiny(full);
+  c.steps = 14;  // crosses an epoch boundary (270 training records / 32 = 9 batches) and the end of the gamma ramp
+  c.batch_size = 32;
+  const TrainResult rf = run_training(c, quiet());
+  CHECK(rf.last_step == 14);
+
+  TrainConfig p = c;
+  p.out_dir = part;
+  p.steps = 6;
+  run_training(p, quiet());
+  p.steps = 14;
+  p.resume = true;
+  const TrainResult rp = run_training(p, quiet());
+  CHECK(rp.start_step == 6);
+  CHECK(rp.last_step == 14);
+  CHECK(rp.last_task_loss == rf.last_task_loss);
+  CHECK(same_tensors(checkpoint_path(full), checkpoint_path(part)));
+
+  // without restoring, a run of 8 steps from scratch is not the same (the test can fail)
+  TrainConfig q = c;
+  q.out_dir = temp_dir("short");
+  q.steps = 8;
+  run_training(q, quiet());
+  CHECK_FALSE(same_tensors(checkpoint_path(full), checkpoint_path(q.out_dir)));
+
+  // the log has one line per logged step and per evaluation
+  std::ifstream log(fs::path(full) / "train_log.jsonl");
+  std::string line;
+  int steps = 0, evals = 0;
+  while (std::getline(log, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("event")) ++evals;
+    else {
+      ++steps;
+      CHECK(j.contains("grad_norm_gate"));
+      CHECK(j.contains("alpha_mae"));
+    }
+  }
+  CHECK(steps == 5);  // steps 1, 4, 8, 12, 14
+  CHECK(evals == 3);  // steps 5, 10, 14
+}
+
+TEST_CASE("pipeline: evaluation of a checkpoint and the Paris probe", "[pipeline]") {
+  const std::string dir = temp_dir("eval");
+  TrainConfig c = tiny(dir);
+  c.steps = 4;
+  run_training(c, quiet());
+  ParisProbe probe;
+  const EvalResult r = evaluate_checkpoint(dir, Split::test, &probe);
+  CHECK(r.split == "test");
+  CHECK(r.n_examples > 0);
+  CHECK(r.accuracy >= 0);
+  CHECK(r.accuracy <= 1);
+  CHECK(std::isfinite(r.task_loss));
+  CHECK(r.alpha.n_points > 0);
+  CHECK(r.alpha.mae >= 0);
+  CHECK(r.n_decision_pairs > 0);
+  const nlohmann::json j = to_json(r);
+  for (const char* k : {"accuracy", "task_loss", "alpha_mae", "alpha_pearson", "alpha_spearman", "band_agreement",
+                        "alpha_hat_mean", "alpha_oracle_mean", "decision_side_acc", "n_decision_pairs"})
+    CHECK(j.contains(k));
+  // evaluation is deterministic (eval mode, gamma 0)
+  const EvalResult r2 = evaluate_checkpoint(dir, Split::test);
+  CHECK(r2.accuracy == r.accuracy);
+  CHECK(r2.task_loss == r.task_loss);
+
+  REQUIRE(probe.ok);
+  CHECK(probe.qi == 1);
+  CHECK(probe.ki == 5);
+  REQUIRE(probe.per_layer.size() == 1);
+  CHECK(probe.per_layer[0] > 0);
+  CHECK(probe.per_layer[0] < 1);
+  // deterministic: the probe runs in eval mode
+  const data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
+  const RunData d = build_data(c, &tok);
+  Rng rng(1);
+  Model model(model_config(c, tok.vocab_size(), d.task), rng);
+  load_checkpoint(dir, model, nullptr);
+  const ParisProbe p2 = paris_probe(model, tok);
+  CHECK(p2.per_layer == probe.per_layer);
+  // a tokenizer without "france" skips the probe with a message
+  const ParisProbe p3 = paris_probe(model, data::SimpleTokenizer());
+  CHECK_FALSE(p3.ok);
+  CHECK_FALSE(p3.error.empty());
+}
+
+TEST_CASE("pipeline: a non-finite loss stops the run and keeps the last good checkpoint", "[pipeline]") {
+  const std::string dir = temp_dir("nan");
+  TrainConfig c = tiny(dir);
+  c.steps = 12;
+  TrainOptions o = quiet();
+  o.on_step = [](std::int64_t step, double, double, Model& m) {
+    if (step == 7) m.ln_f().weight.value[0] = std::numeric_limits<float>::quiet_NaN();  // poison after step 7
+  };
+  try {
+    run_training(c, o);
+    FAIL("no throw");
+  } catch (const dea::Error& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("non-finite") != std::string::npos);
+    CHECK(msg.find("step 8") != std::string::npos);
+  }
+  // the checkpoint of the evaluation at step 5 is intact and finite
+  const data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
+  const RunData d = build_data(c, &tok);
+  Rng rng(1);
+  Model model(model_config(c, tok.vocab_size(), d.task), rng);
+  auto opt = make_optimizer(model, c);
+  CHECK(load_checkpoint(dir, model, &opt, c.seed) == 5);
+  for (auto* p : model.parameters()) CHECK(p->value.allFinite());
+}
