@@ -6,7 +6,7 @@
 // (nn::SinusoidalPositionalEncoding, Precision::float32) uses the C library's float functions, so a few cells
 // differ by one float32 ulp (~6e-8), which moves the outputs by up to ~1e-7 relative. The test therefore
 //   1. runs the case with our own table and requires <= 2e-7 (the size of that effect), and
-//   2. runs it with the table the reference's formula gives in PyTorch 1.13 (tests/data/golden/model_cls_pe,
+//   2. runs it with the table the reference's formula gives in PyTorch 1.13 (tests/data/reference/model_cls_pe,
 //      written by make_model_cls_pe.py there) and requires 1e-9 for every tensor.
 #include <catch2/catch.hpp>
 #include <dea/io/model_case.hpp>
@@ -60,7 +60,7 @@ TEST_CASE("dea_model golden case reproduces (double and float)", "[golden][model
     if (c.name.rfind("grad.", 0) == 0 && c.name != "grad.mlm_head.bias") CHECK(c.max_expected > 0);
 
   // 2. the reference's own table
-  const Tensor<double> pe = io::SafeTensors::load(golden("model_cls_pe.safetensors")).get<double>("pe");
+  const Tensor<double> pe = io::SafeTensors::load(std::string(DEA_TEST_DATA_DIR) + "/reference/model_cls_pe.safetensors").get<double>("pe");
   REQUIRE(pe.shape == Shape{cfg.max_len, D});
   const Mat<double> ref_table = pe.matrix(D);
   const Mat<double> own_table = nn::SinusoidalPositionalEncoding<double>(cfg.max_len, D).table();
