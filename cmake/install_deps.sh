@@ -2,7 +2,9 @@
 # Installs what dea needs to build its tests, examples and benchmarks, from Debian's packages only.
 # Usage: bash cmake/install_deps.sh   (as root on Debian 12; does nothing for packages already present)
 set -euo pipefail
-pkgs=(cmake g++ make libeigen3-dev libfmt-dev catch2 nlohmann-json3-dev)
+# python3, libxml2-utils, w3c-sgml-lib: the tests parse every SVG plot with Python's XML parser and validate it
+# against the SVG 1.1 DTD with xmllint (tests/check_svg.py)
+pkgs=(cmake g++ make libeigen3-dev libfmt-dev catch2 nlohmann-json3-dev python3 libxml2-utils w3c-sgml-lib)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -2,8 +2,10 @@
 // tokenizer.txt from a run directory, rebuilds the data from the saved configuration, evaluates a split at
 // gamma_mix = 0 in evaluation mode, writes eval_<split>.json next to the checkpoint, then runs the Paris probe.
 //
-//   eval --ckpt DIR [--split test|val|train] [--threads N]
+//   eval --ckpt DIR [--split test|val|train] [--threads N] [--plot_dir DIR] [--no-plots]
 //
+// Also writes alpha_hist_<split>.svg (alpha-hat against the oracle alpha on the split's labelled cells) into
+// --plot_dir (default: the checkpoint directory); --no-plots skips it.
 // Exit status: 0 done, 1 error (missing or corrupt files), 2 bad command line.
 #include <dea/io/pipeline.hpp>
 
@@ -18,12 +20,13 @@ using namespace dea;
 
 namespace {
 
-const char* kUsage = "usage: eval --ckpt DIR [--split test|val|train] [--threads N]\n";
+const char* kUsage = "usage: eval --ckpt DIR [--split test|val|train] [--threads N] [--plot_dir DIR] [--no-plots]\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir, split_s = "test";
+  std::string dir, split_s = "test", plot_dir;
+  bool plots = true;
   int threads = 0;
   pipeline::Split split = pipeline::Split::test;
   try {
@@ -32,6 +35,10 @@ int main(int argc, char** argv) {
       if (a == "-h" || a == "--help") {
         fmt::print("{}", kUsage);
         return 0;
+      }
+      if (a == "--no-plots") {
+        plots = false;
+        continue;
       }
       const auto eq = a.find('=');
       if (eq != std::string::npos) {
@@ -42,6 +49,7 @@ int main(int argc, char** argv) {
         v = argv[++i];
       }
       if (a == "--ckpt") dir = v;
+      else if (a == "--plot_dir") plot_dir = v;
       else if (a == "--split") split_s = v;
       else if (a == "--threads") {
         char* end = nullptr;
@@ -65,6 +73,14 @@ int main(int argc, char** argv) {
     const nlohmann::json j = pipeline::to_json(r);
     data::write_file_atomic(out, j.dump(2) + "\n");
     fmt::print("{}\nwritten to {}\n", j.dump(2), out);
+    if (plots) {
+      const std::string pdir = plot_dir.empty() ? dir : plot_dir;
+      std::filesystem::create_directories(pdir);
+      const std::string name = std::string(pipeline::split_name(split));
+      const std::string path = (std::filesystem::path(pdir) / ("alpha_hist_" + name + ".svg")).string();
+      plots::alpha_histogram(r.alpha_hat_points, r.alpha_oracle_points, name + ": alpha_hat vs oracle").save(path);
+      fmt::print("plot: {}\n", path);
+    }
     pipeline::print_paris_probe(probe);
   } catch (const std::exception& e) {
     fmt::print(stderr, "eval: {}\n", e.what());

@@ -11,12 +11,14 @@
 //   5. mechanism checks that are computed, not asserted: (i) logits = -D/s, (ii) row entropy rises as s is
 //      scaled x0.5, x1, x2 with q and k held fixed, (iii) entropy against the dot baseline on the same inputs;
 //      the operation accounting.
-// Writes bench_report.json and prints a summary table.
+// Writes bench_report.json, two SVG plots beside it (<stem>_mse_per_seed.svg: the paired per-seed MSE and the
+// differences; <stem>_sigma_entropy.svg: the sigma-scaling entropy check), and prints a summary table.
 //
 //   laplacian_bench [--task sequence|sequence_recall] [--seeds 0-7] [--sweep-seeds 0-3]
 //                   [--lr-grid 0.0015,0.003,0.006] [--sigma-grid 0.35,0.7,1.4] [--epochs 12] [--batch 128]
 //                   [--n-train 400] [--n-test 200] [--threads 2] [--out bench_report.json]
 //                   [--anchor anchors/laplacian/anchor_data_sequence.safetensors] [--no-mechanism] [--hist]
+//                   [--plot_dir DIR (default: the directory of --out)] [--no-plots]
 //
 // --threads N runs N trainings at once, each on one thread (results do not depend on N).
 // --hist evaluates the test MSE after every epoch of every run (by default only the first final seed's runs
@@ -24,9 +26,11 @@
 // --anchor uses the PyTorch re-creation's exact data for every seed, and for seed 0 its initial weights and
 // epoch shuffles; it also trains seed 0 at the anchor's configuration and compares with its recorded MSE.
 #include "laplacian_bench/model.hpp"
+#include "laplacian_bench/plots.hpp"
 #include "laplacian_bench/tasks.hpp"
 
 #include <dea/core/parallel.hpp>
+#include <dea/data/files.hpp>
 #include <dea/eval/stats.hpp>
 #include <dea/io/safetensors.hpp>
 
@@ -38,6 +42,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -75,6 +80,8 @@ struct Args {
   std::string anchor;
   bool mechanism = true;
   bool hist = false;  ///< per-epoch test MSE for every run (otherwise only for the first final seed)
+  bool plots = true;
+  std::string plot_dir;  ///< empty: the directory of --out
 };
 
 std::vector<std::uint64_t> parse_seeds(const std::string& s, const char* flag) {
@@ -145,11 +152,13 @@ Args parse_args(int argc, char** argv) {
     else if (f == "--anchor") a.anchor = need(i);
     else if (f == "--no-mechanism") a.mechanism = false;
     else if (f == "--hist") a.hist = true;
+    else if (f == "--no-plots") a.plots = false;
+    else if (f == "--plot_dir") a.plot_dir = need(i);
     else if (f == "--help" || f == "-h") {
       std::cout << "usage: laplacian_bench [--task sequence|sequence_recall] [--seeds 0-7] [--sweep-seeds 0-3]\n"
                    "       [--lr-grid 0.0015,0.003,0.006] [--sigma-grid 0.35,0.7,1.4] [--epochs 12] [--batch 128]\n"
                    "       [--n-train 400] [--n-test 200] [--threads 2] [--out bench_report.json]\n"
-                   "       [--anchor FILE.safetensors] [--no-mechanism] [--hist]\n";
+                   "       [--anchor FILE.safetensors] [--no-mechanism] [--hist] [--plot_dir DIR] [--no-plots]\n";
       std::exit(0);
     } else {
       dea::detail::raise("unknown argument '" + f + "' (see --help)");
@@ -647,6 +656,8 @@ int main(int argc, char** argv) try {
   // ---- mechanism checks ----------------------------------------------------------------------------------------
   json mechanism;
   bool confirmed = false;
+  std::vector<std::array<double, 3>> plot_scale_ent;  // per block, for the sigma-scaling plot
+  std::vector<double> plot_dot_ent;
   if (A.mechanism) {
     std::fprintf(stderr, "mechanism checks\n");
     bool all_i = true, all_ii = true, rows_ok = true, min_ok = true;
@@ -721,6 +732,8 @@ int main(int argc, char** argv) try {
     }
     json scaling = json::array(), vs_dot = json::array();
     for (Index l = 0; l < depth; ++l) {
+      plot_scale_ent.push_back({scale_ent[l][0] / n_models, scale_ent[l][1] / n_models, scale_ent[l][2] / n_models});
+      plot_dot_ent.push_back(dot_ent[l] / n_models);
       scaling.push_back({{"block", l},
                          {"mean_entropy_sigma_x0.5", scale_ent[l][0] / n_models},
                          {"mean_entropy_sigma_x1", scale_ent[l][1] / n_models},
@@ -922,14 +935,24 @@ int main(int argc, char** argv) try {
        "harness re-created per spec/laplacian_attention.md sections 1b, 2b, 3b (the seed's bench module is not "
        "public); data from dea::Rng unless --anchor gives the PyTorch re-creation's exact data"}};
   if (C.anchor) report["anchor_check"] = anchor_check;
-  {
-    const std::string tmp = A.out + ".tmp";
-    std::ofstream f(tmp);
-    dea::check(bool(f), "--out: cannot write ", tmp);
-    f << report.dump(2) << "\n";
-    f.close();
-    dea::check(bool(f), "--out: write to ", tmp, " failed");
-    dea::check(std::rename(tmp.c_str(), A.out.c_str()) == 0, "--out: cannot rename ", tmp, " to ", A.out);
+  dea::data::write_file_atomic(A.out, report.dump(2) + "\n");  // temporary file, fsync, rename
+
+  // ---- plots ----------------------------------------------------------------------------------------------------
+  std::vector<std::string> plot_files;
+  if (A.plots) try {  // a plot that cannot be written warns; the report and the table stand
+    const std::filesystem::path outp(A.out);
+    const std::filesystem::path dir = A.plot_dir.empty() ? outp.parent_path() : std::filesystem::path(A.plot_dir);
+    if (!dir.empty()) std::filesystem::create_directories(dir);
+    const std::string stem = outp.stem().string();
+    plot_files.push_back((dir / (stem + "_mse_per_seed.svg")).string());
+    plot_paired_mse(plot_files.back(), A.task, A.seeds, base_v, idea_v, ci_lo, ci_hi, verdict, best_lr, idea_best.sigma0);
+    if (!plot_scale_ent.empty()) {
+      plot_files.push_back((dir / (stem + "_sigma_entropy.svg")).string());
+      plot_sigma_entropy(plot_files.back(), A.task, plot_scale_ent, plot_dot_ent, static_cast<long>(C.data.begin()->second.win()));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "laplacian_bench: warning: plots not written: %s\n", e.what());
+    plot_files.clear();
   }
 
   // ---- summary table --------------------------------------------------------------------------------------------
@@ -962,6 +985,7 @@ int main(int argc, char** argv) try {
                 anchor_check["lap"]["ours"].get<double>(), anchor_check["lap"]["pytorch"].get<double>());
   std::printf("time: protocol %.1f s for %d trainings (%d at once); total %.1f s; report %s\n", protocol_seconds,
               int(store.size()), A.threads, total_seconds, A.out.c_str());
+  for (const std::string& f : plot_files) std::printf("plot: %s\n", f.c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "laplacian_bench: %s\n", e.what());

@@ -1,6 +1,7 @@
 // tr_mha_demo: the token-routed MHA adapters (tr_mha = v1, tr_mha_v2 = v2) at a glance.
 //
-//   tr_mha_demo [--seed N] [--threads N] [--steps N] [--case file.safetensors ...]
+//   tr_mha_demo [--seed N] [--threads N] [--steps N] [--case file.safetensors ...] [--plot_dir tr_mha_plots]
+//               [--no-plots]
 //
 // 1. Builds v1 and v2 layers with the reference's defaults (D = 64, H = 4, E = 4; v1 r = 8, v2 r = 4, targets qv)
 //    and prints their telemetry on a batch of RMSNorm-like inputs.
@@ -9,12 +10,18 @@
 // 3. Trains v2 for a few SGD steps on a toy regression and prints how the routed branch wakes up.
 // 4. With --case, runs golden `kind = tr_mha_layer` files through dea::io::run_tr_mha_case and prints the
 //    comparison (exit code 1 if any case fails).
+// 5. Writes two SVG plots into --plot_dir (default tr_mha_plots/; --no-plots skips them): route_shares.svg (each
+//    expert's share of the route weight, v1 and v2 at init and v2 after training) and route_weights.svg (the
+//    distribution of the per-token route weights w of the selected experts).
 #include <dea/attention/token_routed.hpp>
+#include <dea/io/svg.hpp>
 #include <dea/io/tr_mha_case.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -39,12 +46,79 @@ Mat<double> rmsnorm_like(Index rows, Index cols, Rng& rng) {
   return x;
 }
 
+/// One layer's routing for the plots: telemetry route shares and every selected route weight.
+struct RouteSnapshot {
+  std::string name;
+  std::vector<double> shares;
+  std::vector<double> weights;
+};
+
+RouteSnapshot snapshot(std::string name, const TokenRoutedTelemetry& t, const Mat<double>& route_weights) {
+  RouteSnapshot r;
+  r.name = std::move(name);
+  r.shares = t.route_share;
+  r.weights.assign(route_weights.data(), route_weights.data() + route_weights.size());
+  return r;
+}
+
+void write_plots(const std::string& dir, const std::vector<RouteSnapshot>& snaps) {
+  namespace svg = dea::svg;
+  std::filesystem::create_directories(dir);
+  const char* colours[3] = {svg::palette::blue, svg::palette::orange, svg::palette::green};
+  {
+    svg::Figure fig(820, 460, "token-routed MHA: each expert's share of the route weight");
+    svg::Axes& ax = fig.axes({0, 30, 820, 430});
+    std::size_t E = 0;
+    for (const auto& s : snaps) E = std::max(E, s.shares.size());
+    const double w = 0.8 / static_cast<double>(snaps.size());
+    std::vector<double> pos;
+    std::vector<std::string> labels;
+    for (std::size_t e = 0; e < E; ++e) {
+      pos.push_back(static_cast<double>(e));
+      labels.push_back("expert " + std::to_string(e));
+    }
+    for (std::size_t k = 0; k < snaps.size(); ++k) {
+      std::vector<double> x;
+      for (std::size_t e = 0; e < snaps[k].shares.size(); ++e)
+        x.push_back(static_cast<double>(e) - 0.4 + w * (static_cast<double>(k) + 0.5));
+      ax.bars(x, snaps[k].shares, w * 0.92, colours[k % 3], snaps[k].name).set_class("share-bars");
+    }
+    ax.set_xticks(pos, labels);
+    ax.set_xlim(-0.6, static_cast<double>(E) - 0.4);
+    ax.ylabel = "mean route weight per token (tr_mha_route_e)";
+    ax.title = "route shares (a token's selected experts share weight 1)";
+    ax.legend();
+    fig.save((std::filesystem::path(dir) / "route_shares.svg").string());
+  }
+  {
+    svg::Figure fig(820, 460, "token-routed MHA: distribution of the route weights w");
+    svg::Axes& ax = fig.axes({0, 30, 820, 430});
+    for (std::size_t k = 0; k < snaps.size(); ++k) {
+      // outlines from wide to thin, so that identical distributions stay visible on top of each other
+      svg::Series& h = ax.hist(snaps[k].weights, 40, 0.0, 1.0, true, colours[k % 3],
+                               snaps[k].name + " (n=" + std::to_string(snaps[k].weights.size()) + ")", false)
+                           .set_class("weight-hist");
+      h.width = k == 0 ? 4.5 : (k == 1 ? 2.5 : 1.2);
+      if (k == 1) h.dash = "6 3";
+    }
+    ax.vline(0.5, svg::palette::gray, 1, "2 3");
+    ax.set_xlim(0, 1);
+    ax.xlabel = "route weight w of a selected expert (softmax over the token's selected experts)";
+    ax.ylabel = "density";
+    ax.title = "route weights: 0.5 = an even split between the two selected experts";
+    ax.legend();
+    fig.save((std::filesystem::path(dir) / "route_weights.svg").string());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::uint64_t seed = 0;
   int threads = 2, steps = 30;
   std::vector<std::string> cases;
+  std::string plot_dir = "tr_mha_plots";
+  bool plots = true;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -58,8 +132,11 @@ int main(int argc, char** argv) {
     else if (a == "--threads") threads = std::atoi(next());
     else if (a == "--steps") steps = std::atoi(next());
     else if (a == "--case") cases.push_back(next());
+    else if (a == "--plot_dir") plot_dir = next();
+    else if (a == "--no-plots") plots = false;
     else {
-      std::fprintf(stderr, "usage: tr_mha_demo [--seed N] [--threads N] [--steps N] [--case file.safetensors ...]\n");
+      std::fprintf(stderr, "usage: tr_mha_demo [--seed N] [--threads N] [--steps N] [--case file.safetensors ...]\n"
+                           "                   [--plot_dir tr_mha_plots] [--no-plots]\n");
       return 2;
     }
   }
@@ -86,6 +163,7 @@ int main(int argc, char** argv) {
     print_telemetry("telemetry:", v1.telemetry());
     std::printf("  routed branch effect max|y - y_plain| / max|y| = %.3e (v1 is not neutral at init)\n\n",
                 max_abs(y1 - y1p) / max_abs(y1));
+    std::vector<RouteSnapshot> snaps = {snapshot("v1 at init", c1.telemetry, c1.route_weights)};
 
     // ---- v2 at construction: exact neutrality ----
     Layer::Options o2;
@@ -100,6 +178,7 @@ int main(int argc, char** argv) {
     std::printf("v2 (tr_mha_v2, targets qv), at init: %ld parameters\n",
                 static_cast<long>(count_parameters(v2.parameters())));
     print_telemetry("telemetry:", v2.telemetry());
+    snaps.push_back(snapshot("v2 at init", c2.telemetry, c2.route_weights));
     std::printf("  output vs plain MHA of the same weights: max|diff| = %.1e, identical bits: %s\n",
                 max_abs(y2 - y2p), same_bits ? "yes" : "NO");
     Mat<double> R(B * T, D);
@@ -139,12 +218,21 @@ int main(int argc, char** argv) {
         std::snprintf(label, sizeof label, "step %3d loss %.5f effect %.1e", s, loss, max_abs(y - yp) / max_abs(y));
         print_telemetry(label, v2t.telemetry());
       }
-      if (s == steps) break;
+      if (s == steps) {
+        snaps.push_back(snapshot("v2 after " + std::to_string(steps) + " steps", c.telemetry, c.route_weights));
+        break;
+      }
       v2t.zero_grad();
       v2t.backward(2.0 * (y - target) / static_cast<double>(y.rows()), c);
       for (Param<double>* p : v2t.parameters()) p->value -= lr * p->grad;
     }
     std::printf("  (effect = max|y - y_plain| / max|y|: the routed branch's share of the output)\n");
+    if (plots) try {
+      write_plots(plot_dir, snaps);
+      std::printf("plots: %s/route_shares.svg, %s/route_weights.svg\n", plot_dir.c_str(), plot_dir.c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "tr_mha_demo: warning: plots not written: %s\n", e.what());
+    }
 
     // ---- golden cases ----
     bool ok = true;

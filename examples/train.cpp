@@ -7,7 +7,11 @@
 //         [--steps 12000] [--gamma_steps 10000] [--log_every 50] [--eval_every 1000] [--seed 42]
 //         [--out_dir runs/dea] [--data_source dalpha|text] [--text FILE] [--oracle mock|FILE.jsonl]
 //         [--n_per_source 2000] [--supervise_layers all|i,j,...] [--eval_batches 50] [--threads N] [--resume]
+//         [--plot_dir DIR] [--no-plots]
 //
+// Plots (SVG, into --plot_dir, default out_dir; --no-plots turns them off): at each evaluation
+// alpha_hist_train_step<N>.svg and alpha_hist_val_step<N>.svg (alpha-hat against the oracle alpha) and
+// training_curves.svg (losses, gamma_mix, accuracy, alpha-hat against the oracle, from train_log.jsonl).
 // --quick sets D=128 H=4 2 layers d_ff 256 batch 32 300 steps gamma_steps 200 eval_every 150 log_every 25
 // n_per_source 500, except for flags given explicitly. With --resume, the run continues from out_dir's checkpoint
 // with the saved configuration; only --steps, --log_every, --eval_every, --eval_batches and --threads may change.
@@ -29,12 +33,23 @@ const char* kUsage =
     "             [--batch_size N] [--lr_main X] [--lr_gate X] [--weight_decay X] [--grad_clip X] [--steps N]\n"
     "             [--gamma_steps N] [--log_every N] [--eval_every N] [--seed N] [--out_dir DIR]\n"
     "             [--data_source dalpha|text] [--text FILE] [--oracle mock|FILE.jsonl] [--n_per_source N]\n"
-    "             [--supervise_layers all|i,j,...] [--eval_batches N] [--threads N] [--resume]\n";
+    "             [--supervise_layers all|i,j,...] [--eval_batches N] [--threads N] [--resume]\n"
+    "             [--plot_dir DIR (default: out_dir)] [--no-plots]\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::vector<std::string> args(argv + 1, argv + argc);
+  // --no-plots and --plot_dir DIR are not part of the run's configuration (config.json): taken out here
+  std::vector<std::string> args;
+  std::string plot_dir;
+  bool plots = true;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--no-plots") plots = false;
+    else if (a.compare(0, 11, "--plot_dir=") == 0) plot_dir = a.substr(11);
+    else if (a == "--plot_dir" && i + 1 < argc) plot_dir = argv[++i];
+    else args.push_back(a);
+  }
   pipeline::TrainConfig cfg;
   try {
     pipeline::ParsedArgs p = pipeline::parse_args(args);
@@ -65,7 +80,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const pipeline::TrainResult r = pipeline::run_training(cfg);
+    pipeline::TrainOptions opts;
+    if (plots) opts.plot_dir = plot_dir.empty() ? cfg.out_dir : plot_dir;
+    const pipeline::TrainResult r = pipeline::run_training(cfg, opts);
     if (r.last_eval)
       fmt::print("final val: {}\n", pipeline::to_json(*r.last_eval).dump());
     fmt::print("checkpoint: {}\n", pipeline::checkpoint_path(cfg.out_dir));

@@ -343,3 +343,81 @@ TEST_CASE("pipeline: a non-finite loss stops the run and keeps the last good che
   CHECK(load_checkpoint(dir, model, &opt, c.seed) == 5);
   for (auto* p : model.parameters()) CHECK(p->value.allFinite());
 }
+
+TEST_CASE("pipeline: a state_dict exported from the reference loads, reproduces its logits and evaluates",
+          "[pipeline]") {
+  // What a user of the reference does: save its model's state_dict as safetensors (float32, the tied
+  // mlm_head.weight and the positional buffer included) next to the run's cfg and vocabulary. The weights here
+  // are the reference's own, from the public model_cls case, so the loaded model must give the case's logits.
+  const io::SafeTensors cs = io::SafeTensors::load(std::string(DEA_TEST_DATA_DIR) + "/golden/model_cls.safetensors");
+  const io::SafeTensors pe =
+      io::SafeTensors::load(std::string(DEA_TEST_DATA_DIR) + "/reference/model_cls_pe.safetensors");
+  const std::string dir = temp_dir("reference_export");
+  io::SafeTensors sd;
+  for (const std::string& n : cs.names()) {
+    if (n.rfind("in.", 0) == 0 || n.rfind("out.", 0) == 0 || n.rfind("grad.", 0) == 0) continue;
+    sd.put(n, cs.get<double>(n), io::DType::F32);
+  }
+  sd.put("mlm_head.weight", cs.get<double>("tok_emb.weight"), io::DType::F32);
+  Tensor<double> table = pe.get<double>("pe");
+  table.shape = {1, table.shape[0], table.shape[1]};
+  sd.put("pos_enc.pe", table, io::DType::F32);
+  sd.save(checkpoint_path(dir));
+
+  // the reference's cfg: its flag names (unknown keys such as 'tokenizer' are ignored)
+  const nlohmann::json cfg = {{"d_model", 32}, {"n_heads", 4}, {"n_layers", 2}, {"d_ff", 64}, {"dropout", 0.1},
+                              {"max_len", 64}, {"batch_size", 16}, {"seed", 42}, {"data_source", "dalpha"},
+                              {"oracle", "mock"}, {"n_per_source", 20}, {"tokenizer", "simple"},
+                              {"supervise_layers", nullptr}, {"quick", false}};
+  data::write_file_atomic(config_path(dir), cfg.dump(2));
+  {
+    // a 50-token vocabulary (the case's vocab_size): the specials and the most frequent words of the data
+    TrainConfig c = config_from_json(cfg);
+    const RunData d = build_data(c, nullptr);
+    std::ofstream f(tokenizer_path(dir));
+    for (Index i = 0; i < 50; ++i) f << d.tok.id_to_token(i) << "\n";
+  }
+
+  const TrainConfig c = read_config(config_path(dir));
+  const data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
+  REQUIRE(tok.vocab_size() == 50);
+  Rng rng(3);
+  Model model(model_config(c, tok.vocab_size(), nn::Task::cls), rng);
+  CHECK(load_checkpoint(dir, model, nullptr) == 0);  // no train.step: a fresh start for --resume
+  CHECK(model.positional().table()(63, 31) == static_cast<float>(pe.get<double>("pe")[63 * 32 + 31]));
+
+  nn::ModelBatch<Scalar> batch;
+  batch.input_ids = cs.get<std::int64_t>("in.input_ids");
+  batch.attention_mask = cs.get<std::uint8_t>("in.attention_mask");
+  batch.token_type_ids = cs.get<std::int64_t>("in.token_type_ids");
+  batch.alpha_oracle = cs.get<Scalar>("in.alpha_oracle");
+  batch.labels = cs.get<std::int64_t>("in.labels");
+  Model::Cache cache;
+  const nn::ModelOutput<Scalar> out = model.forward(batch, Scalar(0.7), false, nullptr, cache);
+  const Tensor<double> want = cs.get<double>("out.logits");
+  double worst = 0, scale = 0;
+  for (Index k = 0; k < want.numel(); ++k) {
+    worst = std::max(worst, std::abs(static_cast<double>(out.logits.data()[k]) - want[k]));
+    scale = std::max(scale, std::abs(want[k]));
+  }
+  CHECK(worst / scale < 1e-5);  // float32 weights and arithmetic against the reference's float64 run
+  CHECK(std::abs(out.task_loss - cs.get<double>("out.task_loss")[0]) < 1e-5);
+
+  // the eval program's path: data rebuilt from the cfg, tokenised with the exported vocabulary
+  ParisProbe probe;
+  const EvalResult r = evaluate_checkpoint(dir, Split::test, &probe);
+  CHECK(r.n_examples > 0);
+  CHECK(std::isfinite(r.task_loss));
+  CHECK(r.alpha.n_points > 0);
+
+  // a state_dict from another configuration is rejected with the parameter named
+  nlohmann::json other = cfg;
+  other["d_ff"] = 128;
+  data::write_file_atomic(config_path(dir), other.dump());
+  CHECK_THROWS_WITH(evaluate_checkpoint(dir, Split::test), Catch::Contains("layers.0.ff.0.weight"));
+  // a positional table of the wrong width is rejected before anything changes
+  sd.put("pos_enc.pe", Tensor<double>({1, 64, 16}, 0.0), io::DType::F32);
+  sd.save(checkpoint_path(dir));
+  Model m2(model_config(c, 50, nn::Task::cls), rng);
+  CHECK_THROWS_WITH(load_checkpoint(dir, m2, nullptr), Catch::Contains("pos_enc.pe"));
+}

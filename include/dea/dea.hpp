@@ -10,6 +10,7 @@
 #include "core/param.hpp"
 #include "core/rng.hpp"
 #include "core/tensor.hpp"
+#include "core/workspace.hpp"
 
 #include "ops/gemm.hpp"
 #include "ops/linear.hpp"
@@ -20,6 +21,7 @@
 #include "attention/gate_loss.hpp"
 #include "attention/token_routed.hpp"
 
+#include "nn/inference.hpp"
 #include "nn/transformer.hpp"
 
 #include "optim/adamw.hpp"

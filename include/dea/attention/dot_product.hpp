@@ -138,6 +138,38 @@ void masked_softmax_inplace(const Eigen::MatrixBase<Derived>& s_, const std::uin
   }
 }
 
+/// O = Pd V for one (b, h) pair, with Pd = P .* M when `drop` (the pair's [T, T] dropout multipliers M) is
+/// given and Pd = P otherwise. P [Tq, Tk], V [Tk, Dh], O [Tq, Dh].
+template <class S, class DV, class DO>
+void attend_values(const ConstMatMap<S>& P, const S* drop, const Eigen::MatrixBase<DV>& V,
+                   const Eigen::MatrixBase<DO>& O_) {
+  auto& O = const_cast<Eigen::MatrixBase<DO>&>(O_);
+  if (drop) {
+    const ConstMatMap<S> M(drop, P.rows(), P.cols());
+    const Mat<S> Pd = P.cwiseProduct(M);  // Pd = P .* M
+    O.noalias() = Pd * V;                 // O = Pd V
+  } else {
+    O.noalias() = P * V;                  // O = P V
+  }
+}
+
+/// Backward of attend_values: writes dV = Pd^T dO and G = dL/dP = (dO V^T) .* M (without M when no dropout).
+template <class S, class DV, class DdO, class DdV>
+void attend_values_backward(const ConstMatMap<S>& P, const S* drop, const Eigen::MatrixBase<DV>& V,
+                            const Eigen::MatrixBase<DdO>& dO, const Eigen::MatrixBase<DdV>& dV_, Mat<S>& G) {
+  auto& dV = const_cast<Eigen::MatrixBase<DdV>&>(dV_);
+  G.resize(P.rows(), P.cols());
+  G.noalias() = dO * V.transpose();       // O = Pd V  ->  dPd = dO V^T
+  if (drop) {
+    const ConstMatMap<S> M(drop, P.rows(), P.cols());
+    const Mat<S> Pd = P.cwiseProduct(M);
+    dV.noalias() = Pd.transpose() * dO;   // O = Pd V  ->  dV = Pd^T dO
+    G.array() *= M.array();               // Pd = P .* M  ->  dP = dPd .* M
+  } else {
+    dV.noalias() = P.transpose() * dO;    // O = P V   ->  dV = P^T dO
+  }
+}
+
 /// A Linear D_in -> D_out parameter pair in PyTorch layout: weight [out, in], optional bias [out].
 template <class S>
 struct Projection {
@@ -318,13 +350,8 @@ public:
       P.noalias() = Q * K.transpose();                                               // S = Q K^T
       P *= scale;                                                                    //     / sqrt(Dh)
       detail::mha::masked_softmax_inplace(P, km ? km + b * T : nullptr, causal);     // P = softmax over real keys
-      if (dropping) {
-        const ConstMatMap<S> M(c.drop.data() + bh * TT, T, T);
-        const Mat<S> Pd = P.cwiseProduct(M);                                         // Pd = P .* M
-        O.noalias() = Pd * V;                                                        // O = Pd V
-      } else {
-        O.noalias() = P * V;                                                         // O = P V
-      }
+      detail::mha::attend_values<S>(ConstMatMap<S>(P.data(), T, T), dropping ? c.drop.data() + bh * TT : nullptr,
+                                    V, O);                                           // O = (P .* M) V
     }, double(batch * H) * double(TT) * double(4 * dh + 10) > kParallelMinFlops);
     Mat<S> y;
     o_.forward(c.ctx, y);  // y = O W_o^T + b_o
@@ -355,16 +382,8 @@ public:
       auto dK = detail::mha::head<DHead>(dqkv, b * T, D + h * dh, T, dh);
       auto dV = detail::mha::head<DHead>(dqkv, b * T, 2 * D + h * dh, T, dh);
       const ConstMatMap<S> P(c.p.data() + bh * TT, T, T);
-      Mat<S> dP(T, T);
-      dP.noalias() = dO * V.transpose();                // O = Pd V  ->  dPd = dO V^T
-      if (dropping) {
-        const ConstMatMap<S> M(c.drop.data() + bh * TT, T, T);
-        const Mat<S> Pd = P.cwiseProduct(M);
-        dV.noalias() = Pd.transpose() * dO;             // O = Pd V  ->  dV = Pd^T dO
-        dP.array() *= M.array();                        // Pd = P .* M  ->  dP = dPd .* M
-      } else {
-        dV.noalias() = P.transpose() * dO;              // O = P V   ->  dV = P^T dO
-      }
+      Mat<S> dP;
+      detail::mha::attend_values_backward<S>(P, dropping ? c.drop.data() + bh * TT : nullptr, V, dO, dV, dP);
       ops::softmax_rows_backward<S>(P, dP, dP);         // P = softmax(S)  ->  dS = P .* (dP - rowsum(dP .* P))
       dP *= scale;                                      // S = Q K^T / sqrt(Dh)  ->  d(Q K^T) = dS / sqrt(Dh)
       dQ.noalias() = dP * K;                            //                       ->  dQ = dS' K

@@ -22,6 +22,7 @@
 #include "../core/param.hpp"
 #include "../core/parallel.hpp"
 #include "../core/rng.hpp"
+#include "../core/workspace.hpp"
 #include "../ops/gemm.hpp"
 #include "../ops/linear.hpp"
 #include "../ops/softmax.hpp"
@@ -99,6 +100,9 @@ public:
     AlignedVec<std::int64_t> target;      ///< target key per (b, h, i), -1 where the row is inactive
     AlignedVec<S> g_reg, g_spot;           ///< scratch: unnormalised d(reg)/d alpha_hat and d(spot)/d alpha_hat
     AlignedVec<S> oracle_ref;             ///< clamped oracle, NaN where unlabelled [B, H, Tq, Tk]
+    // forward scratch, kept between calls: with repeated shapes forward allocates nothing
+    std::vector<GateLossSums<S>> sums;    ///< per-(b, h) gate-loss sums [B*H]
+    AlignedVec<S> scratch;                ///< per-(b, h) temporaries of the forward kernel (forward_scratch_size)
 
     Index cell(Index b, Index h, Index i, Index j, Index H) const { return ((b * H + h) * Tq + i) * Tk + j; }
   };
@@ -169,13 +173,30 @@ public:
 
   /// Self-attention: q = k = v = x [B*T, D]. Returns the output [B*T, D].
   Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) {
-    return forward_impl(x, x, x, batch, ctx, cache, true);
+    Mat<S> y;
+    forward_impl(x, x, x, batch, ctx, cache, true, y);
+    return y;
+  }
+
+  /// Self-attention into `y` [B*T, D] (resized only when its shape differs). The cache keeps every buffer and
+  /// temporary between calls, so once a call has run with these shapes (the set-up), an inference call (no
+  /// oracle, no dropout) with the same shapes, cache and y allocates nothing.
+  void forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache, Mat<S>& y) {
+    forward_impl(x, x, x, batch, ctx, cache, true, y);
   }
 
   /// Cross-attention: q_in [B*Tq, D], k_in and v_in [B*Tk, D]. Returns the output [B*Tq, D].
   Mat<S> forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, Index batch, const AttnContext<S>& ctx,
                  Cache& cache) {
-    return forward_impl(q_in, k_in, v_in, batch, ctx, cache, false);
+    Mat<S> y;
+    forward_impl(q_in, k_in, v_in, batch, ctx, cache, false, y);
+    return y;
+  }
+
+  /// Cross-attention into `y` [B*Tq, D] (as the self-attention overload: no allocation once the shapes repeat).
+  void forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, Index batch, const AttnContext<S>& ctx,
+               Cache& cache, Mat<S>& y) {
+    forward_impl(q_in, k_in, v_in, batch, ctx, cache, false, y);
   }
 
   /// Task backward of a self-attention forward: adds into the gradients of W_q, W_k, W_v, W_o and W_rel (never
@@ -347,8 +368,8 @@ public:
   }
 
 private:
-  Mat<S> forward_impl(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, Index batch,
-                      const AttnContext<S>& ctx, Cache& c, bool self) {
+  void forward_impl(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, Index batch,
+                    const AttnContext<S>& ctx, Cache& c, bool self, Mat<S>& y) {
     // ---- validation at the boundary (nothing below may throw inside a parallel region)
     check(batch > 0, "DualExpertAttention::forward: batch must be positive, got ", batch);
     check(q_in.cols() == D_, "DualExpertAttention::forward: x: expected ", D_, " columns (d_model), got ", q_in.cols());
@@ -378,6 +399,10 @@ private:
             shape_str({B, Tq, Tk}), " or ", shape_str({B, H, Tq, Tk}), ", got ", shape_str(s));
       check(ctx.gamma_mix >= 0 && ctx.gamma_mix <= 1, "DualExpertAttention::forward: gamma_mix must be in [0, 1], got ",
             ctx.gamma_mix);
+      // NaN marks an unlabelled cell; an infinite value would turn the mixed scores into NaN.
+      for (Index k = 0; k < ctx.alpha_oracle->numel(); ++k)
+        check(!std::isinf((*ctx.alpha_oracle)[k]), "DualExpertAttention::forward: alpha_oracle: expected a finite value or "
+              "NaN (unlabelled), got ", (*ctx.alpha_oracle)[k], " at flat position ", k);
     }
     bool target_per_head = false;
     if (ctx.target_idx) {
@@ -459,7 +484,9 @@ private:
     c.ctx.resize(B * Tq, D_);
 
     const std::uint64_t drop_seed = dropout_on ? ctx.rng->next_u64() : 0;
-    std::vector<GateLossSums<S>> sums(static_cast<std::size_t>(B * H));
+    c.sums.assign(static_cast<std::size_t>(B * H), GateLossSums<S>());
+    const Index pair_scratch = forward_scratch_size(Tq, Tk, Dh);
+    c.scratch.resize(static_cast<std::size_t>(B * H * pair_scratch));
     const S inv_sqrt = S(1) / std::sqrt(S(Dh));
     const S inv_dh = S(1) / S(Dh);
     const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
@@ -471,21 +498,28 @@ private:
       const Index b = bh / H, h = bh % H;
       const Index off = bh * Tq * Tk;
       const std::uint8_t* km = c.km.data() + b * Tk;
-      const HeadMat Qh = c.Q.block(b * Tq, h * Dh, Tq, Dh);
-      const HeadMat Kh = c.K.block(b * Tk, h * Dh, Tk, Dh);
-      const HeadMat Vh = c.V.block(b * Tk, h * Dh, Tk, Dh);
+      // the pair's temporaries: aligned pieces of its share of c.scratch (see forward_scratch_size)
+      Workspace<S> ws(c.scratch.data() + bh * pair_scratch, pair_scratch);
+      using ColVec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+      using ColArr = Eigen::Array<S, Eigen::Dynamic, 1>;
+      Eigen::Map<HeadMat, Eigen::AlignedMax> Qh(ws.take(Tq * Dh), Tq, Dh), Kh(ws.take(Tk * Dh), Tk, Dh),
+          Vh(ws.take(Tk * Dh), Tk, Dh), Rh(ws.take(Tq * Dh), Tq, Dh);
+      Qh = c.Q.block(b * Tq, h * Dh, Tq, Dh);
+      Kh = c.K.block(b * Tk, h * Dh, Tk, Dh);
+      Vh = c.V.block(b * Tk, h * Dh, Tk, Dh);
       Eigen::Map<const RelMat> Wr(W_rel_.value.data() + h * Dh * Dh, Dh, Dh);
 
       // 2. E0 = Q K^T / sqrt(Dh)                                  [Tq, Tk]
       MatMap<S> E0(c.e0n.data() + off, Tq, Tk);
       E0.noalias() = inv_sqrt * (Qh * Kh.transpose());
       // 3. R_i = W_rel Q_i; E1 = min(0, -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh)   [Tq, Tk]
-      HeadMat Rh = Qh * Wr.transpose();
+      Rh.noalias() = Qh * Wr.transpose();
       c.R.block(b * Tq, h * Dh, Tq, Dh) = Rh;
       MatMap<S> E1(c.e1n.data() + off, Tq, Tk);
       E1.noalias() = S(2) * (Rh * Kh.transpose());
-      const Eigen::Matrix<S, Eigen::Dynamic, 1> rn = Rh.rowwise().squaredNorm();
-      const Eigen::Matrix<S, Eigen::Dynamic, 1> kn = Kh.rowwise().squaredNorm();
+      Eigen::Map<ColVec, Eigen::AlignedMax> rn(ws.take(Tq), Tq), kn(ws.take(Tk), Tk);
+      rn = Rh.rowwise().squaredNorm();
+      kn = Kh.rowwise().squaredNorm();
       {
         auto A = E1.array();
         A = -((A.colwise() - rn.array()).rowwise() - kn.transpose().array()) * (-inv_dh);  // (2 R.K - |R|^2 - |K|^2) / Dh
@@ -495,14 +529,16 @@ private:
       }
       // 4. per-query normalisation over the real keys (in place: E -> E~)
       const S n = c.n_real[static_cast<std::size_t>(b)];
-      const Eigen::Array<S, 1, Eigen::Dynamic> mrow =
-          Eigen::Map<const Eigen::Array<std::uint8_t, 1, Eigen::Dynamic>>(km, Tk).template cast<S>();
-      normalise_rows(E0, mrow, n, c.sigma0.data() + bh * Tq, c.floor0.data() + bh * Tq);
-      normalise_rows(E1, mrow, n, c.sigma1.data() + bh * Tq, c.floor1.data() + bh * Tq);
+      Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>, Eigen::AlignedMax> mrow(ws.take(Tk), Tk);
+      mrow = Eigen::Map<const Eigen::Array<std::uint8_t, 1, Eigen::Dynamic>>(km, Tk).template cast<S>();
+      Eigen::Map<ColArr, Eigen::AlignedMax> mu(ws.take(Tq), Tq), var(ws.take(Tq), Tq);
+      normalise_rows(E0, mrow, n, c.sigma0.data() + bh * Tq, c.floor0.data() + bh * Tq, mu, var);
+      normalise_rows(E1, mrow, n, c.sigma1.data() + bh * Tq, c.floor1.data() + bh * Tq, mu, var);
       // 5.-6. gate: logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c; alpha_hat = min(0.95, sigmoid(clip(logit)))
       const S* wg = W_gate_.value.data() + h * G;
-      const Eigen::Matrix<S, Eigen::Dynamic, 1> lq = Qh * Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>>(wg, Dh);
-      const Eigen::Matrix<S, Eigen::Dynamic, 1> lk = Kh * Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>>(wg + Dh, Dh);
+      Eigen::Map<ColVec, Eigen::AlignedMax> lq(ws.take(Tq), Tq), lk(ws.take(Tk), Tk);
+      lq.noalias() = Qh * Eigen::Map<const ColVec>(wg, Dh);
+      lk.noalias() = Kh * Eigen::Map<const ColVec>(wg + Dh, Dh);
       const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = c_gate_.value[h];
       S* logit = c.logit.data() + off;
       S* ahat = c.alpha_hat.data() + off;
@@ -517,7 +553,7 @@ private:
       const S* frozen = ctx.frozen_alpha_hat ? ctx.frozen_alpha_hat->ptr() + off : nullptr;
       std::vector<std::uint8_t> has(static_cast<std::size_t>(has_oracle ? Tk : 0));
       std::vector<S> a(static_cast<std::size_t>(has_oracle ? Tk : 0));
-      GateLossSums<S>& sm = sums[static_cast<std::size_t>(bh)];
+      GateLossSums<S>& sm = c.sums[static_cast<std::size_t>(bh)];
       for (Index i = 0; i < Tq; ++i) {
         const S* det = frozen ? frozen + i * Tk : ahat + i * Tk;  // the detached alpha-hat the scores read
         if (!has_oracle) {
@@ -551,7 +587,7 @@ private:
       ConstMatMap<S> AM(amix, Tq, Tk);
       Sc = (S(1) - AM.array()).matrix().cwiseProduct(E0) + AM.cwiseProduct(E1);
       MatMap<S> P(c.attn.data() + off, Tq, Tk);
-      ops::masked_softmax_rows<S>(Sc, km, P);  // vectorised per row
+      ops::masked_softmax_rows<S>(Sc, km, P, ws.take(ops::masked_softmax_scratch<S>(Tq, Tk)));  // vectorised per row
       // 10. dropout on the probabilities, then ctx_h = P V_h
       if (dropout_on) {
         Rng r(drop_seed ^ (0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(bh + 1)));
@@ -564,13 +600,22 @@ private:
       }
     }, par);
 
-    if (has_oracle) finish_gate_loss(c, sums);
+    if (has_oracle) finish_gate_loss(c, c.sums);
 
     // 11. output projection
-    if (!opt_.out_proj) return c.ctx;
-    Mat<S> y;
+    if (!opt_.out_proj) {
+      y = c.ctx;
+      return;
+    }
     ops::linear_forward<S>(c.ctx, weight_[3].mat(), opt_.bias ? bias_[3].value.data() : nullptr, y);
-    return y;
+  }
+
+  /// Scratch elements one (b, h) pair of forward takes from Cache::scratch: the head blocks Q_h, K_h, V_h, R_h
+  /// (copied to contiguous column-major storage, the layout the products below run on), |R_i|^2, |K_j|^2, the
+  /// key mask row, the normalisation's mean and variance, the gate's q and k terms, and the softmax's scratch.
+  static Index forward_scratch_size(Index Tq, Index Tk, Index Dh) {
+    return 2 * aligned_count<S>(Tq * Dh) + 2 * aligned_count<S>(Tk * Dh) + 4 * aligned_count<S>(Tq) +
+           3 * aligned_count<S>(Tk) + ops::masked_softmax_scratch<S>(Tq, Tk);
   }
 
   /// Adds the per-pair sums in a fixed order, forms the loss and the statistics, and turns the row
@@ -609,17 +654,19 @@ private:
   /// In place: each row of E [Tq, Tk] becomes (E - mu) / (sigma + 1e-5) over the real keys, 0 at padded keys.
   /// mu and the biased variance count only real keys (m [Tk] is 1 for a real key; n real keys, floored at 1);
   /// sigma = sqrt(max(var, 1e-12)). Writes sigma [Tq] and floored [Tq] (1 where var < 1e-12).
-  static void normalise_rows(MatMap<S>& E, const Eigen::Array<S, 1, Eigen::Dynamic>& m, S n, S* sigma,
-                             std::uint8_t* floored) {
+  /// mu and var [Tq] are scratch.
+  template <class MRow, class Col>
+  static void normalise_rows(MatMap<S>& E, const MRow& m, S n, S* sigma, std::uint8_t* floored, Col& mu, Col& var) {
     auto A = E.array();
-    const Eigen::Array<S, Eigen::Dynamic, 1> mu = (A.rowwise() * m).rowwise().sum() / n;
+    mu = (A.rowwise() * m).rowwise().sum() / n;
     A = (A.colwise() - mu).rowwise() * m;                            // E - mu at real keys, 0 at padded keys
-    const Eigen::Array<S, Eigen::Dynamic, 1> var = A.square().rowwise().sum() / n;
+    var = A.square().rowwise().sum() / n;
     Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>> sg(sigma, E.rows());
     sg = var.max(S(DeaConstants::var_floor)).sqrt();
     Eigen::Map<Eigen::Array<std::uint8_t, Eigen::Dynamic, 1>>(floored, E.rows()) =
         (var < S(DeaConstants::var_floor)).template cast<std::uint8_t>();
-    A.colwise() /= (sg + S(DeaConstants::norm_eps));
+    var = sg + S(DeaConstants::norm_eps);  // var is dead: it holds sigma + 1e-5 (no temporary for the division)
+    A.colwise() /= var;
   }
 
   /// In place: g [Tq, Tk] = dL/dE~  ->  dL/dE, the backward of normalise_rows. With s = sigma + 1e-5 and

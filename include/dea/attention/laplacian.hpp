@@ -186,13 +186,8 @@ public:
       ops::l1_distance<DHead>(U, W, Dm);                                 // Dist_ij = sum_c |U_ic - W_jc|
       P.array() = -Dm.array() / c.s[h];                                  // L = -Dist / s_h
       detail::mha::masked_softmax_inplace(P, km ? km + b * T : nullptr, causal);  // P = softmax over real keys
-      if (dropping) {
-        const ConstMatMap<S> M(c.drop.data() + bh * TT, T, T);
-        const Mat<S> Pd = P.cwiseProduct(M);                             // Pd = P .* M
-        O.noalias() = Pd * V;                                            // O = Pd V
-      } else {
-        O.noalias() = P * V;                                             // O = P V
-      }
+      detail::mha::attend_values<S>(ConstMatMap<S>(P.data(), T, T), dropping ? c.drop.data() + bh * TT : nullptr,
+                                    V, O);                               // O = (P .* M) V
     }, double(batch * H) * double(TT) * double(5 * dh + 10) > kParallelMinFlops);
     Mat<S> y;
     o_.forward(c.ctx, y);  // y = O W_o^T + b_o
@@ -226,16 +221,8 @@ public:
       const ConstMatMap<S> P(c.p.data() + bh * TT, T, T);
       const ConstMatMap<S> Dm(c.dist.data() + bh * TT, T, T);
       const S s = c.s[h];
-      Mat<S> G(T, T);
-      G.noalias() = dO * V.transpose();                 // O = Pd V  ->  dPd = dO V^T
-      if (dropping) {
-        const ConstMatMap<S> M(c.drop.data() + bh * TT, T, T);
-        const Mat<S> Pd = P.cwiseProduct(M);
-        dV.noalias() = Pd.transpose() * dO;             // O = Pd V  ->  dV = Pd^T dO
-        G.array() *= M.array();                         // Pd = P .* M  ->  G = dP = dPd .* M
-      } else {
-        dV.noalias() = P.transpose() * dO;              // O = P V   ->  dV = P^T dO
-      }
+      Mat<S> G;                                         // G = dL/dP, then Lambda, then dL/dDist
+      detail::mha::attend_values_backward<S>(P, dropping ? c.drop.data() + bh * TT : nullptr, V, dO, dV, G);
       ops::softmax_rows_backward<S>(P, G, G);           // P = softmax(L)  ->  Lambda = P .* (G - rowsum(G .* P))
       theta_part[static_cast<std::size_t>(bh)] = (G.array() * Dm.array()).sum();  // L = -Dist/s -> dL/ds = sum Lambda Dist / s^2
       G.array() = -G.array() / s;                       // L = -Dist / s  ->  dDist = -Lambda / s

@@ -88,6 +88,15 @@ void check_shape(const Tensor<T>& t, const Shape& expected, const char* what) {
   check(t.shape == expected, what, ": expected shape ", shape_str(expected), ", got ", shape_str(t.shape));
 }
 
+/// check_shape against a braced list ({B, T}): compares without building a Shape (no allocation unless it fails).
+template <class T>
+void check_shape(const Tensor<T>& t, std::initializer_list<Index> expected, const char* what) {
+  bool same = t.shape.size() == expected.size();
+  std::size_t k = 0;
+  for (Index e : expected) same = same && t.shape[k++] == e;
+  if (!same) check_shape(t, Shape(expected), what);
+}
+
 /// Throws unless the matrix has the expected size.
 template <class Derived>
 void check_matrix(const Eigen::MatrixBase<Derived>& m, Index rows, Index cols, const char* what) {

@@ -1,30 +1,69 @@
-// dea/data/files.hpp: plain file reading and atomic writing for the data pipeline (standard library only).
+// dea/data/files.hpp: plain file reading and atomic writing for the data pipeline (standard library and POSIX only).
 //
-// Reading loads a whole file (data files here are small: vocabularies, task files, caches) and splits it into
-// lines; every error names the file. Writing goes to "<path>.tmp" and is renamed over the target, so a crash
-// never leaves a half-written file under the real name.
+// Reading loads a whole file (data files here are small: vocabularies, task files, caches), after checking its
+// size against a maximum, and splits it into lines; every error names the file. Writing goes to a temporary
+// file that is flushed to disk and renamed over the target, so a crash never leaves a half-written file under
+// the real name.
 #pragma once
 
 #include "../core/error.hpp"
 
+#include <atomic>
+#include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <fcntl.h>
+#include <unistd.h>
+#define DEA_FILES_POSIX 1
+#endif
 
 namespace dea::data {
 
-/// Reads a whole file as bytes; throws dea::Error naming the file when it cannot be opened or read.
-inline std::string read_file(const std::string& path) {
+/// Largest file read_file loads by default (2 GiB); callers that know their format pass a smaller limit.
+constexpr std::size_t kMaxFileBytes = std::size_t(1) << 31;
+
+/// Reads a whole file as bytes; throws dea::Error naming the file when it cannot be opened or read, or when
+/// it is larger than `max_bytes` (checked against the file's size before anything is allocated).
+inline std::string read_file(const std::string& path, std::size_t max_bytes = kMaxFileBytes) {
+  std::error_code ec;
+  check(!std::filesystem::is_directory(path, ec), "'", path, "' is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   check(static_cast<bool>(in), "cannot open file '", path, "'");
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  in.seekg(0, std::ios::end);
+  const std::streamoff end = in.tellg();
+  in.seekg(0, std::ios::beg);
+  if (in && end >= 0) {
+    // A regular file: its size is known, so the limit is checked before allocating.
+    check(static_cast<std::uint64_t>(end) <= max_bytes, "file '", path, "' is ", static_cast<std::uint64_t>(end),
+          " bytes, more than the maximum of ", max_bytes, " for this kind of file");
+    std::string out(static_cast<std::size_t>(end), '\0');
+    in.read(out.data(), static_cast<std::streamsize>(out.size()));
+    check(!in.bad() && static_cast<std::size_t>(in.gcount()) == out.size(), "error while reading file '", path,
+          "' (", in.gcount(), " of ", out.size(), " bytes read; truncated while reading?)");
+    return out;
+  }
+  // Not seekable (a pipe): read in blocks up to the limit.
+  in.clear();
+  std::string out;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    out.append(buf, static_cast<std::size_t>(in.gcount()));
+    check(out.size() <= max_bytes, "file '", path, "' is more than the maximum of ", max_bytes,
+          " bytes for this kind of file");
+  }
   check(!in.bad(), "error while reading file '", path, "'");
-  return ss.str();
+  return out;
 }
 
 /// Splits text into lines on '\n'; a trailing '\r' is removed from each line (CRLF files), a final empty
@@ -46,9 +85,55 @@ inline std::vector<std::string> split_lines(std::string_view text) {
 /// Reads a file and splits it into lines (see split_lines).
 inline std::vector<std::string> read_lines(const std::string& path) { return split_lines(read_file(path)); }
 
-/// Writes `content` to `path` atomically: to "<path>.tmp" first, then renamed over `path`.
+/// Writes `content` to `path` atomically: to a temporary file next to it ("<path>.tmp.<pid>.<n>"), flushed to
+/// disk (fsync on POSIX), then renamed over `path`; so a crash at any point leaves either the old or the new
+/// complete file under `path`. On failure the temporary is removed and `path` is untouched.
 inline void write_file_atomic(const std::string& path, std::string_view content) {
-  const std::string tmp = path + ".tmp";
+  check(!path.empty(), "write_file_atomic: empty path");
+  static std::atomic<unsigned> counter{0};
+#if defined(DEA_FILES_POSIX)
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    tmp = ::dea::detail::concat(path, ".tmp.", static_cast<long>(::getpid()), ".", counter.fetch_add(1));
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno != EEXIST)
+      ::dea::detail::raise(::dea::detail::concat("cannot create '", tmp, "' for writing: ", std::strerror(errno)));
+  }
+  check(fd >= 0, "cannot create a temporary file next to '", path, "' (all candidate names exist)");
+  auto fail = [&](const char* what) {
+    const std::string msg = ::dea::detail::concat(what, " '", tmp, "' failed: ", std::strerror(errno));
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    ::dea::detail::raise(msg);
+  };
+  const char* p = content.data();
+  std::size_t n = content.size();
+  while (n > 0) {
+    const ::ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail("write to");
+    }
+    p += w;
+    n -= static_cast<std::size_t>(w);
+  }
+  if (::fsync(fd) != 0) fail("fsync of");
+  const int rc = ::close(fd);
+  fd = -1;
+  if (rc != 0) fail("close of");
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("rename (over the target) of");
+  // Make the rename durable too (best effort: some file systems refuse fsync on a directory).
+  const std::size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_CLOEXEC);
+  if (dfd >= 0) {
+    (void)::fsync(dfd);
+    ::close(dfd);
+  }
+#else
+  // Portable fallback (the standard library has no fsync): write, flush, close, rename.
+  const std::string tmp = ::dea::detail::concat(path, ".tmp.", counter.fetch_add(1));
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     check(static_cast<bool>(out), "cannot open '", tmp, "' for writing");
@@ -57,13 +142,14 @@ inline void write_file_atomic(const std::string& path, std::string_view content)
     if (!out) {
       out.close();
       std::remove(tmp.c_str());
-      detail::raise("error while writing '" + tmp + "'");
+      ::dea::detail::raise("error while writing '" + tmp + "'");
     }
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     std::remove(tmp.c_str());
-    detail::raise("cannot rename '" + tmp + "' to '" + path + "'");
+    ::dea::detail::raise("cannot rename '" + tmp + "' to '" + path + "'");
   }
+#endif
 }
 
 /// Removes leading and trailing ASCII whitespace.

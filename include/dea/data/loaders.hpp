@@ -28,32 +28,48 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <limits>
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace dea::data {
 
+/// Longest line the line-streamed readers accept (a real bAbI, ConceptNet or capitals line is under 4 KiB).
+constexpr std::size_t kMaxLineBytes = std::size_t(1) << 20;
+
 namespace detail {
 
 /// Calls f(line, line_number) for each line of the file (CR of CRLF removed) until f returns false.
-/// Streams the file, so it works on files too large to hold in memory.
+/// Streams the file, so it works on files too large to hold in memory; a line longer than kMaxLineBytes is a
+/// dea::Error (found before it is held in memory).
 template <class F>
 void for_each_line(const std::string& path, F&& f) {
+  std::error_code ec;
+  check(!std::filesystem::is_directory(path, ec), "'", path, "' is a directory, not a file");
   std::ifstream in(path, std::ios::binary);
   check(static_cast<bool>(in), "cannot open file '", path, "'");
+  std::streambuf* sb = in.rdbuf();
   std::string line;
   std::size_t no = 0;
-  while (std::getline(in, line)) {
+  for (bool more = true; more;) {
+    line.clear();
+    int c;
+    while ((c = sb->sbumpc()) != std::char_traits<char>::eof() && c != '\n') {
+      check(line.size() < kMaxLineBytes, path, ":", no + 1, ": line longer than ", kMaxLineBytes, " bytes");
+      line.push_back(static_cast<char>(c));
+    }
+    more = c != std::char_traits<char>::eof();
+    if (!more && line.empty()) break;  // no partial last line
     ++no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (!f(line, no)) return;
   }
-  check(!in.bad(), "error while reading file '", path, "' after line ", no);
 }
 
 inline std::string basename_of(const std::string& path) {
@@ -188,6 +204,9 @@ inline std::string babi_task_from_filename(const std::string& path) {
   return "babi";
 }
 
+/// Longest bAbI story accepted (bytes of its statements): real stories are a few hundred bytes.
+constexpr std::size_t kMaxBabiStoryBytes = std::size_t(1) << 16;
+
 /// Records of a bAbI task file (format in the file comment), at most max_records. `task` names the relation;
 /// empty = taken from the file name.
 inline std::vector<Record> load_babi(const std::string& path, const std::string& task = "",
@@ -196,6 +215,7 @@ inline std::vector<Record> load_babi(const std::string& path, const std::string&
   std::vector<Record> out;
   if (max_records == 0) return out;
   std::vector<std::string> story;
+  std::size_t story_bytes = 0;
   long prev_id = 0;
   detail::for_each_line(path, [&](const std::string& raw, std::size_t no) {
     const std::string_view line = trim(raw);
@@ -207,6 +227,7 @@ inline std::vector<Record> load_babi(const std::string& path, const std::string&
     const long id = std::stol(std::string(line.substr(0, p)));
     if (id == 1) {
       story.clear();
+      story_bytes = 0;
     } else {
       check(id == prev_id + 1, path, ":", no, ": line number ", id, " does not follow ", prev_id,
             " (a story starts at 1 and counts up by one)");
@@ -215,6 +236,11 @@ inline std::vector<Record> load_babi(const std::string& path, const std::string&
     const std::string_view rest = trim(line.substr(p + 1));
     check(!rest.empty(), path, ":", no, ": empty sentence");
     if (rest.find('\t') == std::string_view::npos) {
+      // Every question copies the story so far, so its length is capped (else a small file of one long story
+      // and many questions would expand to gigabytes of records).
+      story_bytes += rest.size() + 1;
+      check(story_bytes <= kMaxBabiStoryBytes, path, ":", no, ": story longer than ", kMaxBabiStoryBytes,
+            " bytes (a bAbI story is a few hundred)");
       story.emplace_back(rest);
       return true;
     }

@@ -212,10 +212,16 @@ public:
     write_file_atomic(path, content);
   }
 
+  /// Largest vocabulary file load() accepts: its size in bytes and its number of tokens.
+  static constexpr std::size_t kMaxVocabFileBytes = std::size_t(1) << 28;
+  static constexpr Index kMaxVocabSize = Index(1) << 22;
+
   /// Reads a vocabulary written by save(). A missing file, an empty line, a duplicate token or wrong special
   /// tokens are dea::Error naming the file and line.
   static SimpleTokenizer load(const std::string& path) {
-    const std::vector<std::string> lines = read_lines(path);
+    const std::vector<std::string> lines = split_lines(read_file(path, kMaxVocabFileBytes));
+    check(lines.size() <= static_cast<std::size_t>(kMaxVocabSize), path, ": vocabulary has ", lines.size(),
+          " lines, more than the maximum of ", kMaxVocabSize);
     check(lines.size() >= special_tokens().size(), path, ": vocabulary has ", lines.size(),
           " lines, expected at least the 5 special tokens");
     SimpleTokenizer t;

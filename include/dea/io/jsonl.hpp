@@ -13,6 +13,7 @@
 #include "../data/dalpha.hpp"
 #include "../data/files.hpp"
 #include "../data/oracle.hpp"
+#include "json_limits.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -30,6 +31,8 @@ void read_jsonl(const std::string& path, F&& f) {
   const std::vector<std::string> lines = data::read_lines(path);
   for (std::size_t i = 0; i < lines.size(); ++i) {
     if (data::trim(lines[i]).empty()) continue;
+    check(detail::json_nesting_depth(lines[i]) <= kMaxJsonDepth, path, ":", i + 1, ": JSON nested deeper than ",
+          kMaxJsonDepth, " levels");
     nlohmann::json j = nlohmann::json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
     check(!j.is_discarded(), path, ":", i + 1, ": invalid JSON");
     check(j.is_object(), path, ":", i + 1, ": expected a JSON object, got ", j.type_name());

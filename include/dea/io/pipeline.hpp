@@ -34,7 +34,9 @@
 #include "../nn/transformer.hpp"
 #include "../optim/adamw.hpp"
 #include "../optim/schedule.hpp"
+#include "json_limits.hpp"
 #include "jsonl.hpp"
+#include "plots.hpp"
 #include "safetensors.hpp"
 
 #include <fmt/core.h>
@@ -57,6 +59,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -249,8 +252,52 @@ inline ParsedArgs parse_args(const std::vector<std::string>& args, const TrainCo
   return p;
 }
 
-/// Cross-field checks (dea::Error naming the flags).
+/// Largest values accepted for the size flags: far beyond any model this CPU library trains, small enough that a
+/// corrupt or hostile config.json cannot make the programs try to allocate terabytes.
+struct ConfigLimits {
+  static constexpr Index max_d_model = Index(1) << 16;
+  static constexpr Index max_d_ff = Index(1) << 20;
+  static constexpr Index max_layers = 1024;
+  static constexpr Index max_len = Index(1) << 16;
+  static constexpr Index max_batch = Index(1) << 20;
+  static constexpr std::int64_t max_n_per_source = std::int64_t(1) << 30;
+  static constexpr int max_threads = 4096;
+};
+
+/// Range and cross-field checks of every field (dea::Error naming the flag): the ranges set_flag enforces on
+/// the command line, the maxima of ConfigLimits, d_model a multiple of n_heads, and the data / oracle choice.
 inline void validate(const TrainConfig& c) {
+  auto in = [](const char* flag, std::int64_t v, std::int64_t lo, std::int64_t hi) {
+    check(v >= lo && v <= hi, "--", flag, ": ", v, " is outside [", lo, ", ", hi, "]");
+  };
+  auto real = [](const char* flag, double v, double lo, double hi, bool lo_open) {
+    check(std::isfinite(v) && v >= lo && v <= hi && !(lo_open && v == lo), "--", flag, ": ", v, " is outside ",
+          lo_open ? "(" : "[", lo, ", ", hi, "]");
+  };
+  in("d_model", c.d_model, 1, ConfigLimits::max_d_model);
+  in("n_heads", c.n_heads, 1, ConfigLimits::max_d_model);
+  in("n_layers", c.n_layers, 0, ConfigLimits::max_layers);
+  in("d_ff", c.d_ff, 1, ConfigLimits::max_d_ff);
+  in("max_len", c.max_len, 3, ConfigLimits::max_len);
+  in("batch_size", c.batch_size, 1, ConfigLimits::max_batch);
+  in("steps", c.steps, 1, std::numeric_limits<std::int64_t>::max() / 2);
+  in("gamma_steps", c.gamma_steps, 0, std::numeric_limits<std::int64_t>::max() / 2);
+  in("log_every", c.log_every, 1, std::numeric_limits<std::int64_t>::max());
+  in("eval_every", c.eval_every, 1, std::numeric_limits<std::int64_t>::max());
+  in("n_per_source", c.n_per_source, 1, ConfigLimits::max_n_per_source);
+  in("threads", c.threads, 0, ConfigLimits::max_threads);
+  in("eval_batches", c.eval_batches, 1, std::numeric_limits<std::int64_t>::max());
+  real("dropout", c.dropout, 0, 0.999999, false);
+  real("lr_main", c.lr_main, 0, 1e9, true);
+  real("lr_gate", c.lr_gate, 0, 1e9, true);
+  real("weight_decay", c.weight_decay, 0, 1e9, false);
+  real("grad_clip", c.grad_clip, 0, 1e300, true);
+  check(!c.out_dir.empty(), "--out_dir: must not be empty");
+  check(c.data_source == "dalpha" || c.data_source == "text", "--data_source: expected 'dalpha' or 'text', got '",
+        c.data_source, "'");
+  check(!c.oracle.empty(), "--oracle: expected 'mock' or the path of an alpha cache (.jsonl), got ''");
+  check(!c.supervise_layers || c.supervise_layers->empty() || c.n_layers > 0,
+        "--supervise_layers: given for a model without layers (--n_layers 0)");
   check(c.d_model % c.n_heads == 0, "--d_model (", c.d_model, ") must be a multiple of --n_heads (", c.n_heads, ")");
   check(c.data_source != "text" || !c.text.empty(), "--data_source text needs --text FILE");
   check(c.data_source == "dalpha" || c.oracle == "mock", "--oracle '", c.oracle,
@@ -293,13 +340,46 @@ inline nlohmann::json to_json(const TrainConfig& c) {
 inline TrainConfig config_from_json(const nlohmann::json& j, const std::string& source = "config") {
   check(j.is_object(), source, ": expected a JSON object, got ", j.type_name());
   TrainConfig c;
+  auto wrong = [&](const char* key, const nlohmann::json& v, const char* expected) {
+    ::dea::detail::raise(source + ": key '" + key + "' must be " + expected + ", got " + v.type_name() +
+                         (v.is_primitive() ? " " + v.dump() : std::string()));
+  };
+  // Integers must be JSON integers (a float such as 1e300 is refused before any conversion) within int64.
+  auto integer = [&](const char* key, const nlohmann::json& v) -> std::int64_t {
+    if (v.is_number_unsigned()) {
+      const std::uint64_t u = v.get<std::uint64_t>();
+      if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) wrong(key, v, "an int64 integer");
+      return static_cast<std::int64_t>(u);
+    }
+    if (!v.is_number_integer()) wrong(key, v, "an integer");
+    return v.get<std::int64_t>();
+  };
   auto get = [&](const char* key, auto& field) {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return;
-    try {
-      field = it->get<std::decay_t<decltype(field)>>();
-    } catch (const nlohmann::json::exception&) {
-      ::dea::detail::raise(source + ": key '" + key + "' has the wrong type (" + it->type_name() + ")");
+    const nlohmann::json& v = *it;
+    using T = std::decay_t<decltype(field)>;
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!v.is_boolean()) wrong(key, v, "true or false");
+      field = v.get<bool>();
+    } else if constexpr (std::is_same_v<T, std::string>) {
+      if (!v.is_string()) wrong(key, v, "a string");
+      field = v.get<std::string>();
+    } else if constexpr (std::is_same_v<T, double>) {
+      if (!v.is_number()) wrong(key, v, "a number");
+      field = v.get<double>();
+    } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+      // a parsed file gives unsigned; a json built in code may hold a non-negative signed integer
+      if (!v.is_number_unsigned() && !(v.is_number_integer() && v.get<std::int64_t>() >= 0))
+        wrong(key, v, "a non-negative integer");
+      field = v.get<std::uint64_t>();
+    } else if constexpr (std::is_same_v<T, int>) {
+      const std::int64_t x = integer(key, v);
+      if (x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max()) wrong(key, v, "an int");
+      field = static_cast<int>(x);
+    } else {
+      static_assert(std::is_same_v<T, std::int64_t> || std::is_same_v<T, Index>, "config field type");
+      field = static_cast<T>(integer(key, v));
     }
   };
   get("quick", c.quick);
@@ -329,9 +409,20 @@ inline TrainConfig config_from_json(const nlohmann::json& j, const std::string& 
   get("eval_batches", c.eval_batches);
   auto it = j.find("supervise_layers");
   if (it != j.end() && !it->is_null()) {
+    if (!it->is_array()) wrong("supervise_layers", *it, "null or an array of layer indices");
+    check(it->size() <= static_cast<std::size_t>(ConfigLimits::max_layers), source, ": key 'supervise_layers' has ",
+          it->size(), " entries, more than the maximum ", ConfigLimits::max_layers);
     std::vector<Index> v;
-    get("supervise_layers", v);
+    for (const nlohmann::json& x : *it) v.push_back(static_cast<Index>(integer("supervise_layers", x)));
     c.supervise_layers = v;
+  }
+  // The same ranges as on the command line: a config.json is outside input like the flags are.
+  try {
+    validate(c);
+  } catch (const Error& e) {
+    std::string m = e.what();
+    if (m.compare(0, 5, "dea: ") == 0) m.erase(0, 5);
+    ::dea::detail::raise(source + ": " + m);
   }
   return c;
 }
@@ -340,11 +431,13 @@ inline void write_config(const std::string& path, const TrainConfig& c) {
   data::write_file_atomic(path, to_json(c).dump(2) + "\n");
 }
 
+/// Largest config.json accepted (a real one is under 1 KiB).
+constexpr std::size_t kMaxConfigBytes = 1 << 20;
+
+/// Reads and checks config.json (see config_from_json); dea::Error naming the file on any problem.
 inline TrainConfig read_config(const std::string& path) {
-  const std::string text = data::read_file(path);
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  check(!j.is_discarded(), path, ": invalid JSON");
-  return config_from_json(j, path);
+  const std::string text = data::read_file(path, kMaxConfigBytes);
+  return config_from_json(io::parse_json_limited(text, path), path);
 }
 
 inline nn::ModelConfig model_config(const TrainConfig& c, Index vocab_size, nn::Task task) {
@@ -368,6 +461,8 @@ inline nn::ModelConfig model_config(const TrainConfig& c, Index vocab_size, nn::
 // ------------------------------------------------------------------------------------------------------------
 
 constexpr std::uint64_t kOrderStream = 1, kDropoutStream = 2, kMaskStream = 3, kEvalMaskStream = 4;
+/// Subsampling of the training histograms' cells (plots only; no effect on training).
+constexpr std::uint64_t kPlotStream = 5;
 
 /// A 64-bit seed for (seed, stream, index) (splitmix64 finaliser over a mix of the three).
 inline std::uint64_t stream_seed(std::uint64_t seed, std::uint64_t stream, std::uint64_t index) {
@@ -524,6 +619,8 @@ struct EvalResult {
   eval::AlphaMetrics alpha;
   double decision_side_acc = eval::kNaN;
   std::size_t n_decision_pairs = 0;
+  /// The pooled labelled cells of the last layer (alpha-hat, oracle), in batch order, for the histogram plots.
+  std::vector<double> alpha_hat_points, alpha_oracle_points;
 };
 
 inline nlohmann::json to_json(const EvalResult& r) {
@@ -602,6 +699,8 @@ inline EvalResult evaluate(Model& model, const RunData& d, Split s, Index batch_
   r.alpha = eval::alpha_metrics(ah, ao);
   r.decision_side_acc = side.value();
   r.n_decision_pairs = side.n_pairs;
+  r.alpha_hat_points = std::move(ah);
+  r.alpha_oracle_points = std::move(ao);
   return r;
 }
 
@@ -723,9 +822,52 @@ inline std::int64_t load_checkpoint(const std::string& dir, Model& model, optim:
       if (name.compare(0, 6, "optim.") == 0) ost.emplace(name, st.get<Scalar>(name));
     check(!ost.empty() || step == 0, path, ": no optimiser state ('optim.*') to resume from");
   }
-  // all checks before anything changes: parameters (all or nothing), then the optimiser state
-  io::load_parameters(model.parameters(), st, true, {"optim.", "train.", "mlm_head.weight"});
-  if (opt && !ost.empty()) opt->load_state(ost, "optim.");
+  // A state_dict exported from the reference also holds its positional table, a buffer [1, max_len, D] whose
+  // name ends in "pe". When there is one it replaces ours (the reference's float32 sin/cos differ from ours by
+  // an ulp in a few cells): its first max_len rows, so a longer table (the reference's default 512) fits.
+  std::string pe_name;
+  for (const std::string& name : st.names()) {
+    if (name.compare(0, 6, "optim.") == 0 || name.compare(0, 6, "train.") == 0) continue;
+    if (name == "pe" || (name.size() > 3 && name.compare(name.size() - 3, 3, ".pe") == 0)) {
+      check(pe_name.empty(), path, ": two positional tables ('", pe_name, "' and '", name, "')");
+      pe_name = name;
+    }
+  }
+  Mat<Scalar> pe_table;
+  if (!pe_name.empty()) {
+    const Shape shp = st.shape(pe_name);
+    const Index L = model.positional().table().rows(), D = model.positional().table().cols();
+    const bool ok = (shp.size() == 3 && shp[0] == 1 && shp[1] >= L && shp[2] == D) ||
+                    (shp.size() == 2 && shp[0] >= L && shp[1] == D);
+    check(ok, path, ": positional table '", pe_name, "': expected shape [1, >=", L, ", ", D, "] or [>=", L, ", ",
+          D, "], got ", shape_str(shp));
+    const Tensor<Scalar> t = st.get<Scalar>(pe_name);
+    pe_table = Eigen::Map<const Mat<Scalar>>(t.ptr(), shp[shp.size() - 2], D).topRows(L);
+  }
+  // Parameters must be finite: NaN or Inf in a checkpoint would only turn every later result into NaN.
+  for (const Param<Scalar>* p : model.parameters())
+    if (st.has(p->name) && io::dtype_is_floating(st.dtype(p->name))) {
+      const Tensor<Scalar> v = st.get<Scalar>(p->name);
+      for (Index i = 0; i < v.numel(); ++i)
+        check(std::isfinite(v[i]), path, ": parameter '", p->name, "' holds a non-finite value (", v[i],
+              ") at flat index ", i);
+    }
+  check(pe_table.allFinite(), path, ": positional table '", pe_name, "' holds a non-finite value");
+  // All or nothing: load_parameters and load_state each check everything before they change anything; when
+  // the optimiser state is refused after the parameters were loaded, the parameters are put back.
+  std::vector<std::string> ignore = {"optim.", "train.", "mlm_head.weight"};
+  if (!pe_name.empty()) ignore.push_back(pe_name);
+  std::vector<Vec<Scalar>> saved;
+  for (const Param<Scalar>* p : model.parameters()) saved.push_back(p->value);
+  io::load_parameters(model.parameters(), st, true, ignore);
+  try {
+    if (opt && !ost.empty()) opt->load_state(ost, "optim.");
+  } catch (...) {
+    const ParamList<Scalar> ps = model.parameters();
+    for (std::size_t i = 0; i < ps.size(); ++i) ps[i]->value = std::move(saved[i]);
+    throw;
+  }
+  if (!pe_name.empty()) model.positional().set_table(pe_table);
   return step;
 }
 
@@ -749,6 +891,10 @@ struct TrainOptions {
   bool write_log = true;        ///< out_dir/train_log.jsonl
   bool evaluate = true;         ///< periodic validation
   bool checkpoint = true;       ///< checkpoints at each evaluation and at the end
+  /// Where the plots go (empty: none): at each evaluation alpha_hist_train_step<N>.svg (alpha-hat against the
+  /// oracle on up to 4,000 labelled cells of the last layer per step since the previous evaluation),
+  /// alpha_hist_val_step<N>.svg and training_curves.svg (from train_log.jsonl).
+  std::string plot_dir;
   /// Called after every optimiser step with (step, task_loss, loss_gate, model) (progress hooks, tests).
   std::function<void(std::int64_t, double, double, Model&)> on_step;
 };
@@ -846,6 +992,19 @@ inline TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o = 
   if (o.write_log) {
     std::filesystem::create_directories(cfg.out_dir);
     const std::string lp = (std::filesystem::path(cfg.out_dir) / "train_log.jsonl").string();
+    if (step0 && std::filesystem::exists(lp)) {
+      // A run killed after its last checkpoint logged steps that the resumed run repeats: keep the lines up to
+      // the checkpoint's step (and drop a line cut short by the kill), so every step is logged once.
+      std::string kept;
+      for (const std::string& line : data::split_lines(data::read_file(lp))) {
+        if (io::detail::json_nesting_depth(line) > io::kMaxJsonDepth) continue;
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+            j["step"].get<std::int64_t>() <= step0)
+          kept += line + "\n";
+      }
+      data::write_file_atomic(lp, kept);
+    }
     log.open(lp, step0 ? std::ios::app : std::ios::trunc);
     check(static_cast<bool>(log), "cannot open ", lp, " for writing");
   }
@@ -857,6 +1016,15 @@ inline TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o = 
   };
 
   const bool tty = o.verbose && detail::stdout_is_tty();
+  std::vector<double> hist_hat, hist_oracle;  // training cells for the next alpha_hist_train_step<N>.svg
+  auto plot = [&](const std::string& name, const auto& draw) {  // a failed plot warns and training goes on
+    try {
+      std::filesystem::create_directories(o.plot_dir);
+      draw().save((std::filesystem::path(o.plot_dir) / name).string());
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "warning: plot {} not written: {}\n", name, e.what());
+    }
+  };
   auto do_eval_and_checkpoint = [&](std::int64_t step) {
     if (o.evaluate && d.size(Split::val) > 0) {
       EvalResult er = evaluate(model, d, Split::val, cfg.batch_size, cfg.max_len, cfg.seed,
@@ -872,8 +1040,28 @@ inline TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o = 
       j["step"] = step;
       j["event"] = "eval";
       write_log(j);
+      if (!o.plot_dir.empty()) {
+        const double g = static_cast<double>(optim::gamma_mix<Scalar>(std::max<std::int64_t>(0, step - 1), cfg.gamma_steps));
+        if (!hist_hat.empty())
+          plot("alpha_hist_train_step" + std::to_string(step) + ".svg", [&] {
+            return plots::alpha_histogram(hist_hat, hist_oracle,
+                                          fmt::format("train step {}: alpha_hat vs oracle (g_mix={:.2f})", step, g));
+          });
+        plot("alpha_hist_val_step" + std::to_string(step) + ".svg", [&] {
+          return plots::alpha_histogram(er.alpha_hat_points, er.alpha_oracle_points, fmt::format("val step {}", step));
+        });
+      }
+      hist_hat.clear();
+      hist_oracle.clear();
+      er.alpha_hat_points = {};
+      er.alpha_oracle_points = {};
       res.last_eval = std::move(er);
     }
+    if (!o.plot_dir.empty() && o.write_log)
+      plot("training_curves.svg", [&] {
+        return plots::training_curves(data::read_file((std::filesystem::path(cfg.out_dir) / "train_log.jsonl").string()),
+                                      "training: " + cfg.out_dir);
+      });
     if (o.checkpoint) save_checkpoint(cfg.out_dir, cfg, d.tok, model, &opt, step);
   };
 
@@ -911,6 +1099,19 @@ inline TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o = 
     res.last_step = step;
     res.last_task_loss = task;
     res.last_loss_gate = gate;
+    if (!o.plot_dir.empty()) {
+      // train.py's histogram sample: the last layer's labelled cells, at most 4,000 per step (a uniform subset)
+      std::vector<double> ah, ao;
+      collect_last_layer(cache, b, ah, ao);
+      const std::size_t k = std::min<std::size_t>(ah.size(), 4000);
+      const std::vector<std::size_t> idx =
+          k < ah.size() ? eval::subsample_indices(ah.size(), k, stream_seed(cfg.seed, kPlotStream, static_cast<std::uint64_t>(step)))
+                        : std::vector<std::size_t>();
+      for (std::size_t i = 0; i < k; ++i) {
+        hist_hat.push_back(ah[idx.empty() ? i : idx[i]]);
+        hist_oracle.push_back(ao[idx.empty() ? i : idx[i]]);
+      }
+    }
     if (o.on_step) o.on_step(step, task, gate, model);
 
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();

@@ -22,6 +22,7 @@
 #include "../core/error.hpp"
 #include "../core/param.hpp"
 #include "../core/tensor.hpp"
+#include "json_limits.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -574,6 +575,8 @@ inline std::uint64_t json_uint(const nlohmann::json& j, const std::string& sourc
 }
 
 inline ParsedHeader parse_header(const char* text, std::size_t n, std::uint64_t data_size, const std::string& source) {
+  if (json_nesting_depth(std::string_view(text, n)) > kMaxJsonDepth)
+    st_fail(source, "header nests JSON deeper than ", kMaxJsonDepth, " levels (corrupt or hostile file)");
   nlohmann::json root;
   try {
     root = nlohmann::json::parse(text, text + n);

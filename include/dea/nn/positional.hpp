@@ -30,6 +30,12 @@ public:
       : table_(max_len, d_model), prec_(prec) {
     check(max_len > 0, "SinusoidalPositionalEncoding: max_len must be positive, got ", max_len);
     check(d_model > 0, "SinusoidalPositionalEncoding: d_model must be positive, got ", d_model);
+    fill_table(table_.data(), max_len, d_model, prec);
+  }
+
+  /// Writes the table [max_len, d_model] (row-major) to `out` (e.g. a workspace: no allocation).
+  static void fill_table(S* out, Index max_len, Index d_model, Precision prec = Precision::float32) {
+    Eigen::Map<Mat<S>> t(out, max_len, d_model);
     for (Index c = 0; c < d_model; ++c) {
       const Index two_i = c - c % 2;
       if (prec == Precision::float32) {
@@ -38,13 +44,13 @@ public:
         const float div = std::exp(static_cast<float>(two_i) * scale);
         for (Index pos = 0; pos < max_len; ++pos) {
           const float a = static_cast<float>(pos) * div;
-          table_(pos, c) = static_cast<S>(c % 2 == 0 ? std::sin(a) : std::cos(a));
+          t(pos, c) = static_cast<S>(c % 2 == 0 ? std::sin(a) : std::cos(a));
         }
       } else {
         const double div = std::exp(-static_cast<double>(two_i) * std::log(10000.0) / static_cast<double>(d_model));
         for (Index pos = 0; pos < max_len; ++pos) {
           const double a = static_cast<double>(pos) * div;
-          table_(pos, c) = static_cast<S>(c % 2 == 0 ? std::sin(a) : std::cos(a));
+          t(pos, c) = static_cast<S>(c % 2 == 0 ? std::sin(a) : std::cos(a));
         }
       }
     }

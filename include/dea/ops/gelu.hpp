@@ -32,6 +32,16 @@ inline S gelu_grad(S x) {
   return cdf + x * pdf;
 }
 
+/// y = gelu(x) element-wise into a y that already has x's shape (y may be x itself: in place).
+template <class S, class DX, class DY>
+void gelu_forward_into(const Eigen::MatrixBase<DX>& x, Eigen::MatrixBase<DY>& y) {
+  check_matrix(y, x.rows(), x.cols(), "gelu_forward_into: y");
+  for_row_blocks(x.rows(), [&](Index r0, Index nr) {
+    for (Index n = r0; n < r0 + nr; ++n)
+      for (Index c = 0; c < x.cols(); ++c) y(n, c) = gelu<S>(x(n, c));  // y = gelu(x)
+  });
+}
+
 /// y = gelu(x) element-wise; x and y [N, C] (y resized; may not alias x).
 template <class S, class DX>
 void gelu_forward(const Eigen::MatrixBase<DX>& x, Mat<S>& y) {

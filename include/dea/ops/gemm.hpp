@@ -32,11 +32,18 @@ void for_row_blocks(Index rows, F&& f) {
   });
 }
 
+/// C = A * B into a C that already has A.rows() x B.cols() (a matrix or a Map of a workspace: no resize).
+template <class DA, class DB, class DC>
+void gemm_into(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C) {
+  check_matrix(C, A.rows(), B.cols(), "gemm_into: C");
+  for_row_blocks(A.rows(), [&](Index r0, Index nr) { C.middleRows(r0, nr).noalias() = A.middleRows(r0, nr) * B; });
+}
+
 /// C = A * B  (C resized to A.rows() x B.cols()).
 template <class S, class DA, class DB>
 void gemm(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Mat<S>& C) {
   C.resize(A.rows(), B.cols());
-  for_row_blocks(A.rows(), [&](Index r0, Index nr) { C.middleRows(r0, nr).noalias() = A.middleRows(r0, nr) * B; });
+  gemm_into(A, B, C);
 }
 
 /// C += A^T * B, with A [N, M], B [N, K], C [M, K] (a weight gradient: reduction over the N rows).

@@ -26,27 +26,37 @@ namespace ops {
 /// The default epsilon of nn.LayerNorm.
 constexpr double layer_norm_default_eps = 1e-5;
 
-/// y = LayerNorm(x) row by row; writes y [N, D] (resized), mean [N] and rstd [N]. y must not alias x.
-template <class S, class DX>
-void layer_norm_forward(const Eigen::MatrixBase<DX>& x, const S* weight, const S* bias, S eps, Mat<S>& y,
-                        Vec<S>& mean, Vec<S>& rstd) {
+/// y = LayerNorm(x) row by row into a y that already has x's shape (a matrix or a Map: no resize; y must not
+/// alias x). mean [N] and rstd [N] are written when non-null.
+template <class S, class DX, class DY>
+void layer_norm_forward_into(const Eigen::MatrixBase<DX>& x, const S* weight, const S* bias, S eps,
+                             Eigen::MatrixBase<DY>& y, S* mean, S* rstd) {
   const Index N = x.rows(), D = x.cols();
   check(D > 0, "layer_norm_forward: x must have at least one column");
-  y.resize(N, D);
-  mean.resize(N);
-  rstd.resize(N);
+  check_matrix(y, N, D, "layer_norm_forward: y");
   for_row_blocks(N, [&](Index r0, Index nr) {
     for (Index n = r0; n < r0 + nr; ++n) {
       const S mu = x.row(n).sum() / S(D);                                      // mean_n
       const S var = (x.row(n).array() - mu).square().sum() / S(D);             // var_n (biased)
       const S rs = S(1) / std::sqrt(var + eps);                                // rstd_n
-      mean[n] = mu;
-      rstd[n] = rs;
+      if (mean) mean[n] = mu;
+      if (rstd) rstd[n] = rs;
       y.row(n) = (x.row(n).array() - mu) * rs;                                 // xhat
       if (weight) y.row(n).array() *= Eigen::Map<const RowVec<S>>(weight, D).array();  // xhat .* weight
       if (bias) y.row(n) += Eigen::Map<const RowVec<S>>(bias, D);                       // + bias
     }
   });
+}
+
+/// y = LayerNorm(x) row by row; writes y [N, D] (resized), mean [N] and rstd [N]. y must not alias x.
+template <class S, class DX>
+void layer_norm_forward(const Eigen::MatrixBase<DX>& x, const S* weight, const S* bias, S eps, Mat<S>& y,
+                        Vec<S>& mean, Vec<S>& rstd) {
+  check(x.cols() > 0, "layer_norm_forward: x must have at least one column");
+  y.resize(x.rows(), x.cols());
+  mean.resize(x.rows());
+  rstd.resize(x.rows());
+  layer_norm_forward_into<S>(x, weight, bias, eps, y, mean.data(), rstd.data());
 }
 
 /// Backward of layer_norm_forward. Writes dx [N, D] (resized; must not alias dy or x); adds into dweight and

@@ -10,11 +10,19 @@
 namespace dea {
 namespace ops {
 
-/// y = x W^T + b   (b may be null: no bias)
+/// y = x W^T + b into a y that already has [N, out] (a matrix or a Map of a workspace: no resize).
+template <class S, class DX, class DW, class DY>
+void linear_forward_into(const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>& W, const S* b,
+                         Eigen::MatrixBase<DY>& y) {
+  gemm_into(x, W.transpose(), y);
+  if (b) y.rowwise() += Eigen::Map<const RowVec<S>>(b, W.rows());
+}
+
+/// y = x W^T + b   (b may be null: no bias; y resized)
 template <class S, class DX, class DW>
 void linear_forward(const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>& W, const S* b, Mat<S>& y) {
-  gemm<S>(x, W.transpose(), y);
-  if (b) y.rowwise() += Eigen::Map<const RowVec<S>>(b, W.rows());
+  y.resize(x.rows(), W.rows());
+  linear_forward_into<S>(x, W, b, y);
 }
 
 /// Backward of linear_forward. Adds dW += dy^T x and db += colsum(dy) (db may be null);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "../core/tensor.hpp"
+#include "../core/workspace.hpp"
 
 #include <cmath>
 #include <cstdint>
@@ -14,12 +15,25 @@
 namespace dea {
 namespace ops {
 
+/// Scratch elements (of the scalar type S) masked_softmax_rows needs for a [tq, tk] block.
+template <class S>
+constexpr Index masked_softmax_scratch(Index tq, Index tk) {
+  return aligned_count<S>(tk) + 3 * aligned_count<S>(tq);
+}
+
 /// p = softmax(s) over real keys, row by row (p may alias s). Vectorised: masked keys get an additive -inf.
+/// The temporaries live in `scratch` (masked_softmax_scratch(tq, tk) elements aligned to kWorkspaceAlign), so
+/// this overload never allocates.
 template <class S, class DS, class DP>
-void masked_softmax_rows(const Eigen::MatrixBase<DS>& s, const std::uint8_t* mask, Eigen::MatrixBase<DP>& p) {
-  const Index tk = s.cols();
+void masked_softmax_rows(const Eigen::MatrixBase<DS>& s, const std::uint8_t* mask, Eigen::MatrixBase<DP>& p,
+                         S* scratch) {
+  const Index tq = s.rows(), tk = s.cols();
   const S inf = std::numeric_limits<S>::infinity();
-  Eigen::Array<S, 1, Eigen::Dynamic> bias = Eigen::Array<S, 1, Eigen::Dynamic>::Zero(tk);
+  Workspace<S> ws(scratch, masked_softmax_scratch<S>(tq, tk));
+  using RowArr = Eigen::Array<S, 1, Eigen::Dynamic>;
+  using ColArr = Eigen::Array<S, Eigen::Dynamic, 1>;
+  Eigen::Map<RowArr, Eigen::AlignedMax> bias(ws.take(tk), tk);
+  bias.setZero();
   bool any_real = mask == nullptr;
   if (mask)
     for (Index j = 0; j < tk; ++j) {
@@ -34,11 +48,20 @@ void masked_softmax_rows(const Eigen::MatrixBase<DS>& s, const std::uint8_t* mas
   P = s.array().rowwise() + bias;
   // a row whose scores are all -inf (e.g. causal and key masks together) has max -inf: shift it by 0 instead,
   // so exp gives 0 everywhere, and divide by 1: a row of zeros
-  const Eigen::Array<S, Eigen::Dynamic, 1> mx = P.rowwise().maxCoeff();
-  const Eigen::Array<S, Eigen::Dynamic, 1> shift = (mx == -inf).select(S(0), mx);
+  Eigen::Map<ColArr, Eigen::AlignedMax> mx(ws.take(tq), tq), shift(ws.take(tq), tq), z(ws.take(tq), tq);
+  mx = P.rowwise().maxCoeff();
+  shift = (mx == -inf).select(S(0), mx);
   P = (P.colwise() - shift).exp();
-  const Eigen::Array<S, Eigen::Dynamic, 1> z = P.rowwise().sum();
-  P.colwise() /= (z > S(0)).select(z, S(1));
+  z = P.rowwise().sum();
+  z = (z > S(0)).select(z, S(1));  // in place, so that the division below needs no temporary
+  P.colwise() /= z;
+}
+
+/// p = softmax(s) over real keys, row by row (p may alias s), with its temporaries on the heap.
+template <class S, class DS, class DP>
+void masked_softmax_rows(const Eigen::MatrixBase<DS>& s, const std::uint8_t* mask, Eigen::MatrixBase<DP>& p) {
+  AlignedVec<S> scratch(static_cast<std::size_t>(masked_softmax_scratch<S>(s.rows(), s.cols())));
+  masked_softmax_rows<S>(s, mask, p, scratch.data());
 }
 
 /// ds = p .* (dp - rowsum(dp .* p)): the backward of masked_softmax_rows (masked keys have p = 0, so ds = 0).

@@ -1,0 +1,365 @@
+// bench_train: speed and memory of the model's training step, printed as one JSON line per measurement.
+//
+//   bench_train [--config quick,mid,paper] [--threads 1,2] [--steps 10] [--warmup 2] [--gamma 0.5]
+//               [--n_per_source N] [--seed 42] [--dump-batches FILE] [--dump-only]
+//
+// One training step is what examples/train runs each step (pipeline::run_training): collate the step's D_alpha
+// batch (pipeline::build_data + pipeline::make_batch, batch order pipeline::BatchOrder), forward of the Dual-Expert
+// TransformerModel in training mode (dropout 0.1) with the oracle block at gamma_mix, task cross-entropy + gate
+// loss, zero_grad, backward, per-group gradient clipping and the AdamW step (pipeline::make_optimizer). Logging,
+// evaluation and checkpoints are left out. Step s uses the training batch of step s of a run with this seed, so
+// the batches are those of a real run; their length T is the longest pair of the batch (at most max_len = 64).
+//
+// Configurations (the reference's: --quick, the mid run, the reference's CONFIG), all with max_len 64 and
+// dropout 0.1:
+//   quick  D=128 H=4 L=2 d_ff=256  batch 32   n_per_source 500
+//   mid    D=256 H=8 L=4 d_ff=1024 batch 64   n_per_source 2000
+//   paper  D=512 H=8 L=6 d_ff=2048 batch 128  n_per_source 2000
+//
+// Each line: configuration, sizes, parameters, threads, the median s/step over --steps steps after --warmup
+// steps (and min / max), examples/s (batch / median), the median CPU time of the process per step (all threads;
+// on a loaded machine the 1-thread CPU time is the steadier figure), the median of each phase (batch =
+// collation, forward, backward = zero_grad + backward, optim = clipping + AdamW step), the mean padded length T,
+// the losses of the first step run, the process's peak RSS so far (getrusage ru_maxrss; run one configuration per
+// process for a clean figure, as bench/compare_train.py does), the peak RSS after building the model and optimiser
+// and after each phase of step 1 (where the memory goes), and the 1-minute load average before and after
+// (/proc/loadavg).
+// Progress goes to stderr.
+//
+// --dump-batches FILE writes the batches of steps 1..warmup+steps of each configuration as JSON lines (one header
+// line {"config", "vocab_size", ...}, then one line per step with input_ids, token_type_ids, attention_mask,
+// labels and the oracle blocks [row, q0, q1, k0, k1, alpha]) so that bench/torch_train.py trains on exactly the
+// same batches (torch_train.py reads a file of one configuration). --dump-only writes the file and measures nothing.
+#include <dea/io/pipeline.hpp>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <sys/resource.h>
+#include <time.h>
+
+using namespace dea;
+
+namespace {
+
+struct BenchConfig {
+  std::string name;
+  Index d_model, n_heads, n_layers, d_ff, batch;
+  std::int64_t n_per_source;
+};
+
+const std::vector<BenchConfig> kConfigs = {
+    {"quick", 128, 4, 2, 256, 32, 500},
+    {"mid", 256, 8, 4, 1024, 64, 2000},
+    {"paper", 512, 8, 6, 2048, 128, 2000},
+};
+
+double peak_rss_mb() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return double(ru.ru_maxrss) / 1024.0;
+}
+
+/// 1-minute load average (-1 when /proc/loadavg is not readable).
+double load1() {
+  std::ifstream f("/proc/loadavg");
+  double l = -1;
+  if (f) f >> l;
+  return l;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, sep))
+    if (!item.empty()) out.push_back(item);
+  return out;
+}
+
+[[noreturn]] void usage(const std::string& why) {
+  fmt::print(stderr,
+             "bench_train: {}\nusage: bench_train [--config quick,mid,paper] [--threads 1,2] [--steps 10] "
+             "[--warmup 2] [--gamma 0.5] [--n_per_source N] [--seed 42] [--dump-batches FILE] [--dump-only]\n",
+             why);
+  std::exit(2);
+}
+
+int parse_int(const std::string& flag, const std::string& v, int lo) {
+  char* end = nullptr;
+  const long x = std::strtol(v.c_str(), &end, 10);
+  if (v.empty() || *end || x < lo || x > 1000000)
+    usage(flag + ": expected an integer in [" + std::to_string(lo) + ", 1000000], got '" + v + "'");
+  return static_cast<int>(x);
+}
+
+/// The oracle of a D_alpha batch as blocks [row, q0, q1, k0, k1, alpha]: each row's labelled cells form one
+/// rectangle with one value (collate_pairs); anything else is an error, as the dump could not describe it.
+nlohmann::json oracle_blocks(const pipeline::Batch& b) {
+  nlohmann::json blocks = nlohmann::json::array();
+  if (!b.alpha_oracle.dim()) return blocks;
+  const Index B = b.batch(), T = b.seq_len();
+  for (Index r = 0; r < B; ++r) {
+    Index i0 = T, i1 = -1, j0 = T, j1 = -1, n = 0;
+    float a = 0;
+    for (Index i = 0; i < T; ++i)
+      for (Index j = 0; j < T; ++j) {
+        const float v = b.alpha_oracle[(r * T + i) * T + j];
+        if (std::isnan(v)) continue;
+        i0 = std::min(i0, i), i1 = std::max(i1, i), j0 = std::min(j0, j), j1 = std::max(j1, j);
+        a = v;
+        ++n;
+      }
+    if (!n) continue;
+    check(n == (i1 - i0 + 1) * (j1 - j0 + 1), "bench_train --dump-batches: row ", r, "'s oracle is not one block");
+    for (Index i = i0; i <= i1; ++i)
+      for (Index j = j0; j <= j1; ++j)
+        check(b.alpha_oracle[(r * T + i) * T + j] == a, "bench_train --dump-batches: row ", r,
+              "'s oracle block holds more than one value");
+    blocks.push_back({r, i0, i1 + 1, j0, j1 + 1, a});
+  }
+  return blocks;
+}
+
+template <class T>
+std::vector<std::int64_t> flat(const Tensor<T>& t) {
+  return std::vector<std::int64_t>(t.ptr(), t.ptr() + t.numel());
+}
+
+struct Options {
+  std::vector<std::string> configs = {"quick", "mid", "paper"};
+  std::vector<int> threads = {1, 2};
+  int steps = 10, warmup = 2;
+  double gamma = 0.5;
+  std::int64_t n_per_source = 0;  // 0 = the configuration's
+  std::uint64_t seed = 42;
+  std::string dump;
+  bool dump_only = false;
+};
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+/// CPU time of the whole process (all threads) in seconds.
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+void run_config(const BenchConfig& bc, const Options& opt, std::ofstream* dump) {
+  pipeline::TrainConfig cfg;
+  cfg.d_model = bc.d_model;
+  cfg.n_heads = bc.n_heads;
+  cfg.n_layers = bc.n_layers;
+  cfg.d_ff = bc.d_ff;
+  cfg.batch_size = bc.batch;
+  cfg.max_len = 64;
+  cfg.dropout = 0.1;
+  cfg.seed = opt.seed;
+  cfg.n_per_source = opt.n_per_source > 0 ? opt.n_per_source : bc.n_per_source;
+  const auto t0 = Clock::now();
+  const pipeline::RunData d = pipeline::build_data(cfg);
+  fmt::print(stderr, "[{}] data: {} train records, vocab {} ({:.2f} s)\n", bc.name, d.size(pipeline::Split::train),
+             d.tok.vocab_size(), secs(t0, Clock::now()));
+  const int total = opt.warmup + opt.steps;
+
+  if (dump) {
+    nlohmann::json h;
+    h["config"] = bc.name;
+    h["vocab_size"] = d.tok.vocab_size();
+    h["pad_id"] = data::SimpleTokenizer::pad_id;
+    h["d_model"] = bc.d_model;
+    h["n_heads"] = bc.n_heads;
+    h["n_layers"] = bc.n_layers;
+    h["d_ff"] = bc.d_ff;
+    h["batch_size"] = bc.batch;
+    h["max_len"] = cfg.max_len;
+    h["dropout"] = cfg.dropout;
+    h["n_classes"] = 2;
+    h["steps"] = total;
+    *dump << h.dump() << '\n';
+    pipeline::BatchOrder order(d.size(pipeline::Split::train), static_cast<std::size_t>(bc.batch), opt.seed);
+    for (int s = 1; s <= total; ++s) {
+      const pipeline::Batch b = pipeline::make_batch(d, pipeline::Split::train, order.at(s), cfg.max_len, nullptr);
+      nlohmann::json j;
+      j["step"] = s;
+      j["B"] = b.batch();
+      j["T"] = b.seq_len();
+      j["input_ids"] = flat(b.input_ids);
+      j["token_type_ids"] = flat(b.token_type_ids);
+      j["attention_mask"] = flat(b.attention_mask);
+      j["labels"] = flat(b.labels);
+      j["oracle_blocks"] = oracle_blocks(b);
+      *dump << j.dump() << '\n';
+    }
+    dump->flush();
+  }
+  if (opt.dump_only) return;
+
+  for (int th : opt.threads) {
+    set_num_threads(th);
+    Rng init_rng(opt.seed);
+    pipeline::Model model(pipeline::model_config(cfg, d.tok.vocab_size(), d.task), init_rng);
+    optim::AdamW<pipeline::Scalar> adamw = pipeline::make_optimizer(model, cfg);
+    std::size_t n_params = 0;
+    for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
+    pipeline::BatchOrder order(d.size(pipeline::Split::train), static_cast<std::size_t>(bc.batch), opt.seed);
+    pipeline::Model::Cache cache;
+    const auto gamma = static_cast<pipeline::Scalar>(opt.gamma);
+
+    std::vector<double> t_cpu, t_total, t_batch, t_fwd, t_bwd, t_opt, seq;
+    double first_task = NAN, first_gate = NAN;
+    // peak RSS after building the model and optimiser, and after each phase of the first step
+    nlohmann::json rss_first = {{"init", std::round(peak_rss_mb())}};
+    const double load_before = load1();
+    for (int s = 1; s <= total; ++s) {
+      const double c0 = cpu_seconds();
+      const auto a = Clock::now();
+      const pipeline::Batch b = pipeline::make_batch(d, pipeline::Split::train, order.at(s), cfg.max_len, nullptr);
+      const auto bt = Clock::now();
+      Rng drng(pipeline::stream_seed(opt.seed, pipeline::kDropoutStream, static_cast<std::uint64_t>(s)));
+      const auto out = model.forward(b, gamma, true, &drng, cache);
+      const auto ft = Clock::now();
+      if (s == 1) rss_first["forward"] = std::round(peak_rss_mb());
+      adamw.zero_grad();
+      model.backward(cache);
+      const auto bw = Clock::now();
+      if (s == 1) rss_first["backward"] = std::round(peak_rss_mb());
+      const optim::GradNorms norms = adamw.clip_grad_norms();
+      check(norms.all_finite(), "bench_train: non-finite gradient norm at step ", s);
+      adamw.step();
+      const auto e = Clock::now();
+      const double c1 = cpu_seconds();
+      if (s == 1) {
+        rss_first["optim"] = std::round(peak_rss_mb());
+        first_task = static_cast<double>(out.task_loss);
+        first_gate = static_cast<double>(out.loss_gate);
+      }
+      check(std::isfinite(static_cast<double>(out.task_loss)) && std::isfinite(static_cast<double>(out.loss_gate)),
+            "bench_train: non-finite loss at step ", s);
+      fmt::print(stderr, "[{} threads={}] step {}/{}{}: {:.3f} s (T={}, task {:.4f}, gate {:.4f})\n", bc.name, th, s,
+                 total, s <= opt.warmup ? " (warm-up)" : "", secs(a, e), b.seq_len(),
+                 static_cast<double>(out.task_loss), static_cast<double>(out.loss_gate));
+      if (s <= opt.warmup) continue;
+      t_total.push_back(secs(a, e));
+      t_cpu.push_back(c1 - c0);
+      t_batch.push_back(secs(a, bt));
+      t_fwd.push_back(secs(bt, ft));
+      t_bwd.push_back(secs(ft, bw));
+      t_opt.push_back(secs(bw, e));
+      seq.push_back(static_cast<double>(b.seq_len()));
+    }
+    const double med = median(t_total);
+    double mean_T = 0;
+    for (double x : seq) mean_T += x / static_cast<double>(seq.size());
+    nlohmann::json j;
+    j["bench"] = "train_step";
+    j["impl"] = "dea";
+    j["config"] = bc.name;
+    j["d_model"] = bc.d_model;
+    j["n_heads"] = bc.n_heads;
+    j["n_layers"] = bc.n_layers;
+    j["d_ff"] = bc.d_ff;
+    j["batch"] = bc.batch;
+    j["max_len"] = cfg.max_len;
+    j["vocab_size"] = d.tok.vocab_size();
+    j["params"] = n_params;
+    j["threads"] = th;
+    j["steps"] = opt.steps;
+    j["warmup"] = opt.warmup;
+    j["gamma"] = opt.gamma;
+    j["mean_T"] = std::round(mean_T * 100) / 100;
+    j["s_per_step"] = med;
+    j["s_min"] = *std::min_element(t_total.begin(), t_total.end());
+    j["s_max"] = *std::max_element(t_total.begin(), t_total.end());
+    j["examples_per_s"] = static_cast<double>(bc.batch) / med;
+    j["cpu_s_per_step"] = median(t_cpu);
+    j["phase_s"] = {{"batch", median(t_batch)}, {"forward", median(t_fwd)}, {"backward", median(t_bwd)},
+                    {"optim", median(t_opt)}};
+    j["first_task_loss"] = first_task;
+    j["first_loss_gate"] = first_gate;
+    j["peak_rss_mb"] = std::round(peak_rss_mb());
+    j["peak_rss_step1_mb"] = rss_first;
+    j["load1_before"] = load_before;
+    j["load1_after"] = load1();
+    fmt::print("{}\n", j.dump());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) usage("missing value after " + a);
+      return argv[++i];
+    };
+    if (a == "--config") {
+      opt.configs = split(next(), ',');
+      for (const auto& c : opt.configs)
+        if (std::none_of(kConfigs.begin(), kConfigs.end(), [&](const BenchConfig& k) { return k.name == c; }))
+          usage("--config: unknown configuration '" + c + "' (expected quick, mid or paper)");
+      if (opt.configs.empty()) usage("--config: empty list");
+    } else if (a == "--threads") {
+      opt.threads.clear();
+      for (const auto& t : split(next(), ',')) opt.threads.push_back(parse_int("--threads", t, 1));
+      if (opt.threads.empty()) usage("--threads: empty list");
+    } else if (a == "--steps") {
+      opt.steps = parse_int(a, next(), 1);
+    } else if (a == "--warmup") {
+      opt.warmup = parse_int(a, next(), 0);
+    } else if (a == "--gamma") {
+      const std::string v = next();
+      char* end = nullptr;
+      opt.gamma = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !(opt.gamma >= 0 && opt.gamma <= 1))
+        usage("--gamma: expected a number in [0, 1], got '" + v + "'");
+    } else if (a == "--n_per_source") {
+      opt.n_per_source = parse_int(a, next(), 1);
+    } else if (a == "--seed") {
+      opt.seed = static_cast<std::uint64_t>(parse_int(a, next(), 0));
+    } else if (a == "--dump-batches") {
+      opt.dump = next();
+    } else if (a == "--dump-only") {
+      opt.dump_only = true;
+    } else if (a == "-h" || a == "--help") {
+      usage("help");
+    } else {
+      usage("unknown flag " + a);
+    }
+  }
+  if (opt.dump_only && opt.dump.empty()) usage("--dump-only needs --dump-batches FILE");
+  try {
+    std::ofstream dump;
+    if (!opt.dump.empty()) {
+      dump.open(opt.dump);
+      check(static_cast<bool>(dump), "--dump-batches: cannot open '", opt.dump, "' for writing");
+    }
+    for (const auto& name : opt.configs)
+      for (const auto& bc : kConfigs)
+        if (bc.name == name) run_config(bc, opt, opt.dump.empty() ? nullptr : &dump);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_train: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,331 @@
+// dea_export_c: writes the tensors of a safetensors file as a C++ header, for programs that compile their weights
+// in (no file system at run time): each tensor becomes an aligned constexpr array named after its reference name,
+// listed in a table with its name, type and shape, and a model checkpoint also gets its InferenceConfig and a
+// loader that binds the arrays to a dea::nn::InferenceModel without copying (Eigen Maps over the arrays).
+//
+//   dea_export_c CHECKPOINT.safetensors OUT.hpp [--namespace NAME] [--type float|double] [--all]
+//                [--max_len N] [--task cls|mlm] [--n_heads N]
+//
+// Default: the parameters of a model checkpoint (the AdamW state "optim.*", "train.*" and the tied
+// "mlm_head.weight" are left out), as float. The model's sizes come from the tensor shapes; max_len and the task
+// from the run's config.json beside the checkpoint (written by examples/train), unless given. --all writes every
+// tensor of any safetensors file (e.g. a golden case) and its metadata; floating tensors as --type, integers as
+// int64_t / int32_t, U8 and BOOL as uint8_t. Values are written as hexadecimal floating literals, so the arrays
+// hold exactly the stored values (after the conversion to --type). The header is written atomically; its
+// contents have internal linkage, so include it in one translation unit.
+// Exit status: 0 written, 1 bad file or inconsistent model, 2 bad command line.
+#include <dea/data/files.hpp>
+#include <dea/io/pipeline.hpp>
+#include <dea/io/safetensors.hpp>
+#include <dea/nn/inference.hpp>
+
+#include <fmt/core.h>
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace dea;
+
+namespace {
+
+[[noreturn]] void usage(const std::string& why) {
+  fmt::print(stderr,
+             "dea_export_c: {}\nusage: dea_export_c CHECKPOINT.safetensors OUT.hpp [--namespace NAME] "
+             "[--type float|double] [--all] [--max_len N] [--task cls|mlm] [--n_heads N]\n",
+             why);
+  std::exit(2);
+}
+
+Index positive_int(const std::string& flag, const std::string& v) {
+  char* end = nullptr;
+  const long long n = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end != '\0' || n <= 0 || n > (1LL << 40)) usage(flag + " expects a positive integer, got '" + v + "'");
+  return static_cast<Index>(n);
+}
+
+bool is_identifier(const std::string& s) {
+  if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return true;
+}
+
+/// A C identifier for a tensor name: every character other than a letter, digit or '_' becomes '_'.
+std::string identifier(const std::string& name, std::set<std::string>& used) {
+  std::string id;
+  for (char c : name) id += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  if (id.empty() || std::isdigit(static_cast<unsigned char>(id[0]))) id = "t_" + id;
+  std::string out = id;
+  for (int k = 2; used.count(out); ++k) out = id + "_" + std::to_string(k);
+  used.insert(out);
+  return out;
+}
+
+/// A C++ string literal (printable ASCII as is, everything else as an octal escape).
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c >= 32 && c < 127) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\%03o", c);
+      out += buf;
+    }
+  }
+  return out + "\"";
+}
+
+/// An exact literal of type `ctype` ("float" or "double") for v (already rounded to that type).
+std::string literal(double v, bool as_float) {
+  const char* t = as_float ? "float" : "double";
+  if (std::isnan(v)) return fmt::format("std::numeric_limits<{}>::quiet_NaN()", t);
+  if (std::isinf(v)) return fmt::format("{}std::numeric_limits<{}>::infinity()", v < 0 ? "-" : "", t);
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%a", v);
+  return std::string(buf) + (as_float ? "f" : "");
+}
+
+struct ModelInfo {
+  nn::InferenceConfig cfg;
+  std::string source_note;  // where max_len and task came from
+};
+
+/// The model's sizes from the tensor shapes (and max_len / task from the flags or config.json).
+ModelInfo infer_model(const io::SafeTensors& st, const std::string& ckpt, Index max_len_flag,
+                      const std::string& task_flag, Index n_heads_flag) {
+  ModelInfo mi;
+  nn::InferenceConfig& c = mi.cfg;
+  const Shape& te = st.shape("tok_emb.weight");
+  check(te.size() == 2, ckpt, ": tok_emb.weight: expected shape [V, D], got ", shape_str(te));
+  c.vocab_size = te[0];
+  c.d_model = te[1];
+  std::set<Index> layer_ids;
+  for (const std::string& n : st.names())
+    if (n.rfind("layers.", 0) == 0) {
+      const std::size_t dot = n.find('.', 7);
+      check(dot != std::string::npos, ckpt, ": malformed layer tensor name '", n, "'");
+      layer_ids.insert(static_cast<Index>(std::stoll(n.substr(7, dot - 7))));
+    }
+  c.n_layers = static_cast<Index>(layer_ids.size());
+  check(layer_ids.empty() || *layer_ids.rbegin() == c.n_layers - 1, ckpt, ": the layer indices are not 0..",
+        c.n_layers - 1);
+  if (c.n_layers > 0) {
+    const Shape& wr = st.shape("layers.0.attn.W_rel");
+    check(wr.size() == 3, ckpt, ": layers.0.attn.W_rel: expected shape [H, Dh, Dh], got ", shape_str(wr));
+    c.n_heads = wr[0];
+    check(n_heads_flag == 0 || n_heads_flag == c.n_heads, "--n_heads ", n_heads_flag, " differs from the checkpoint's ",
+          c.n_heads);
+    c.d_ff = st.shape("layers.0.ff.0.weight").at(0);
+  } else {
+    c.n_heads = n_heads_flag > 0 ? n_heads_flag : 1;
+    c.d_ff = 1;
+  }
+  c.n_classes = st.has("cls_head.3.weight") ? st.shape("cls_head.3.weight").at(0) : 2;
+
+  const std::string cfg_path = pipeline::config_path(std::filesystem::path(ckpt).parent_path().string());
+  const bool have_cfg = std::filesystem::exists(cfg_path);
+  pipeline::TrainConfig tc;
+  if (have_cfg) tc = pipeline::read_config(cfg_path);
+  if (max_len_flag > 0) {
+    c.max_len = max_len_flag;
+    mi.source_note = "max_len from --max_len";
+  } else {
+    check(have_cfg, ckpt, ": no config.json beside the checkpoint: give --max_len");
+    c.max_len = tc.max_len;
+    mi.source_note = "max_len from " + cfg_path;
+  }
+  if (!task_flag.empty())
+    c.task = nn::parse_task(task_flag);
+  else
+    c.task = have_cfg && tc.data_source == "text" ? nn::Task::mlm : nn::Task::cls;
+  c.validate();
+  return mi;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string in_path, out_path, ns = "dea_weights", type = "float", task;
+  bool all = false;
+  Index max_len = 0, n_heads = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* flag) -> std::string {
+      if (++i >= argc) usage(std::string(flag) + " needs a value");
+      return argv[i];
+    };
+    if (a == "--namespace") ns = value("--namespace");
+    else if (a == "--type") type = value("--type");
+    else if (a == "--all") all = true;
+    else if (a == "--max_len") max_len = positive_int("--max_len", value("--max_len"));
+    else if (a == "--task") task = value("--task");
+    else if (a == "--n_heads") n_heads = positive_int("--n_heads", value("--n_heads"));
+    else if (a == "-h" || a == "--help") usage("writes a safetensors file's tensors as a C++ header");
+    else if (!a.empty() && a[0] == '-') usage("unknown flag " + a);
+    else if (in_path.empty()) in_path = a;
+    else if (out_path.empty()) out_path = a;
+    else usage("more than two file names given");
+  }
+  if (in_path.empty() || out_path.empty()) usage("expected CHECKPOINT.safetensors and OUT.hpp");
+  if (!is_identifier(ns)) usage("--namespace expects a C++ identifier, got '" + ns + "'");
+  if (type != "float" && type != "double") usage("--type expects float or double, got '" + type + "'");
+  if (!task.empty() && task != "cls" && task != "mlm") usage("--task expects cls or mlm, got '" + task + "'");
+  const bool as_float = type == "float";
+
+  try {
+    const io::SafeTensors st = io::SafeTensors::load(in_path);
+    const bool is_model = st.has("tok_emb.weight");
+    check(all || is_model, in_path, ": no 'tok_emb.weight': not a model checkpoint (use --all to export any file)");
+    std::vector<std::string> names;
+    for (const std::string& n : st.names()) {
+      const bool skip = n.rfind("optim.", 0) == 0 || n.rfind("train.", 0) == 0 || n == "mlm_head.weight" ||
+                        n == "pe" || (n.size() > 3 && n.compare(n.size() - 3, 3, ".pe") == 0);
+      if (all || (!skip && io::dtype_is_floating(st.dtype(n)))) names.push_back(n);
+    }
+
+    ModelInfo mi;
+    if (is_model) {
+      mi = infer_model(st, in_path, max_len, task, n_heads);
+      // the header must bind: check with the library's own binder before writing anything
+      nn::InferenceModel<float> probe(mi.cfg);
+      std::map<std::string, std::vector<float>> keep;
+      for (const std::string& n : names) {
+        if (!io::dtype_is_floating(st.dtype(n))) continue;
+        const Tensor<float> t = st.get<float>(n);
+        std::vector<float>& v = keep[n];
+        v.assign(t.ptr(), t.ptr() + t.numel());
+        probe.bind(n.c_str(), v.data(), t.numel());
+      }
+      probe.check_bound();
+    }
+
+    std::string out;
+    out += fmt::format("// Generated by dea_export_c from {} -- do not edit.\n", std::filesystem::path(in_path).filename().string());
+    Index total = 0;
+    for (const std::string& n : names) total += st.numel(n);
+    out += fmt::format("// {} tensors, {} values.\n#pragma once\n\n#include <cstdint>\n#include <limits>\n", names.size(),
+                       total);
+    if (is_model) out += "\n#include <dea/nn/inference.hpp>\n";
+    // everything has internal linkage (an unnamed namespace): include the header in one translation unit
+    out += fmt::format("\nnamespace {} {{\nnamespace {{\n\n", ns);
+    out += "/// One exported tensor: its reference name, its values and its shape.\n"
+           "struct TensorInfo {\n"
+           "  const char* name;\n"
+           "  const void* data;\n"
+           "  char type;  ///< 'f' float, 'd' double, 'q' int64_t, 'i' int32_t, 'b' uint8_t\n"
+           "  int rank;\n"
+           "  long long shape[8];\n"
+           "  long long numel;\n"
+           "};\n\n";
+
+    std::set<std::string> used;
+    std::string table;
+    for (const std::string& n : names) {
+      const Shape& shp = st.shape(n);
+      check(shp.size() <= 8, in_path, ": ", n, ": rank ", shp.size(), " is more than the header's 8");
+      const std::string id = identifier(n, used);
+      const io::DType dt = st.dtype(n);
+      const Index numel = st.numel(n);
+      const Index len = numel > 0 ? numel : 1;  // a zero-length C array is not allowed
+      std::string ctype;
+      char code;
+      std::vector<std::string> vals;
+      vals.reserve(static_cast<std::size_t>(numel));
+      if (io::dtype_is_floating(dt)) {
+        ctype = as_float ? "float" : "double";
+        code = as_float ? 'f' : 'd';
+        if (as_float) {
+          const Tensor<float> t = st.get<float>(n);
+          for (Index k = 0; k < numel; ++k) vals.push_back(literal(static_cast<double>(t[k]), true));
+        } else {
+          const Tensor<double> t = st.get<double>(n);
+          for (Index k = 0; k < numel; ++k) vals.push_back(literal(t[k], false));
+        }
+      } else if (dt == io::DType::I64 || dt == io::DType::I32) {
+        ctype = dt == io::DType::I64 ? "std::int64_t" : "std::int32_t";
+        code = dt == io::DType::I64 ? 'q' : 'i';
+        const Tensor<std::int64_t> t = st.get<std::int64_t>(n);
+        for (Index k = 0; k < numel; ++k)
+          vals.push_back(t[k] == std::numeric_limits<std::int64_t>::min() ? "(-9223372036854775807LL - 1)"
+                                                                          : std::to_string(t[k]) + (dt == io::DType::I64 ? "LL" : ""));
+      } else {
+        ctype = "std::uint8_t";
+        code = 'b';
+        const Tensor<std::uint8_t> t = st.get<std::uint8_t>(n);
+        for (Index k = 0; k < numel; ++k) vals.push_back(std::to_string(static_cast<int>(t[k])));
+      }
+      if (numel == 0) vals.push_back("0");
+      out += fmt::format("/// {} {}\nalignas(64) constexpr {} {}[{}] = {{", quoted(n), shape_str(shp), ctype, id, len);
+      for (std::size_t k = 0; k < vals.size(); ++k) out += (k % 8 == 0 ? "\n    " : " ") + vals[k] + ",";
+      out += "\n};\n\n";
+      std::string dims;
+      for (std::size_t d = 0; d < shp.size(); ++d) dims += (d ? ", " : "") + std::to_string(shp[d]);
+      table += fmt::format("    {{{}, {}, '{}', {}, {{{}}}, {}}},\n", quoted(n), id, code, shp.size(), dims, numel);
+    }
+    out += "/// Every tensor of the header, in the file's order.\n";
+    out += "constexpr TensorInfo tensors[] = {\n" + table + "};\n";
+    out += fmt::format("constexpr int n_tensors = {};\n\n", names.size());
+    out += "/// The tensor called `name`, or nullptr.\n"
+           "[[maybe_unused]] const TensorInfo* find(const char* name) {\n"
+           "  for (const TensorInfo& t : tensors) {\n"
+           "    const char* a = t.name;\n"
+           "    const char* b = name;\n"
+           "    while (*a && *a == *b) ++a, ++b;\n"
+           "    if (*a == *b) return &t;\n"
+           "  }\n"
+           "  return nullptr;\n"
+           "}\n";
+    if (all) {
+      out += "\n/// The file's metadata (key, value).\nconstexpr const char* metadata[][2] = {\n";
+      for (const auto& kv : st.metadata()) out += fmt::format("    {{{}, {}}},\n", quoted(kv.first), quoted(kv.second));
+      if (st.metadata().empty()) out += "    {\"\", \"\"},\n";
+      out += fmt::format("}};\nconstexpr int n_metadata = {};\n", st.metadata().size());
+    }
+    if (is_model) {
+      const nn::InferenceConfig& c = mi.cfg;
+      out += fmt::format(
+          "\n/// The model these parameters belong to ({}).\n"
+          "constexpr dea::nn::InferenceConfig config{{/*vocab_size*/ {}, /*d_model*/ {}, /*n_heads*/ {}, "
+          "/*n_layers*/ {}, /*d_ff*/ {},\n                                                  /*max_len*/ {}, "
+          "/*n_classes*/ {}, dea::nn::Task::{}}};\n",
+          mi.source_note, c.vocab_size, c.d_model, c.n_heads, c.n_layers, c.d_ff, c.max_len, c.n_classes,
+          nn::to_string(c.task));
+      out += fmt::format(
+          "\n/// Binds every {} tensor to `model` (an InferenceModel<{}, ...> of `config`) by name, without copying,\n"
+          "/// then checks that the model has every tensor its forward needs.\n"
+          "template <class Model>\n"
+          "void bind(Model& model) {{\n"
+          "  for (const TensorInfo& t : tensors)\n"
+          "    if (t.type == '{}') model.bind(t.name, static_cast<const {}*>(t.data), static_cast<dea::Index>(t.numel));\n"
+          "  model.check_bound();\n"
+          "}}\n",
+          type, type, as_float ? 'f' : 'd', type);
+    }
+    out += fmt::format("\n}}  // namespace\n}}  // namespace {}\n", ns);
+    const std::filesystem::path parent = std::filesystem::path(out_path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    data::write_file_atomic(out_path, out);
+    std::string what = fmt::format("{} tensors, {} values", names.size(), total);
+    if (is_model)
+      what += fmt::format(" (model V={} D={} H={} L={} d_ff={} max_len={} C={} {})", mi.cfg.vocab_size, mi.cfg.d_model,
+                          mi.cfg.n_heads, mi.cfg.n_layers, mi.cfg.d_ff, mi.cfg.max_len, mi.cfg.n_classes,
+                          nn::to_string(mi.cfg.task));
+    fmt::print("dea_export_c: wrote {}: {}\n", out_path, what);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dea_export_c: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,483 @@
+// dea/nn/inference.hpp: the embedded profile's model: TransformerModel's inference forward (Dual-Expert attention
+// without oracle, cls or mlm head) over parameters it does not own, with every temporary in one workspace.
+//
+// Parameters are bound by their reference names ("tok_emb.weight", "layers.0.attn.W_q.weight", ...) to arrays
+// that the caller keeps: the arrays of a header written by dea_export_c (compiled in, read-only), or the
+// parameters of a live TransformerModel (bind_parameters). Nothing is copied: every tensor is read through an
+// Eigen::Map. The workspace is sized once for a maximum batch and sequence length (workspace_size() is
+// constexpr, so it can be a static array) and holds the positional table and every activation; forward() then
+// allocates nothing, for any batch <= max_batch and length <= max_len.
+//
+// Sizes: Heads and DHead (as in DualExpertAttention) and Layers may be fixed at compile time (the per-head
+// kernels are then unrolled and the layer table is a std::array), or Dynamic.
+//
+// Forward, for ids [B, T] (row b*T + t), N = B*T, D = d_model (the shapes and names of transformer.hpp):
+//   x = tok_emb[ids] sqrt(D) (+ seg_emb[token_types]) + PE[:T]                       [N, D]
+//   per layer: h = LN1(x); x += DEA(h) (no oracle: alpha_mix = alpha-hat); h = LN2(x); x += FFN(h)
+//   y = ln_f(x);  cls: logits = Linear3(tanh(Linear0(y[b*T + 0])))  [B, C];  mlm: logits = y tok_emb^T + b  [N, V]
+// Each step runs the kernel TransformerModel's evaluation forward runs (ops::*_into, and the Dual-Expert pair
+// kernel of attention/dual_expert.hpp restated on workspace buffers with the same layout), so the logits agree
+// with the model's; tests/test_inference.cpp checks it against TransformerModel, dynamic and fixed sizes.
+#pragma once
+
+#include "../attention/gate_loss.hpp"
+#include "../core/error.hpp"
+#include "../core/parallel.hpp"
+#include "../core/tensor.hpp"
+#include "../core/workspace.hpp"
+#include "../ops/gelu.hpp"
+#include "../ops/layer_norm.hpp"
+#include "../ops/linear.hpp"
+#include "../ops/softmax.hpp"
+#include "positional.hpp"
+#include "transformer.hpp"
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace dea {
+namespace nn {
+
+/// The sizes of a model for InferenceModel. A literal type: a generated weights header declares it constexpr.
+struct InferenceConfig {
+  Index vocab_size = 0;  ///< V
+  Index d_model = 0;     ///< D
+  Index n_heads = 0;     ///< H (D must be a multiple)
+  Index n_layers = 0;    ///< encoder layers (0 allowed)
+  Index d_ff = 0;        ///< FFN hidden width
+  Index max_len = 0;     ///< longest sequence the model accepts (positional table rows)
+  Index n_classes = 2;   ///< cls head width
+  Task task = Task::cls;
+
+  /// The inference sizes of a TransformerModel configuration.
+  static InferenceConfig from(const ModelConfig& m) {
+    InferenceConfig c;
+    c.vocab_size = m.vocab_size;
+    c.d_model = m.d_model;
+    c.n_heads = m.n_heads;
+    c.n_layers = m.n_layers;
+    c.d_ff = m.d_ff;
+    c.max_len = m.max_len;
+    c.n_classes = m.n_classes;
+    c.task = m.task;
+    return c;
+  }
+
+  /// dea::Error (or the error handler) naming the first bad field.
+  void validate() const {
+    check(vocab_size > 0, "InferenceConfig: vocab_size must be positive, got ", vocab_size);
+    check(d_model > 0, "InferenceConfig: d_model must be positive, got ", d_model);
+    check(n_heads > 0 && d_model % n_heads == 0, "InferenceConfig: n_heads must be positive and divide d_model (",
+          d_model, "), got ", n_heads);
+    check(n_layers >= 0, "InferenceConfig: n_layers must be >= 0, got ", n_layers);
+    check(d_ff > 0, "InferenceConfig: d_ff must be positive, got ", d_ff);
+    check(max_len > 0, "InferenceConfig: max_len must be positive, got ", max_len);
+    check(n_classes > 0, "InferenceConfig: n_classes must be positive, got ", n_classes);
+  }
+};
+
+template <class S, int Heads = Dynamic, int DHead = Dynamic, int Layers = Dynamic>
+class InferenceModel {
+  static_assert(std::is_floating_point<S>::value, "InferenceModel: Scalar must be float or double");
+  static_assert(Heads == Dynamic || Heads > 0, "Heads must be positive or Dynamic");
+  static_assert(DHead == Dynamic || DHead > 0, "DHead must be positive or Dynamic");
+  static_assert(Layers == Dynamic || Layers >= 0, "Layers must be >= 0 or Dynamic");
+
+public:
+  using Scalar = S;
+  /// Per-head [T, Dh] block and [Dh, Dh] matrix, as in DualExpertAttention.
+  using HeadMat = Eigen::Matrix<S, Eigen::Dynamic, DHead>;
+  using RelMat = Eigen::Matrix<S, DHead, DHead, (DHead == 1 ? Eigen::ColMajor : Eigen::RowMajor)>;
+
+  /// The tensors of one encoder layer, in the reference's state_dict order (names after "layers.<i>.").
+  enum LayerTensor {
+    kWq, kBq, kWk, kBk, kWv, kBv, kWo, kBo, kWrel, kWgate, kCgate,
+    kLn1W, kLn1B, kLn2W, kLn2B, kFf0W, kFf0B, kFf3W, kFf3B, kLayerTensors
+  };
+  /// The tensors outside the layers.
+  enum ModelTensor { kTokEmb, kSegEmb, kLnfW, kLnfB, kCls0W, kCls0B, kCls3W, kCls3B, kMlmB, kModelTensors };
+
+  static const char* layer_tensor_name(int k) {
+    static const char* const names[kLayerTensors] = {
+        "attn.W_q.weight", "attn.W_q.bias", "attn.W_k.weight", "attn.W_k.bias", "attn.W_v.weight",
+        "attn.W_v.bias",   "attn.W_o.weight", "attn.W_o.bias", "attn.W_rel",    "attn.W_gate",
+        "attn.c_gate",     "ln1.weight",    "ln1.bias",        "ln2.weight",    "ln2.bias",
+        "ff.0.weight",     "ff.0.bias",     "ff.3.weight",     "ff.3.bias"};
+    return names[k];
+  }
+  static const char* model_tensor_name(int k) {
+    static const char* const names[kModelTensors] = {"tok_emb.weight",    "seg_emb.weight",    "ln_f.weight",
+                                                      "ln_f.bias",         "cls_head.0.weight", "cls_head.0.bias",
+                                                      "cls_head.3.weight", "cls_head.3.bias",   "mlm_head.bias"};
+    return names[k];
+  }
+
+  explicit InferenceModel(const InferenceConfig& cfg) : cfg_(cfg) {
+    cfg.validate();
+    check(Heads == Dynamic || cfg.n_heads == Heads, "InferenceModel: n_heads: expected the compile-time ", Heads,
+          ", got ", cfg.n_heads);
+    check(DHead == Dynamic || cfg.d_model / cfg.n_heads == DHead,
+          "InferenceModel: d_model / n_heads: expected the compile-time ", DHead, ", got ", cfg.d_model / cfg.n_heads);
+    check(Layers == Dynamic || cfg.n_layers == Layers, "InferenceModel: n_layers: expected the compile-time ", Layers,
+          ", got ", cfg.n_layers);
+    if constexpr (Layers == Dynamic) layers_.resize(static_cast<std::size_t>(cfg.n_layers));
+  }
+
+  const InferenceConfig& config() const { return cfg_; }
+
+  // ---- parameters ---------------------------------------------------------------------------------------------
+
+  /// Number of values of the tensor `k` of a layer.
+  Index layer_tensor_numel(int k) const {
+    const Index D = cfg_.d_model, H = cfg_.n_heads, Dh = D / H, F = cfg_.d_ff;
+    switch (k) {
+      case kWq: case kWk: case kWv: case kWo: return D * D;
+      case kWrel: return H * Dh * Dh;
+      case kWgate: return H * (2 * Dh + 2);
+      case kCgate: return H;
+      case kFf0W: case kFf3W: return F * D;
+      case kFf0B: return F;
+      default: return D;  // the four projection biases, LayerNorm weights and biases, ff.3.bias
+    }
+  }
+  /// Number of values of the model tensor `k`.
+  Index model_tensor_numel(int k) const {
+    const Index D = cfg_.d_model, V = cfg_.vocab_size, C = cfg_.n_classes;
+    switch (k) {
+      case kTokEmb: return V * D;
+      case kSegEmb: return 2 * D;
+      case kCls0W: return D * D;
+      case kCls3W: return C * D;
+      case kCls3B: return C;
+      case kMlmB: return V;
+      default: return D;  // ln_f weight and bias, cls_head.0.bias
+    }
+  }
+
+  /// Binds the tensor called `name` (a reference state_dict name) to `numel` values at `data`, which must outlive
+  /// the model and are never copied or written. Returns false when the model has no tensor of that name (for
+  /// example "mlm_head.weight", the tied copy of tok_emb.weight); a wrong size or a layer index out of range is a
+  /// dea::Error naming the tensor.
+  bool bind(const char* name, const S* data, Index numel) {
+    const S** slot = nullptr;
+    Index expected = 0;
+    if (std::strncmp(name, "layers.", 7) == 0) {
+      const char* p = name + 7;
+      Index l = 0;
+      bool digits = false;
+      for (; *p >= '0' && *p <= '9'; ++p) {
+        l = l * 10 + (*p - '0');
+        digits = true;
+        if (l > 1000000) break;
+      }
+      if (!digits || *p != '.') return false;
+      ++p;
+      for (int k = 0; k < kLayerTensors; ++k)
+        if (std::strcmp(p, layer_tensor_name(k)) == 0) {
+          check(l < cfg_.n_layers, "InferenceModel::bind: ", name, ": the model has ", cfg_.n_layers, " layers");
+          slot = &layers_[static_cast<std::size_t>(l)].t[k];
+          expected = layer_tensor_numel(k);
+        }
+    } else {
+      for (int k = 0; k < kModelTensors; ++k)
+        if (std::strcmp(name, model_tensor_name(k)) == 0) {
+          slot = &model_[k];
+          expected = model_tensor_numel(k);
+        }
+    }
+    if (!slot) return false;
+    check(data != nullptr, "InferenceModel::bind: ", name, ": null data");
+    check(numel == expected, "InferenceModel::bind: ", name, ": expected ", expected, " values, got ", numel);
+    *slot = data;
+    return true;
+  }
+
+  /// Binds every parameter of a model with the reference's names (a TransformerModel<S, Attention>), without copying:
+  /// the model must outlive this one, and a change of its parameters shows here.
+  template <class Model>
+  void bind_parameters(Model& model) {
+    for (Param<S>* p : model.parameters())
+      check(bind(p->name.c_str(), p->value.data(), p->numel()), "InferenceModel::bind_parameters: the model's '",
+            p->name, "' is not a tensor of this model");
+    check_bound();
+  }
+
+  /// dea::Error naming the first tensor forward needs that is not bound (seg_emb.weight is needed only when
+  /// forward is given token types; the head's tensors only for the configured task).
+  void check_bound() const {
+    for (int k = 0; k < kModelTensors; ++k) {
+      if (k == kSegEmb) continue;
+      const bool cls_part = k == kCls0W || k == kCls0B || k == kCls3W || k == kCls3B;
+      if ((cls_part && cfg_.task != Task::cls) || (k == kMlmB && cfg_.task != Task::mlm)) continue;
+      check(model_[k] != nullptr, "InferenceModel: '", model_tensor_name(k), "' is not bound");
+    }
+    for (Index l = 0; l < cfg_.n_layers; ++l)
+      for (int k = 0; k < kLayerTensors; ++k)
+        check(layers_[static_cast<std::size_t>(l)].t[k] != nullptr, "InferenceModel: 'layers.", l, ".",
+              layer_tensor_name(k), "' is not bound");
+  }
+
+  /// Number of parameter values forward reads (the bound tensors the configured task needs, seg_emb included).
+  Index parameter_count() const {
+    Index n = 0;
+    for (int k = 0; k < kModelTensors; ++k) {
+      const bool cls_part = k == kCls0W || k == kCls0B || k == kCls3W || k == kCls3B;
+      if ((cls_part && cfg_.task != Task::cls) || (k == kMlmB && cfg_.task != Task::mlm)) continue;
+      n += model_tensor_numel(k);
+    }
+    for (int k = 0; k < kLayerTensors; ++k) n += cfg_.n_layers * layer_tensor_numel(k);
+    return n;
+  }
+
+  // ---- workspace ----------------------------------------------------------------------------------------------
+
+  /// Elements of S the workspace needs for batches of up to max_batch sequences of up to max_len tokens.
+  static constexpr Index workspace_size(const InferenceConfig& c, Index max_batch, Index max_len) {
+    return aligned_count<S>(max_len * c.d_model) + activations_size(c, max_batch, max_len);
+  }
+
+  /// Uses `buffer` (capacity `elems` values of S, aligned to dea::kWorkspaceAlign, e.g. a static array declared
+  /// `alignas(dea::kWorkspaceAlign)`) as the workspace for batches up to max_batch and lengths up to max_len
+  /// (<= config().max_len), and writes the positional table into it. The buffer must outlive the model's use.
+  void set_workspace(S* buffer, Index elems, Index max_batch, Index max_len) {
+    check(max_batch > 0, "InferenceModel::set_workspace: max_batch must be positive, got ", max_batch);
+    check(max_len > 0 && max_len <= cfg_.max_len, "InferenceModel::set_workspace: max_len must be in [1, ",
+          cfg_.max_len, "], got ", max_len);
+    const Index need = workspace_size(cfg_, max_batch, max_len);
+    check(elems >= need, "InferenceModel::set_workspace: the buffer holds ", elems, " values, ", need,
+          " are needed for max_batch ", max_batch, " and max_len ", max_len);
+    Workspace<S> check_alignment(buffer, elems);
+    (void)check_alignment;
+    ws_ = buffer;
+    ws_size_ = elems;
+    max_batch_ = max_batch;
+    max_len_ = max_len;
+    SinusoidalPositionalEncoding<S>::fill_table(ws_, max_len, cfg_.d_model);  // PE[:max_len], float32 as the model's
+  }
+
+  /// Allocates an owned workspace for batches up to max_batch and lengths up to max_len (once: the set-up).
+  void reserve(Index max_batch, Index max_len) {
+    check(max_batch > 0 && max_len > 0, "InferenceModel::reserve: max_batch and max_len must be positive, got ",
+          max_batch, " and ", max_len);
+    owned_.assign(static_cast<std::size_t>(workspace_size(cfg_, max_batch, max_len)), S(0));
+    set_workspace(owned_.data(), static_cast<Index>(owned_.size()), max_batch, max_len);
+  }
+
+  Index max_batch() const { return max_batch_; }
+  Index max_len() const { return max_len_; }
+  /// Bytes of the workspace in use (positional table and activations).
+  std::size_t workspace_bytes() const { return static_cast<std::size_t>(ws_size_) * sizeof(S); }
+
+  // ---- forward ------------------------------------------------------------------------------------------------
+
+  /// Logits for token ids [B, T] (row-major, each in [0, vocab_size)), an optional attention mask [B, T]
+  /// (non-zero = real token; nullptr = all real) and optional token types [B, T] in {0, 1} (nullptr = none):
+  /// [B, n_classes] (cls) or [B*T, vocab_size] (mlm, row b*T + t). B <= max_batch(), T <= max_len(). The result
+  /// is a view into the workspace, valid until the next call. Allocates nothing.
+  ConstMatMap<S> forward(const std::int64_t* ids, Index B, Index T, const std::uint8_t* mask = nullptr,
+                         const std::int64_t* token_types = nullptr) {
+    check(ws_ != nullptr, "InferenceModel::forward: no workspace (call reserve or set_workspace first)");
+    check(B >= 1 && B <= max_batch_, "InferenceModel::forward: batch must be in [1, ", max_batch_, "], got ", B);
+    check(T >= 1 && T <= max_len_, "InferenceModel::forward: sequence length must be in [1, ", max_len_, "], got ", T);
+    check(ids != nullptr, "InferenceModel::forward: ids is null");
+    const Index N = B * T, D = cfg_.d_model, F = cfg_.d_ff, V = cfg_.vocab_size;
+    for (Index k = 0; k < N; ++k)
+      check(ids[k] >= 0 && ids[k] < V, "InferenceModel::forward: ids[", k, "]: expected an id in [0, ", V, "), got ",
+            ids[k]);
+    if (token_types) {
+      check(model_[kSegEmb] != nullptr, "InferenceModel::forward: token types given but 'seg_emb.weight' is not bound");
+      for (Index k = 0; k < N; ++k)
+        check(token_types[k] == 0 || token_types[k] == 1, "InferenceModel::forward: token_types[", k,
+              "]: expected 0 or 1, got ", token_types[k]);
+    }
+    check_bound();
+
+    Workspace<S> ws(ws_ + pe_size(), ws_size_ - pe_size());
+    MatMap<S> x(ws.take(N * D), N, D), h(ws.take(N * D), N, D);
+    MatMap<S> Q(ws.take(N * D), N, D), K(ws.take(N * D), N, D), V_(ws.take(N * D), N, D), ctx(ws.take(N * D), N, D);
+    MatMap<S> f(ws.take(N * F), N, F);
+
+    // x = tok_emb[ids] sqrt(D) (+ seg_emb[token_types]) + PE[:T]
+    const S scale = static_cast<S>(std::sqrt(static_cast<double>(D)));
+    ConstMatMap<S> tok(model_[kTokEmb], V, D);
+    for (Index k = 0; k < N; ++k) x.row(k) = scale * tok.row(ids[k]);
+    if (token_types) {
+      ConstMatMap<S> seg(model_[kSegEmb], 2, D);
+      for (Index k = 0; k < N; ++k) x.row(k) += S(1) * seg.row(token_types[k]);
+    }
+    ConstMatMap<S> pe(ws_, max_len_, D);
+    for (Index b = 0; b < B; ++b) x.middleRows(b * T, T) += pe.topRows(T);
+
+    const S eps = S(ops::layer_norm_default_eps);
+    for (Index l = 0; l < cfg_.n_layers; ++l) {
+      const S* const* w = layers_[static_cast<std::size_t>(l)].t;
+      ops::layer_norm_forward_into<S>(x, w[kLn1W], w[kLn1B], eps, h, nullptr, nullptr);  // h = LN1(x)
+      attention(w, h, Q, K, V_, ctx, B, T, mask, ws);                                     // h = DEA(h)
+      x += h;                                                                             // x1 = x + a
+      ops::layer_norm_forward_into<S>(x, w[kLn2W], w[kLn2B], eps, h, nullptr, nullptr);  // u = LN2(x1)
+      ops::linear_forward_into<S>(h, ConstMatMap<S>(w[kFf0W], F, D), w[kFf0B], f);       // a = u W0^T + b0
+      ops::gelu_forward_into<S>(f, f);                                                    // g = gelu(a)
+      ops::linear_forward_into<S>(f, ConstMatMap<S>(w[kFf3W], D, F), w[kFf3B], Q);       // f = g W3^T + b3
+      x += Q;                                                                             // y = x1 + f
+    }
+    ops::layer_norm_forward_into<S>(x, model_[kLnfW], model_[kLnfB], eps, h, nullptr, nullptr);  // y = ln_f(x_L)
+
+    if (cfg_.task == Task::cls) {
+      const Index C = cfg_.n_classes;
+      MatMap<S> pooled(ws.take(B * D), B, D), t(ws.take(B * D), B, D), z(ws.take(B * D), B, D);
+      MatMap<S> logits(ws.take(B * C), B, C);
+      for (Index b = 0; b < B; ++b) pooled.row(b) = h.row(b * T);                          // y[:, 0]
+      ops::linear_forward_into<S>(pooled, ConstMatMap<S>(model_[kCls0W], D, D), model_[kCls0B], t);
+      z = t.array().tanh().matrix();                                                        // z = tanh(t)
+      ops::linear_forward_into<S>(z, ConstMatMap<S>(model_[kCls3W], C, D), model_[kCls3B], logits);
+      return ConstMatMap<S>(logits.data(), B, C);
+    }
+    MatMap<S> logits(ws.take(N * V), N, V);
+    ops::linear_forward_into<S>(h, tok, model_[kMlmB], logits);                            // y E^T + b (tied)
+    return ConstMatMap<S>(logits.data(), N, V);
+  }
+
+private:
+  struct LayerPtrs {
+    const S* t[kLayerTensors] = {};
+  };
+  using LayerStore = std::conditional_t<Layers == Dynamic, std::vector<LayerPtrs>,
+                                        std::array<LayerPtrs, static_cast<std::size_t>(Layers > 0 ? Layers : 1)>>;
+
+  Index pe_size() const { return aligned_count<S>(max_len_ * cfg_.d_model); }
+
+  /// Scratch of one (b, h) pair of the attention kernel: Q_h, K_h, V_h, R_h, |R_i|^2, |K_j|^2, the key-mask row,
+  /// the normalisation's mean and variance, the gate's q and k terms, and the softmax's scratch.
+  static constexpr Index pair_scratch(Index T, Index Dh) {
+    return 4 * aligned_count<S>(T * Dh) + 4 * aligned_count<S>(T) + 3 * aligned_count<S>(T) +
+           ops::masked_softmax_scratch<S>(T, T);
+  }
+
+  /// Everything after the positional table, for B sequences of T tokens.
+  static constexpr Index activations_size(const InferenceConfig& c, Index B, Index T) {
+    const Index N = B * T, D = c.d_model, H = c.n_heads, Dh = c.d_model / c.n_heads;
+    Index n = 6 * aligned_count<S>(N * D) + aligned_count<S>(N * c.d_ff);
+    if (c.n_layers > 0)
+      n += 3 * aligned_count<S>(B * H * T * T) + aligned_count<S>(B * H * T) + B * H * pair_scratch(T, Dh);
+    if (c.task == Task::cls)
+      n += 3 * aligned_count<S>(B * D) + aligned_count<S>(B * c.n_classes);
+    else
+      n += aligned_count<S>(N * c.vocab_size);
+    return n;
+  }
+
+  /// Dual-Expert attention of one layer without oracle, in place on h [N, D] (LN1 output in, attention output
+  /// out). Its [B, H, T, T] buffers and pair scratch come from `ws` (a copy: every layer reuses the same region).
+  /// Buffers that Eigen traverses with packets keep the layer cache's layout and alignment (the [B, H, T, T]
+  /// slices, sigma [B, H, T]): where a vectorised loop starts depends on the address, and Eigen's packet sqrt and
+  /// exp are not the scalar ones bit for bit. The pair kernel is DualExpertAttention's forward with alpha_mix = alpha-hat; the [B, H, T, T] buffers
+  /// have the layer cache's layout, E0 turns into the scores and then into P in place.
+  void attention(const S* const* w, MatMap<S>& h, MatMap<S>& Q, MatMap<S>& K, MatMap<S>& V, MatMap<S>& ctx, Index B,
+                 Index T, const std::uint8_t* mask, Workspace<S> ws) const {
+    const Index D = cfg_.d_model, H = cfg_.n_heads, Dh = D / H, G = 2 * Dh + 2;
+    ops::linear_forward_into<S>(h, ConstMatMap<S>(w[kWq], D, D), w[kBq], Q);  // Q = h W_q^T + b_q
+    ops::linear_forward_into<S>(h, ConstMatMap<S>(w[kWk], D, D), w[kBk], K);  // K = h W_k^T + b_k
+    ops::linear_forward_into<S>(h, ConstMatMap<S>(w[kWv], D, D), w[kBv], V);  // V = h W_v^T + b_v
+    S* e0 = ws.take(B * H * T * T);
+    S* e1 = ws.take(B * H * T * T);
+    S* ah = ws.take(B * H * T * T);
+    S* sigma = ws.take(B * H * T);  // [B, H, T] row sigmas, laid out as the layer cache's sigma0 / sigma1
+    const Index ps = pair_scratch(T, Dh);
+    S* pairs = ws.take(B * H * ps);
+
+    const S inv_sqrt = S(1) / std::sqrt(S(Dh));
+    const S inv_dh = S(1) / S(Dh);
+    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+    const bool par = double(B * H) * double(T) * double(T) * double(4 * Dh + 20) > kParallelMinFlops;
+    parallel_for(B * H, [&](Index bh) {
+      const Index b = bh / H, hd = bh % H;
+      const Index off = bh * T * T;
+      const std::uint8_t* km = mask ? mask + b * T : nullptr;
+      Workspace<S> pw(pairs + bh * ps, ps);
+      using ColVec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+      using ColArr = Eigen::Array<S, Eigen::Dynamic, 1>;
+      Eigen::Map<HeadMat, Eigen::AlignedMax> Qh(pw.take(T * Dh), T, Dh), Kh(pw.take(T * Dh), T, Dh),
+          Vh(pw.take(T * Dh), T, Dh), Rh(pw.take(T * Dh), T, Dh);
+      Qh = Q.block(b * T, hd * Dh, T, Dh);
+      Kh = K.block(b * T, hd * Dh, T, Dh);
+      Vh = V.block(b * T, hd * Dh, T, Dh);
+      Eigen::Map<const RelMat> Wr(w[kWrel] + hd * Dh * Dh, Dh, Dh);
+
+      // E0 = Q K^T / sqrt(Dh)
+      MatMap<S> E0(e0 + off, T, T);
+      E0.noalias() = inv_sqrt * (Qh * Kh.transpose());
+      // R_i = W_rel Q_i; E1 = min(0, -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh)
+      Rh.noalias() = Qh * Wr.transpose();
+      MatMap<S> E1(e1 + off, T, T);
+      E1.noalias() = S(2) * (Rh * Kh.transpose());
+      Eigen::Map<ColVec, Eigen::AlignedMax> rn(pw.take(T), T), kn(pw.take(T), T);
+      rn = Rh.rowwise().squaredNorm();
+      kn = Kh.rowwise().squaredNorm();
+      {
+        auto A = E1.array();
+        A = -((A.colwise() - rn.array()).rowwise() - kn.transpose().array()) * (-inv_dh);
+        A = A.min(S(0));
+      }
+      // per-query normalisation over the real keys (n real keys, floored at 1)
+      Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>, Eigen::AlignedMax> mrow(pw.take(T), T);
+      Index nr = T;
+      if (km) {
+        nr = 0;
+        for (Index j = 0; j < T; ++j) {
+          mrow[j] = km[j] ? S(1) : S(0);
+          nr += km[j] ? 1 : 0;
+        }
+      } else {
+        mrow.setOnes();
+      }
+      const S n = S(nr < 1 ? 1 : nr);
+      Eigen::Map<ColArr, Eigen::AlignedMax> mu(pw.take(T), T), var(pw.take(T), T);
+      Eigen::Map<ColArr> sg(sigma + bh * T, T);
+      normalise_rows(E0, mrow, n, mu, var, sg);
+      normalise_rows(E1, mrow, n, mu, var, sg);
+      // gate: alpha_hat = min(0.95, sigmoid(clip(Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c)))
+      const S* wg = w[kWgate] + hd * G;
+      Eigen::Map<ColVec, Eigen::AlignedMax> lq(pw.take(T), T), lk(pw.take(T), T);
+      lq.noalias() = Qh * Eigen::Map<const ColVec>(wg, Dh);
+      lk.noalias() = Kh * Eigen::Map<const ColVec>(wg + Dh, Dh);
+      const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = w[kCgate][hd];
+      MatMap<S> Ah(ah + off, T, T);
+      Ah.array() = ((w0 * E0.array() + w1 * E1.array()).colwise() + lq.array()).rowwise() + lk.transpose().array();
+      Ah.array() += cg;
+      Ah.array() = (S(1) / (S(1) + (-Ah.array().max(-clip).min(clip)).exp())).min(amax);
+      // scores S~ = (1 - alpha_hat) E0~ + alpha_hat E1~ (in E0), softmax over the real keys (in place)
+      E0 = (S(1) - Ah.array()).matrix().cwiseProduct(E0) + Ah.cwiseProduct(E1);
+      ops::masked_softmax_rows<S>(E0, km, E0, pw.take(ops::masked_softmax_scratch<S>(T, T)));
+      // ctx_h = P V_h
+      ctx.block(b * T, hd * Dh, T, Dh).noalias() = E0 * Vh;
+    }, par);
+    ops::linear_forward_into<S>(ctx, ConstMatMap<S>(w[kWo], D, D), w[kBo], h);  // a = ctx W_o^T + b_o
+  }
+
+  /// DualExpertAttention::normalise_rows without the backward's outputs: each row of E becomes
+  /// (E - mu) / (sigma + 1e-5) over the real keys (m), 0 at padded keys.
+  template <class MRow, class Col, class Sig>
+  static void normalise_rows(MatMap<S>& E, const MRow& m, S n, Col& mu, Col& var, Sig& sg) {
+    auto A = E.array();
+    mu = (A.rowwise() * m).rowwise().sum() / n;
+    A = (A.colwise() - mu).rowwise() * m;
+    var = A.square().rowwise().sum() / n;
+    sg = var.max(S(DeaConstants::var_floor)).sqrt();
+    var = sg + S(DeaConstants::norm_eps);
+    A.colwise() /= var;
+  }
+
+  InferenceConfig cfg_;
+  const S* model_[kModelTensors] = {};
+  LayerStore layers_{};
+  S* ws_ = nullptr;
+  Index ws_size_ = 0, max_batch_ = 0, max_len_ = 0;
+  AlignedVec<S> owned_;
+};
+
+}  // namespace nn
+}  // namespace dea

@@ -1,0 +1,138 @@
+// dea_export_c (examples/dea_export_c.cpp), run as a user runs it: a checkpoint of a TransformerModel goes in, and
+// the header that comes out holds every parameter under its reference name, with its shape and exactly its
+// values (read back from the hexadecimal literals), the model's sizes, and nothing of the optimiser state.
+// Compiling and running such headers is what the embedded programs do (examples/embedded_inference).
+#include <catch2/catch.hpp>
+#include <dea/data/files.hpp>
+#include <dea/io/safetensors.hpp>
+#include <dea/nn/transformer.hpp>
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+using namespace dea;
+
+namespace {
+
+/// Runs dea_export_c with `args`; returns its exit status.
+int run_export(const std::string& args) {
+  const std::string cmd = std::string(DEA_EXPORT_C_EXE) + " " + args + " >/dev/null 2>&1";
+  const int r = std::system(cmd.c_str());
+  return WIFEXITED(r) ? WEXITSTATUS(r) : -1;
+}
+
+/// The values of the array that follows the comment line `/// "name" [shape]` in a generated header.
+std::vector<std::string> array_tokens(const std::string& text, const std::string& name, const std::string& shape) {
+  const std::string marker = "/// \"" + name + "\" " + shape + "\n";
+  const std::size_t at = text.find(marker);
+  if (at == std::string::npos) return {};
+  const std::size_t open = text.find('{', at), close = text.find("};", at);
+  std::vector<std::string> out;
+  std::string tok;
+  for (std::size_t k = open + 1; k < close; ++k) {
+    const char c = text[k];
+    if (c == ',' || c == ' ' || c == '\n') {
+      if (!tok.empty()) out.push_back(tok);
+      tok.clear();
+    } else {
+      tok += c;
+    }
+  }
+  if (!tok.empty()) out.push_back(tok);
+  return out;
+}
+
+std::filesystem::path fresh_dir(const char* name) {
+  const std::filesystem::path d = std::filesystem::current_path() / name;
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("dea_export_c writes every parameter exactly, under its name, with the model's sizes", "[export]") {
+  nn::ModelConfig mc;
+  mc.vocab_size = 23;
+  mc.d_model = 8;
+  mc.n_heads = 2;
+  mc.n_layers = 2;
+  mc.d_ff = 12;
+  mc.max_len = 10;
+  mc.n_classes = 3;
+  Rng rng(1);
+  nn::TransformerModel<float> model(mc, rng);
+  // values of every magnitude, negative zero, a subnormal: the literals must carry them all exactly
+  model.parameters()[0]->value[0] = -0.0f;
+  model.parameters()[0]->value[1] = 1e-40f;
+  model.parameters()[0]->value[2] = 3.4e38f;
+  const std::filesystem::path dir = fresh_dir("export_test_model");
+  io::SafeTensors st;
+  io::put_parameters(st, model.parameters(), io::DType::F32);
+  Tensor<float> moment({2}, 0.5f);
+  st.put("optim.exp_avg.tok_emb.weight", moment, io::DType::F32);
+  st.save((dir / "checkpoint.safetensors").string());
+
+  const std::string out = (dir / "weights.hpp").string();
+  REQUIRE(run_export((dir / "checkpoint.safetensors").string() + " " + out + " --max_len 10 --namespace my_weights") == 0);
+  const std::string text = data::read_file(out);
+  CHECK(text.find("namespace my_weights {") != std::string::npos);
+  CHECK(text.find("optim.") == std::string::npos);
+  CHECK(text.find("constexpr dea::nn::InferenceConfig config{/*vocab_size*/ 23, /*d_model*/ 8, /*n_heads*/ 2, "
+                  "/*n_layers*/ 2, /*d_ff*/ 12,") != std::string::npos);
+  CHECK(text.find("/*max_len*/ 10, /*n_classes*/ 3, dea::nn::Task::cls}") != std::string::npos);
+  Index arrays = 0;
+  for (const Param<float>* p : model.parameters()) {
+    INFO(p->name);
+    const std::vector<std::string> toks = array_tokens(text, p->name, shape_str(p->shape));
+    REQUIRE(static_cast<Index>(toks.size()) == p->numel());
+    for (Index k = 0; k < p->numel(); ++k) {
+      const std::string& t = toks[static_cast<std::size_t>(k)];
+      REQUIRE(t.back() == 'f');
+      const float v = std::strtof(t.c_str(), nullptr);
+      CHECK(std::memcmp(&v, &p->value[k], sizeof v) == 0);  // the same bits (-0 included)
+    }
+    CHECK(text.find("{\"" + p->name + "\", ") != std::string::npos);  // listed in the table by its name
+    ++arrays;
+  }
+  CHECK(arrays == static_cast<Index>(model.parameters().size()));
+
+  // without --max_len and without a config.json beside the checkpoint the sequence length is unknown
+  CHECK(run_export((dir / "checkpoint.safetensors").string() + " " + (dir / "other.hpp").string()) == 1);
+  CHECK_FALSE(std::filesystem::exists(dir / "other.hpp"));
+}
+
+TEST_CASE("dea_export_c --all writes any file's tensors and metadata; bad input is refused", "[export]") {
+  const std::filesystem::path dir = fresh_dir("export_test_all");
+  const std::string golden = std::string(DEA_TEST_DATA_DIR) + "/golden/layer_basic.safetensors";
+  const std::string out = (dir / "case.hpp").string();
+  REQUIRE(run_export(golden + " " + out + " --all --type double --namespace golden_basic") == 0);
+  const std::string text = data::read_file(out);
+  const io::SafeTensors cs = io::SafeTensors::load(golden);
+  for (const std::string& name : cs.names()) {
+    INFO(name);
+    const std::vector<std::string> toks = array_tokens(text, name, shape_str(cs.shape(name)));
+    CHECK(static_cast<Index>(toks.size()) == std::max<Index>(1, cs.numel(name)));
+  }
+  // doubles exactly; the integer targets as integers
+  const Tensor<double> x = cs.get<double>("in.x");
+  const std::vector<std::string> xt = array_tokens(text, "in.x", shape_str(cs.shape("in.x")));
+  REQUIRE(static_cast<Index>(xt.size()) == x.numel());
+  for (Index k = 0; k < x.numel(); ++k) CHECK(std::strtod(xt[static_cast<std::size_t>(k)].c_str(), nullptr) == x[k]);
+  CHECK(text.find("constexpr std::int64_t in_target_idx[12]") != std::string::npos);
+  CHECK(text.find("{\"gamma_mix\", \"0.5\"}") != std::string::npos);
+  CHECK(text.find("InferenceConfig") == std::string::npos);  // not a model
+
+  // a file that is not a model checkpoint needs --all; a file that is not safetensors; bad flags
+  CHECK(run_export(golden + " " + (dir / "x.hpp").string()) == 1);
+  CHECK(run_export(std::string(DEA_TEST_DATA_DIR) + "/../CMakeLists.txt " + (dir / "y.hpp").string() + " --all") == 1);
+  CHECK(run_export(golden + " " + (dir / "z.hpp").string() + " --all --type half") == 2);
+  CHECK(run_export(golden + " " + (dir / "z.hpp").string() + " --all --namespace 1abc") == 2);
+  CHECK(run_export(golden) == 2);
+  CHECK_FALSE(std::filesystem::exists(dir / "x.hpp"));
+}

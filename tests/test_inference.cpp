@@ -1,0 +1,263 @@
+// nn::InferenceModel (the embedded profile's model: bound parameters, one workspace) against TransformerModel's
+// evaluation forward, with dynamic and compile-time sizes, and its contracts: thread independence, no stale
+// state between calls, masks, and errors that name the bad argument.
+#include <catch2/catch.hpp>
+#include <dea/nn/inference.hpp>
+#include <dea/nn/transformer.hpp>
+
+#include <cmath>
+#include <vector>
+
+using namespace dea;
+
+namespace {
+
+nn::ModelConfig small_config(nn::Task task, Index D, Index H, Index L) {
+  nn::ModelConfig mc;
+  mc.vocab_size = 31;
+  mc.d_model = D;
+  mc.n_heads = H;
+  mc.n_layers = L;
+  mc.d_ff = 2 * D + 4;
+  mc.max_len = 16;
+  mc.n_classes = 3;
+  mc.task = task;
+  return mc;
+}
+
+/// Moves every parameter away from its initial value (zero biases, unit LayerNorms), so each one matters.
+template <class Model>
+void perturb(Model& m, Rng& rng) {
+  for (auto* p : m.parameters())
+    for (Index k = 0; k < p->numel(); ++k)
+      p->value[k] += static_cast<typename Model::Scalar>(rng.uniform(-0.2, 0.2));
+}
+
+struct Batch {
+  Index B = 0, T = 0;
+  std::vector<std::int64_t> ids, types;
+  std::vector<std::uint8_t> mask;
+};
+
+Batch make_batch(Index B, Index T, Index V, Rng& rng, bool padded) {
+  Batch b;
+  b.B = B;
+  b.T = T;
+  b.ids.resize(static_cast<std::size_t>(B * T));
+  b.types.resize(b.ids.size());
+  b.mask.assign(b.ids.size(), 1);
+  for (std::size_t k = 0; k < b.ids.size(); ++k) {
+    b.ids[k] = 1 + static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(V - 1)));
+    b.types[k] = static_cast<std::int64_t>(rng.below(2));
+  }
+  if (padded)
+    for (Index bb = 0; bb < B; ++bb)
+      for (Index t = T - bb % 3; t < T; ++t) {  // sequence bb has bb % 3 padded tokens at the end
+        b.mask[static_cast<std::size_t>(bb * T + t)] = 0;
+        b.ids[static_cast<std::size_t>(bb * T + t)] = 0;
+      }
+  return b;
+}
+
+/// The model's logits in evaluation mode (no oracle, gamma 0).
+template <class S, class A>
+Mat<S> model_logits(nn::TransformerModel<S, A>& m, const Batch& b, bool with_mask, bool with_types) {
+  nn::ModelBatch<S> mb;
+  mb.input_ids = Tensor<std::int64_t>({b.B, b.T});
+  for (Index k = 0; k < b.B * b.T; ++k) mb.input_ids[k] = b.ids[static_cast<std::size_t>(k)];
+  if (with_mask) {
+    mb.attention_mask = Tensor<std::uint8_t>({b.B, b.T});
+    for (Index k = 0; k < b.B * b.T; ++k) mb.attention_mask[k] = b.mask[static_cast<std::size_t>(k)];
+  }
+  if (with_types) {
+    mb.token_type_ids = Tensor<std::int64_t>({b.B, b.T});
+    for (Index k = 0; k < b.B * b.T; ++k) mb.token_type_ids[k] = b.types[static_cast<std::size_t>(k)];
+  }
+  typename nn::TransformerModel<S, A>::Cache cache;
+  return m.forward(mb, S(0), false, nullptr, cache).logits;
+}
+
+template <class Inf>
+Mat<typename Inf::Scalar> inference_logits(Inf& m, const Batch& b, bool with_mask, bool with_types) {
+  return m.forward(b.ids.data(), b.B, b.T, with_mask ? b.mask.data() : nullptr, with_types ? b.types.data() : nullptr);
+}
+
+/// max |a - b| / max(1, max |b|)
+template <class S>
+double rel_diff(const Mat<S>& a, const Mat<S>& b) {
+  REQUIRE(a.rows() == b.rows());
+  REQUIRE(a.cols() == b.cols());
+  const double den = std::max(1.0, static_cast<double>(b.cwiseAbs().maxCoeff()));
+  return static_cast<double>((a - b).cwiseAbs().maxCoeff()) / den;
+}
+
+template <class S>
+double tolerance() {
+  return std::is_same<S, float>::value ? 1e-5 : 1e-12;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("InferenceModel reproduces TransformerModel's evaluation logits (dynamic sizes)", "[inference]",
+                   float, double) {
+  using S = TestType;
+  for (nn::Task task : {nn::Task::cls, nn::Task::mlm}) {
+    const nn::ModelConfig mc = small_config(task, 32, 4, 2);
+    Rng rng(11);
+    nn::TransformerModel<S> model(mc, rng);
+    perturb(model, rng);
+    nn::InferenceModel<S> inf(nn::InferenceConfig::from(mc));
+    inf.bind_parameters(model);
+    inf.reserve(4, 13);
+    Index bitwise = 0, cases = 0;
+    for (const auto& bt : std::vector<std::pair<Index, Index>>{{4, 13}, {1, 1}, {2, 7}, {3, 13}, {4, 5}}) {
+      const Batch b = make_batch(bt.first, bt.second, mc.vocab_size, rng, true);
+      for (int variant = 0; variant < 3; ++variant) {
+        const bool with_mask = variant >= 1, with_types = variant == 2;
+        const Mat<S> want = model_logits(model, b, with_mask, with_types);
+        const Mat<S> got = inference_logits(inf, b, with_mask, with_types);
+        INFO(nn::to_string(task) << " B " << b.B << " T " << b.T << " mask " << with_mask << " types " << with_types);
+        CHECK(rel_diff(got, want) <= tolerance<S>());
+        bitwise += got == want;
+        ++cases;
+      }
+    }
+    // the kernels are the model's own, applied in the same order: the logits are expected to be the same bits
+    INFO(nn::to_string(task) << ": " << bitwise << " of " << cases << " cases bitwise identical");
+    CHECK(bitwise == cases);
+  }
+}
+
+TEST_CASE("InferenceModel with compile-time sizes gives the dynamic-size results", "[inference][fixed]") {
+  const nn::ModelConfig mc = small_config(nn::Task::cls, 16, 2, 2);
+  Rng rng(12);
+  nn::TransformerModel<float> dynamic_model(mc, rng);
+  perturb(dynamic_model, rng);
+  // the same parameters in a model whose attention has compile-time sizes
+  Rng rng2(12);
+  nn::TransformerModel<float, DualExpertAttention<float, 2, 8>> fixed_model(mc, rng2);
+  {
+    const ParamList<float> src = dynamic_model.parameters(), dst = fixed_model.parameters();
+    REQUIRE(src.size() == dst.size());
+    for (std::size_t i = 0; i < src.size(); ++i) dst[i]->value = src[i]->value;
+  }
+  nn::InferenceModel<float> inf_dyn(nn::InferenceConfig::from(mc));
+  nn::InferenceModel<float, 2, 8, 2> inf_fixed(nn::InferenceConfig::from(mc));
+  inf_dyn.bind_parameters(dynamic_model);
+  inf_fixed.bind_parameters(fixed_model);
+  inf_dyn.reserve(3, 16);
+  inf_fixed.reserve(3, 16);
+  for (Index T : {16, 9, 1}) {
+    const Batch b = make_batch(3, T, mc.vocab_size, rng, true);
+    const Mat<float> want = model_logits(dynamic_model, b, true, true);
+    const Mat<float> fixed_want = model_logits(fixed_model, b, true, true);
+    const Mat<float> got_fixed = inference_logits(inf_fixed, b, true, true);
+    const Mat<float> got_dyn = inference_logits(inf_dyn, b, true, true);
+    INFO("T " << T);
+    CHECK(rel_diff(got_fixed, want) <= 1e-5);        // fixed sizes against the dynamic-size build
+    CHECK(rel_diff(fixed_want, want) <= 1e-5);       // (the library's own fixed/dynamic agreement)
+    CHECK(rel_diff(got_fixed, fixed_want) <= 1e-5);  // the inference kernel against the fixed-size model
+    CHECK(got_dyn == want);
+  }
+}
+
+TEST_CASE("InferenceModel: 1 and 2 threads give identical bits", "[inference][threads]") {
+  const nn::ModelConfig mc = small_config(nn::Task::mlm, 32, 4, 2);
+  Rng rng(13);
+  nn::TransformerModel<float> model(mc, rng);
+  perturb(model, rng);
+  nn::InferenceModel<float> inf(nn::InferenceConfig::from(mc));
+  inf.bind_parameters(model);
+  inf.reserve(6, 16);
+  const Batch b = make_batch(6, 16, mc.vocab_size, rng, true);  // large enough for the parallel paths
+  const int before = num_threads();
+  set_num_threads(1);
+  const Mat<float> one = inference_logits(inf, b, true, false);
+  set_num_threads(2);
+  const Mat<float> two = inference_logits(inf, b, true, false);
+  set_num_threads(before);
+  CHECK(one == two);
+}
+
+TEST_CASE("InferenceModel: results do not depend on earlier calls or on the workspace's maximum sizes",
+          "[inference]") {
+  const nn::ModelConfig mc = small_config(nn::Task::cls, 16, 2, 1);
+  Rng rng(14);
+  nn::TransformerModel<float> model(mc, rng);
+  perturb(model, rng);
+  nn::InferenceModel<float> big(nn::InferenceConfig::from(mc)), exact(nn::InferenceConfig::from(mc));
+  big.bind_parameters(model);
+  exact.bind_parameters(model);
+  big.reserve(5, 16);
+  const Batch a = make_batch(2, 6, mc.vocab_size, rng, true), other = make_batch(5, 16, mc.vocab_size, rng, false);
+  exact.reserve(2, 6);
+  const Mat<float> first = inference_logits(big, a, true, true);
+  inference_logits(big, other, false, true);
+  const Mat<float> again = inference_logits(big, a, true, true);
+  CHECK(first == again);
+  CHECK(inference_logits(exact, a, true, true) == first);
+}
+
+TEST_CASE("InferenceModel: a mask is 'non-zero = real'; padded tokens do not reach the cls logits", "[inference]") {
+  const nn::ModelConfig mc = small_config(nn::Task::cls, 16, 2, 2);
+  Rng rng(15);
+  nn::TransformerModel<float> model(mc, rng);
+  perturb(model, rng);
+  nn::InferenceModel<float> inf(nn::InferenceConfig::from(mc));
+  inf.bind_parameters(model);
+  inf.reserve(2, 10);
+  Batch b = make_batch(2, 10, mc.vocab_size, rng, false);
+  for (Index t = 6; t < 10; ++t) b.mask[static_cast<std::size_t>(t)] = 0;  // sequence 0: 4 padded tokens
+  const Mat<float> base = inference_logits(inf, b, true, false);
+  for (auto& m : b.mask) m = m ? 7 : 0;  // any non-zero value marks a real token
+  CHECK(inference_logits(inf, b, true, false) == base);
+  for (Index t = 6; t < 10; ++t) b.ids[static_cast<std::size_t>(t)] = (b.ids[static_cast<std::size_t>(t)] + 5) % 31;
+  const Mat<float> changed = inference_logits(inf, b, true, false);
+  CHECK(changed.row(0) == base.row(0));  // padded keys are masked for every query, and position 0 is pooled
+  // without the mask the padded tokens are keys like any other
+  CHECK(inference_logits(inf, b, false, false).row(0) != base.row(0));
+}
+
+TEST_CASE("InferenceModel: bad bindings, sizes and inputs are errors that name them", "[inference][errors]") {
+  const nn::ModelConfig mc = small_config(nn::Task::cls, 16, 2, 2);
+  const nn::InferenceConfig cfg = nn::InferenceConfig::from(mc);
+  Rng rng(16);
+  nn::TransformerModel<float> model(mc, rng);
+  std::vector<float> buf(4096, 0.5f);
+
+  nn::InferenceModel<float> m(cfg);
+  CHECK_FALSE(m.bind("mlm_head.weight", buf.data(), 31 * 16));  // the tied copy: not a tensor of its own
+  CHECK_FALSE(m.bind("layers.0.attn.W_x", buf.data(), 1));
+  REQUIRE_THROWS_WITH(m.bind("layers.0.attn.W_q.weight", buf.data(), 100),
+                      Catch::Contains("layers.0.attn.W_q.weight") && Catch::Contains("expected 256 values, got 100"));
+  REQUIRE_THROWS_WITH(m.bind("layers.2.ln1.weight", buf.data(), 16), Catch::Contains("has 2 layers"));
+  REQUIRE_THROWS_WITH(m.check_bound(), Catch::Contains("'tok_emb.weight' is not bound"));
+  for (Param<float>* p : model.parameters())
+    if (p->name != "layers.1.ff.3.bias") m.bind(p->name.c_str(), p->value.data(), p->numel());
+  REQUIRE_THROWS_WITH(m.check_bound(), Catch::Contains("'layers.1.ff.3.bias' is not bound"));
+  m.bind_parameters(model);
+
+  const std::int64_t ids[4] = {1, 2, 3, 40};
+  REQUIRE_THROWS_WITH(m.forward(ids, 1, 3), Catch::Contains("no workspace"));
+  REQUIRE_THROWS_WITH(m.reserve(1, 17), Catch::Contains("max_len must be in [1, 16], got 17"));
+  m.reserve(1, 3);
+  REQUIRE_THROWS_WITH(m.forward(ids, 2, 2), Catch::Contains("batch must be in [1, 1], got 2"));
+  REQUIRE_THROWS_WITH(m.forward(ids, 1, 4), Catch::Contains("sequence length must be in [1, 3], got 4"));
+  const std::int64_t bad_ids[3] = {1, 31, 2};
+  REQUIRE_THROWS_WITH(m.forward(bad_ids, 1, 3), Catch::Contains("ids[1]: expected an id in [0, 31), got 31"));
+  const std::int64_t bad_types[3] = {0, 1, 2};
+  REQUIRE_THROWS_WITH(m.forward(ids, 1, 3, nullptr, bad_types), Catch::Contains("token_types[2]: expected 0 or 1"));
+
+  alignas(kWorkspaceAlign) static float small[64];
+  REQUIRE_THROWS_WITH(m.set_workspace(small, 64, 1, 3), Catch::Contains("are needed for max_batch 1 and max_len 3"));
+  std::vector<float> big(static_cast<std::size_t>(nn::InferenceModel<float>::workspace_size(cfg, 1, 3) + 64));
+  float* misaligned = big.data();
+  while (reinterpret_cast<std::uintptr_t>(misaligned) % kWorkspaceAlign == 0) ++misaligned;
+  REQUIRE_THROWS_WITH(m.set_workspace(misaligned, nn::InferenceModel<float>::workspace_size(cfg, 1, 3), 1, 3),
+                      Catch::Contains("must be aligned"));
+
+  using Fixed = nn::InferenceModel<float, 4, 4, 2>;
+  REQUIRE_THROWS_WITH(Fixed(cfg), Catch::Contains("n_heads: expected the compile-time 4, got 2"));
+  using FixedLayers = nn::InferenceModel<float, 2, 8, 3>;
+  REQUIRE_THROWS_WITH(FixedLayers(cfg), Catch::Contains("n_layers: expected the compile-time 3, got 2"));
+}
