@@ -2,7 +2,7 @@
 """Runs bench_train and the PyTorch re-creation (bench/torch_train.py) side by side and prints the ratios.
 
     bench/compare_train.py --bench build/release/bench/bench_train [--config quick,mid,paper] [--threads 1,2]
-                           [--rounds 2] [--steps 10] [--warmup 2]
+                           [--rounds 2] [--steps 10] [--warmup 2] [--openblas-coretype auto|native|NAME]
 
 For each configuration the D_alpha training batches are written once (bench_train --dump-batches --dump-only), so
 both sides train on the same tokens. Then for each thread count, --rounds rounds alternate a dea process and a
@@ -57,6 +57,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--gamma", type=float, default=0.5)
+    ap.add_argument("--openblas-coretype", default="auto", help="passed to torch_train.py (auto, native or a core name)")
     args = ap.parse_args()
     configs = [c for c in args.config.split(",") if c]
     threads = [int(t) for t in args.threads.split(",") if t]
@@ -70,7 +71,7 @@ def main():
                 env = dict(os.environ, OMP_NUM_THREADS=str(th), OPENBLAS_NUM_THREADS=str(th), OMP_WAIT_POLICY="PASSIVE")
                 dea_cmd = [args.bench, "--config", config, "--threads", str(th)] + common
                 torch_cmd = [sys.executable, os.path.join(HERE, "torch_train.py"), "--batches", batches, "--threads",
-                             str(th)] + common
+                             str(th), "--openblas-coretype", args.openblas_coretype] + common
                 best = {"dea": {}, "torch": {}}
                 loads = []
                 for r in range(args.rounds):
