@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs what dea needs to build its tests, examples and benchmarks, from Debian's packages only.
-# Usage: bash cmake/install_deps.sh   (as root on Debian 12; does nothing for packages already present)
+# Usage: bash cmake/install_deps.sh [EXTRA_PACKAGE ...]   (as root on Debian 12; does nothing for packages already
+# present; the other install_*_deps.sh scripts pass their packages as arguments)
 set -euo pipefail
 # python3, libxml2-utils, w3c-sgml-lib: the tests parse every SVG plot with Python's XML parser and validate it
 # against the SVG 1.1 DTD with xmllint (tests/check_svg.py)
 pkgs=(cmake g++ make libeigen3-dev libfmt-dev catch2 nlohmann-json3-dev python3 libxml2-utils w3c-sgml-lib)
+pkgs+=("$@")
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
