@@ -33,6 +33,10 @@ void note_eigen_assert(const char* what, const char* file, int line) {
 #include <vector>
 
 // ---- counting replacements of the global allocation functions ----
+// (they allocate with malloc and free with free; GCC, inlining them, cannot tell and warns about a mismatch)
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#endif
 namespace {
 void* counted_alloc(std::size_t n, std::size_t align = 0) {
   ++g_new_calls;
