@@ -6,6 +6,7 @@
 // the real name.
 #pragma once
 
+#include "../core/atomic_file.hpp"
 #include "../core/error.hpp"
 
 #include <atomic>
@@ -22,11 +23,6 @@
 #include <system_error>
 #include <vector>
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <fcntl.h>
-#include <unistd.h>
-#define DEA_FILES_POSIX 1
-#endif
 
 namespace dea::data {
 
@@ -85,71 +81,11 @@ inline std::vector<std::string> split_lines(std::string_view text) {
 /// Reads a file and splits it into lines (see split_lines).
 inline std::vector<std::string> read_lines(const std::string& path) { return split_lines(read_file(path)); }
 
-/// Writes `content` to `path` atomically: to a temporary file next to it ("<path>.tmp.<pid>.<n>"), flushed to
-/// disk (fsync on POSIX), then renamed over `path`; so a crash at any point leaves either the old or the new
-/// complete file under `path`. On failure the temporary is removed and `path` is untouched.
+/// Writes `content` to `path` atomically (core/atomic_file.hpp: temporary file, fsync, rename); a crash at any
+/// point leaves either the old or the new complete file under `path`. On failure `path` is untouched.
 inline void write_file_atomic(const std::string& path, std::string_view content) {
   check(!path.empty(), "write_file_atomic: empty path");
-  static std::atomic<unsigned> counter{0};
-#if defined(DEA_FILES_POSIX)
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    tmp = ::dea::detail::concat(path, ".tmp.", static_cast<long>(::getpid()), ".", counter.fetch_add(1));
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST)
-      ::dea::detail::raise(::dea::detail::concat("cannot create '", tmp, "' for writing: ", std::strerror(errno)));
-  }
-  check(fd >= 0, "cannot create a temporary file next to '", path, "' (all candidate names exist)");
-  auto fail = [&](const char* what) {
-    const std::string msg = ::dea::detail::concat(what, " '", tmp, "' failed: ", std::strerror(errno));
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    ::dea::detail::raise(msg);
-  };
-  const char* p = content.data();
-  std::size_t n = content.size();
-  while (n > 0) {
-    const ::ssize_t w = ::write(fd, p, n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      fail("write to");
-    }
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
-  if (::fsync(fd) != 0) fail("fsync of");
-  const int rc = ::close(fd);
-  fd = -1;
-  if (rc != 0) fail("close of");
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) fail("rename (over the target) of");
-  // Make the rename durable too (best effort: some file systems refuse fsync on a directory).
-  const std::size_t slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_CLOEXEC);
-  if (dfd >= 0) {
-    (void)::fsync(dfd);
-    ::close(dfd);
-  }
-#else
-  // Portable fallback (the standard library has no fsync): write, flush, close, rename.
-  const std::string tmp = ::dea::detail::concat(path, ".tmp.", counter.fetch_add(1));
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    check(static_cast<bool>(out), "cannot open '", tmp, "' for writing");
-    out.write(content.data(), static_cast<std::streamsize>(content.size()));
-    out.flush();
-    if (!out) {
-      out.close();
-      std::remove(tmp.c_str());
-      ::dea::detail::raise("error while writing '" + tmp + "'");
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    std::remove(tmp.c_str());
-    ::dea::detail::raise("cannot rename '" + tmp + "' to '" + path + "'");
-  }
-#endif
+  write_file_atomic_with(path, [&](auto&& write) { write(content.data(), content.size()); });
 }
 
 /// Removes leading and trailing ASCII whitespace.

@@ -19,6 +19,7 @@
 // This header needs nlohmann_json; the core headers do not.
 #pragma once
 
+#include "../core/atomic_file.hpp"
 #include "../core/error.hpp"
 #include "../core/param.hpp"
 #include "../core/tensor.hpp"
@@ -44,11 +45,6 @@
 #include <utility>
 #include <vector>
 
-#if defined(__unix__) || defined(__APPLE__)
-#include <fcntl.h>
-#include <unistd.h>
-#define DEA_SAFETENSORS_POSIX 1
-#endif
 
 // Tensor bytes are copied to and from memory as they are, so the machine must be little-endian like the format.
 #if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__)
@@ -735,72 +731,10 @@ inline SafeTensors SafeTensors::load(const std::string& path) {
 inline void SafeTensors::save(const std::string& path) const {
   const std::string header = build_header();  // fails before any file is touched
   if (path.empty()) detail::st_fail(source_, "cannot save to an empty path");
-  static std::atomic<unsigned> counter{0};
-#if defined(DEA_SAFETENSORS_POSIX)
-  // Create a fresh temporary next to the target (O_EXCL: never reuse someone else's file). Mode 0666 is
-  // reduced by the umask, as for any newly created file.
-  std::string tmp;
-  int fd = -1;
-  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    tmp = ::dea::detail::concat(path, ".tmp.", static_cast<long>(::getpid()), ".", counter.fetch_add(1));
-    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd < 0 && errno != EEXIST)
-      detail::st_fail(path, "cannot create the temporary file '", tmp, "': ", std::strerror(errno));
-  }
-  if (fd < 0) detail::st_fail(path, "cannot create a temporary file next to it (all candidate names exist)");
-  try {
-    write_parts(header, [&](const std::uint8_t* p, std::size_t n) {
-      while (n > 0) {
-        const ::ssize_t w = ::write(fd, p, n);
-        if (w < 0) {
-          if (errno == EINTR) continue;
-          detail::st_fail(path, "write to '", tmp, "' failed: ", std::strerror(errno));
-        }
-        p += w;
-        n -= static_cast<std::size_t>(w);
-      }
-    });
-    if (::fsync(fd) != 0) detail::st_fail(path, "fsync of '", tmp, "' failed: ", std::strerror(errno));
-    const int rc = ::close(fd);
-    fd = -1;
-    if (rc != 0) detail::st_fail(path, "close of '", tmp, "' failed: ", std::strerror(errno));
-    if (std::rename(tmp.c_str(), path.c_str()) != 0)
-      detail::st_fail(path, "cannot rename '", tmp, "' over it: ", std::strerror(errno));
-  } catch (...) {
-    if (fd >= 0) ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  // Make the rename itself durable (best effort: some file systems refuse fsync on directories).
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_CLOEXEC);
-  if (dfd >= 0) {
-    (void)::fsync(dfd);
-    ::close(dfd);
-  }
-#else
-  // Portable fallback (no fsync available through the standard library): write, flush, close, rename.
-  const std::string tmp = ::dea::detail::concat(path, ".tmp.", counter.fetch_add(1));
-  try {
-    {
-      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-      if (!f) detail::st_fail(path, "cannot create the temporary file '", tmp, "'");
-      write_parts(header, [&](const std::uint8_t* p, std::size_t n) {
-        f.write(reinterpret_cast<const char*>(p), static_cast<std::streamsize>(n));
-      });
-      f.flush();
-      if (!f) detail::st_fail(path, "write to '", tmp, "' failed");
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) detail::st_fail(path, "cannot rename '", tmp, "' over it: ", ec.message());
-  } catch (...) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
-    throw;
-  }
-#endif
+  write_file_atomic_with(
+      path,
+      [&](auto&& write) { write_parts(header, [&](const std::uint8_t* p, std::size_t n) { write(p, n); }); },
+      ::dea::detail::concat("safetensors '", path, "': "));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
