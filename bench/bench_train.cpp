@@ -30,6 +30,7 @@
 // line {"config", "vocab_size", ...}, then one line per step with input_ids, token_type_ids, attention_mask,
 // labels and the oracle blocks [row, q0, q1, k0, k1, alpha]) so that bench/torch_train.py trains on exactly the
 // same batches (torch_train.py reads a file of one configuration). --dump-only writes the file and measures nothing.
+#include <dea/core/allocator.hpp>
 #include <dea/io/pipeline.hpp>
 
 #include <fmt/core.h>
@@ -306,6 +307,7 @@ void run_config(const BenchConfig& bc, const Options& opt, std::ofstream* dump) 
 }  // namespace
 
 int main(int argc, char** argv) {
+  dea::retain_freed_memory();  // reuse freed activations instead of faulting pages in every step
   Options opt;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];

@@ -70,3 +70,15 @@ TEST_CASE("GradCheck finds a wrong gradient and accepts a right one", "[core][gr
   };
   REQUIRE_FALSE(gc.run(objective, bad).ok);
 }
+
+TEST_CASE("retain_freed_memory takes effect under glibc and is harmless elsewhere", "[core]") {
+#if defined(__GLIBC__)
+  REQUIRE(retain_freed_memory());
+  // allocations keep working after the change, including ones above the new threshold
+  std::vector<float> big(std::size_t(48) << 20 >> 2, 1.0f), mid(std::size_t(8) << 20 >> 2, 2.0f);
+  REQUIRE(big.back() == 1.0f);
+  REQUIRE(mid.back() == 2.0f);
+#else
+  REQUIRE_FALSE(retain_freed_memory());
+#endif
+}

@@ -266,6 +266,34 @@ TEST_CASE("gelu is the exact erf form and its backward matches finite difference
   REQUIRE(rep.ok);
 }
 
+TEST_CASE("gelu in float (vectorised erf and exp) agrees with the double formula to float round-off", "[nn][ops]") {
+  // x over [-9, 9] (both tails, where erf saturates) plus exact zeros; several row blocks
+  const Index n = 257, m = 33;
+  Mat<double> xd(n, m);
+  for (Index i = 0; i < n; ++i)
+    for (Index j = 0; j < m; ++j) xd(i, j) = -9.0 + 18.0 * double(i * m + j) / double(n * m - 1);
+  xd(0, 0) = 0.0;
+  const Mat<float> xf = xd.cast<float>();
+  const Mat<double> xr = xf.cast<double>();  // the float inputs, exactly, for the double reference
+  Mat<float> yf, yin = xf;
+  ops::gelu_forward<float>(xf, yf);
+  ops::gelu_forward_into<float>(yin, yin);  // in place gives the same bits
+  REQUIRE(yin == yf);
+  Mat<float> gf = Mat<float>::Ones(n, m);
+  ops::gelu_backward_inplace<float>(xf, gf);
+  double err_y = 0, err_g = 0;
+  for (Index i = 0; i < n; ++i)
+    for (Index j = 0; j < m; ++j) {
+      const double x = xr(i, j);
+      err_y = std::max(err_y, std::abs(double(yf(i, j)) - ops::gelu(x)) / std::max(1.0, std::abs(x)));
+      err_g = std::max(err_g, std::abs(double(gf(i, j)) - ops::gelu_grad(x)));
+    }
+  INFO("max error: gelu " << err_y << ", gelu' " << err_g);
+  REQUIRE(err_y < 1e-6);
+  REQUIRE(err_g < 1e-6);
+  REQUIRE(yf(0, 0) == 0.0f);
+}
+
 TEST_CASE("cross_entropy: mean over counted rows, ignore_index, gradient", "[nn][ops]") {
   Mat<double> z(3, 4);
   z << 1.0, 2.0, 0.5, -1.0,  //

@@ -11,6 +11,7 @@
 #include "core/rng.hpp"
 #include "core/tensor.hpp"
 #include "core/workspace.hpp"
+#include "core/allocator.hpp"
 
 #include "ops/gemm.hpp"
 #include "ops/linear.hpp"

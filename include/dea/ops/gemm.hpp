@@ -20,16 +20,31 @@ inline Index gemm_row_blocks(Index rows) {
   return nb < 1 ? 1 : nb;
 }
 
-/// Runs f(r0, nr) over the fixed row blocks of [0, rows), in parallel.
+/// Row blocks of a weight-gradient product C += A^T B: fewer and larger than gemm_row_blocks, because every block
+/// packs all of B [N, K] again (N = the batch's rows, the largest dimension there), so 16 blocks would pack it 16
+/// times. Still a function of the size alone.
+inline Index gemm_tn_row_blocks(Index rows) {
+  constexpr Index kMinRows = 128;
+  Index nb = rows / kMinRows;
+  if (nb > 4) nb = 4;
+  return nb < 1 ? 1 : nb;
+}
+
+/// Runs f(r0, nr) over `nb` fixed row blocks of [0, rows) (sizes differ by at most one row), in parallel.
 template <class F>
-void for_row_blocks(Index rows, F&& f) {
-  const Index nb = gemm_row_blocks(rows);
+void for_blocks(Index rows, Index nb, F&& f) {
   const Index base = rows / nb, extra = rows % nb;
   parallel_for(nb, [&](Index b) {
     const Index r0 = b * base + (b < extra ? b : extra);
     const Index nr = base + (b < extra ? 1 : 0);
     if (nr > 0) f(r0, nr);
   });
+}
+
+/// Runs f(r0, nr) over the fixed row blocks of [0, rows), in parallel.
+template <class F>
+void for_row_blocks(Index rows, F&& f) {
+  for_blocks(rows, gemm_row_blocks(rows), f);
 }
 
 /// C = A * B into a C that already has A.rows() x B.cols() (a matrix or a Map of a workspace: no resize).
@@ -49,7 +64,7 @@ void gemm(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Mat<S>
 /// C += A^T * B, with A [N, M], B [N, K], C [M, K] (a weight gradient: reduction over the N rows).
 template <class S, class DA, class DB, class DC>
 void gemm_tn_add(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C) {
-  for_row_blocks(C.rows(), [&](Index r0, Index nr) {
+  for_blocks(C.rows(), gemm_tn_row_blocks(C.rows()), [&](Index r0, Index nr) {
     C.middleRows(r0, nr).noalias() += A.middleCols(r0, nr).transpose() * B;
   });
 }
