@@ -1,7 +1,20 @@
 // bench_dea: speed and memory of DualExpertAttention, printed as one JSON line per measurement.
 //
 //   bench_dea [--shape BxTxDxH ...] [--threads 1,2] [--reps 5] [--mode forward,train] [--sizes fixed,dynamic]
+//             [--kernel tiled,reference] [--block-q N] [--oracle dense|none] [--no-check] [--max-ref-gb 6]
 //             [--no-yardstick]
+//
+// Kernels (DualExpertAttention::Options::kernel): `tiled` (query blocks, O(T) memory) and `reference` (every
+// [B, H, T, T] map kept). Before any timing, a child process (fork, so the parent's peak RSS stays clean) runs a
+// training step and an inference forward with both kernels on the same inputs and parameters and prints
+// {"bench": "dea_kernel_check", "max_rel_diff": ...}: the largest difference of the outputs, the input gradient,
+// every parameter gradient and the gate loss, each relative to its tensor's largest magnitude. Above the float
+// round-off bound 1e-3 the program fails (exit 3) before timing anything. When the reference kernel would need more
+// than --max-ref-gb GB at a shape (1x8192x512x8 needs ~30 GB) it is refused there with a message on stderr, and the
+// check runs at the same D and H with B = 1, T = 1024 instead (check_T says which).
+// For each shape the tiled kernel runs first, so its peak_rss_mb is not raised by the reference kernel's maps;
+// for clean per-shape peaks run one shape and one kernel per process (see bench/README section in the notes).
+// When both kernels are timed, a "dea_kernel_ratio" line gives reference_ms / tiled_ms.
 //
 // Measurements:
 //  - yardstick: single-thread float GEMM (Eigen, 256x256x256) run concurrently on every thread, summed GFLOP/s:
@@ -25,6 +38,8 @@
 #include <vector>
 
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -89,38 +104,121 @@ double forward_gflop(const Shape4& s) {
   return (8 * N * D * D + double(s.B) * s.H * (6 * T * T * Dh + 2 * T * Dh * Dh)) / 1e9;
 }
 
-template <class Layer>
-void run_shape(const Shape4& s, int threads, int reps, bool fwd, bool train, const char* sizes, double yard) {
-  using S = typename Layer::Scalar;
-  set_num_threads(threads);
-  Rng rng(0);
-  Layer layer(s.D, s.H, rng);
-  Mat<S> x(s.B * s.T, s.D);
+const char* kernel_name(DeaKernel k) { return k == DeaKernel::tiled ? "tiled" : "reference"; }
+
+/// Bytes the reference kernel's [B, H, T, T] maps take in a training step (14 scalar maps and one byte map).
+double reference_bytes(const Shape4& s, std::size_t scalar) {
+  return double(s.B) * s.H * double(s.T) * double(s.T) * (14.0 * double(scalar) + 1.0);
+}
+
+/// The benchmark's inputs: x ~ N(0, 1) [B*T, D] and an oracle block (rows 1..T/2-1, keys T/2..T-2 labelled).
+template <class S>
+void make_inputs(const Shape4& s, Rng& rng, Mat<S>& x, Tensor<S>& oracle) {
+  x.resize(s.B * s.T, s.D);
   init::normal(x, rng, 0, 1);
-  Tensor<S> oracle({s.B, s.T, s.T}, std::numeric_limits<S>::quiet_NaN());
+  oracle = Tensor<S>({s.B, s.T, s.T}, std::numeric_limits<S>::quiet_NaN());
   const Index half = s.T / 2;
   for (Index b = 0; b < s.B; ++b)
     for (Index i = 1; i < half; ++i)
       for (Index j = half; j < s.T - 1; ++j) oracle[(b * s.T + i) * s.T + j] = S(rng.uniform(0, 0.95));
+}
+
+template <class Layer>
+Layer make_layer(const Shape4& s, DeaKernel kernel, Index block_q) {
+  Rng rng(0);
+  typename Layer::Options opt;
+  opt.kernel = kernel;
+  opt.block_q = block_q;
+  return Layer(s.D, s.H, rng, opt);
+}
+
+/// A training step (forward with the oracle and gamma_mix = 0.5, backward of mean(y^2), backward of the gate loss)
+/// and an inference forward; returns every result as one list of tensors.
+template <class Layer>
+std::vector<Vec<double>> check_step(Layer& layer, const Shape4& s, const Mat<typename Layer::Scalar>& x,
+                                    const Tensor<typename Layer::Scalar>& oracle, double& loss_gate) {
+  using S = typename Layer::Scalar;
+  std::vector<Vec<double>> out;
+  typename Layer::Cache cache;
+  AttnContext<S> ctx;
+  ctx.alpha_oracle = &oracle;
+  ctx.gamma_mix = S(0.5);
+  ctx.training = true;
+  layer.zero_grad();
+  const Mat<S> y = layer.forward(x, s.B, ctx, cache);
+  const Mat<S> dx = layer.backward((S(2) / S(y.size())) * y, cache);
+  layer.backward_gate(cache);
+  loss_gate = double(cache.loss_gate);
+  auto flat = [](const S* p, Index n) { return Eigen::Map<const Eigen::Matrix<S, Eigen::Dynamic, 1>>(p, n).template cast<double>().eval(); };
+  out.push_back(flat(y.data(), y.size()));
+  out.push_back(flat(dx.data(), dx.size()));
+  for (Param<S>* p : layer.parameters()) out.push_back(flat(p->grad.data(), p->numel()));
+  AttnContext<S> inf;
+  typename Layer::Cache c2;
+  const Mat<S> yi = layer.forward(x, s.B, inf, c2);
+  out.push_back(flat(yi.data(), yi.size()));
+  return out;
+}
+
+/// Runs both kernels on the same inputs (in a child process) and returns the largest relative difference.
+template <class Layer>
+double kernel_agreement(const Shape4& s, Index block_q) {
+  using S = typename Layer::Scalar;
+  Rng rng(1);
+  Mat<S> x;
+  Tensor<S> oracle;
+  make_inputs(s, rng, x, oracle);
+  Layer ref = make_layer<Layer>(s, DeaKernel::reference, block_q);
+  Layer til = make_layer<Layer>(s, DeaKernel::tiled, block_q);
+  double lr = 0, lt = 0;
+  const auto a = check_step(ref, s, x, oracle, lr);
+  const auto b = check_step(til, s, x, oracle, lt);
+  double worst = std::abs(lr - lt) / std::max(std::abs(lr), 1e-30);
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    const double scale = a[k].cwiseAbs().maxCoeff();
+    const double d = (a[k] - b[k]).cwiseAbs().maxCoeff();
+    if (scale > 0) worst = std::max(worst, d / scale);
+    else worst = std::max(worst, d > 0 ? 1.0 : 0.0);  // exact zeros (isolation) must stay exact
+  }
+  return worst;
+}
+
+template <class Layer>
+void run_shape(const Shape4& s, DeaKernel kernel, Index block_q, int threads, int reps, bool fwd, bool train,
+               bool oracle_on, const char* sizes, double yard, double* ms_out) {
+  using S = typename Layer::Scalar;
+  set_num_threads(threads);
+  Rng rng(1);
+  Mat<S> x;
+  Tensor<S> oracle;
+  if (oracle_on && train) {
+    make_inputs(s, rng, x, oracle);
+  } else {
+    x.resize(s.B * s.T, s.D);
+    init::normal(x, rng, 0, 1);
+  }
+  Layer layer = make_layer<Layer>(s, kernel, block_q);
   typename Layer::Cache cache;
   const double gf = forward_gflop(s);
   auto emit = [&](const char* what, double ms, double gflop) {
     fmt::print(
-        "{{\"bench\": \"dea_{}\", \"B\": {}, \"T\": {}, \"D\": {}, \"H\": {}, \"threads\": {}, \"scalar\": \"{}\", "
-        "\"sizes\": \"{}\", \"ms\": {:.2f}, \"reps\": {}, \"gflop\": {:.3f}, \"gflops\": {:.1f}, \"frac_yardstick\": "
-        "{:.3f}, \"peak_rss_mb\": {:.0f}}}\n",
-        what, s.B, s.T, s.D, s.H, threads, sizeof(S) == 4 ? "float" : "double", sizes, ms, reps, gflop,
-        gflop / (ms / 1e3), yard > 0 ? gflop / (ms / 1e3) / yard : 0.0, peak_rss_mb());
+        "{{\"bench\": \"dea_{}\", \"kernel\": \"{}\", \"block_q\": {}, \"B\": {}, \"T\": {}, \"D\": {}, \"H\": {}, "
+        "\"threads\": {}, \"scalar\": \"{}\", \"sizes\": \"{}\", \"ms\": {:.2f}, \"reps\": {}, \"gflop\": {:.3f}, "
+        "\"gflops\": {:.1f}, \"frac_yardstick\": {:.3f}, \"oracle_mb\": {:.0f}, \"peak_rss_mb\": {:.0f}}}\n",
+        what, kernel_name(kernel), kernel == DeaKernel::tiled ? cache.block_q : 0, s.B, s.T, s.D, s.H, threads,
+        sizeof(S) == 4 ? "float" : "double", sizes, ms, reps, gflop, gflop / (ms / 1e3),
+        yard > 0 ? gflop / (ms / 1e3) / yard : 0.0, double(oracle.numel()) * sizeof(S) / 1048576.0, peak_rss_mb());
     std::fflush(stdout);
   };
   if (fwd) {
     AttnContext<S> ctx;
     const double ms = median_ms(reps, [&] { layer.forward(x, s.B, ctx, cache); });
     emit("forward", ms, gf);
+    ms_out[0] = ms;
   }
   if (train) {
     AttnContext<S> ctx;
-    ctx.alpha_oracle = &oracle;
+    if (oracle_on) ctx.alpha_oracle = &oracle;
     ctx.gamma_mix = S(0.5);
     ctx.training = true;
     const double ms = median_ms(reps, [&] {
@@ -129,7 +227,8 @@ void run_shape(const Shape4& s, int threads, int reps, bool fwd, bool train, con
       layer.backward((S(2) / S(y.size())) * y, cache);  // d mean(y^2) / dy
       layer.backward_gate(cache);
     });
-    emit("train_step", ms, 3 * gf);
+    emit(oracle_on ? "train_step" : "train_step_no_oracle", ms, 3 * gf);
+    ms_out[1] = ms;
   }
 }
 
@@ -145,7 +244,8 @@ std::vector<std::string> split(const std::string& s, char sep) {
 [[noreturn]] void usage(const std::string& why) {
   fmt::print(stderr,
              "bench_dea: {}\nusage: bench_dea [--shape BxTxDxH ...] [--threads 1,2] [--reps 5] [--mode forward,train] "
-             "[--sizes fixed,dynamic] [--no-yardstick]\n",
+             "[--sizes fixed,dynamic] [--kernel tiled,reference] [--block-q N] [--oracle dense|none] [--no-check] "
+             "[--max-ref-gb 6] [--no-yardstick]\n",
              why);
   std::exit(2);
 }
@@ -156,7 +256,10 @@ int main(int argc, char** argv) {
   std::vector<Shape4> shapes;
   std::vector<int> threads = {1, 2};
   int reps = 5;
-  bool fwd = true, train = true, fixed = true, dynamic = true, yard = true;
+  bool fwd = true, train = true, fixed = true, dynamic = true, yard = true, check = true, oracle_on = true;
+  std::vector<DeaKernel> kernels = {DeaKernel::tiled, DeaKernel::reference};
+  Index block_q = 0;
+  double max_ref_gb = 6.0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -184,18 +287,91 @@ int main(int argc, char** argv) {
       dynamic = m.find("dynamic") != std::string::npos;
     } else if (a == "--no-yardstick") {
       yard = false;
+    } else if (a == "--kernel") {
+      const std::string m = next();
+      kernels.clear();
+      if (m.find("tiled") != std::string::npos) kernels.push_back(DeaKernel::tiled);  // tiled first: clean peak RSS
+      if (m.find("reference") != std::string::npos) kernels.push_back(DeaKernel::reference);
+      if (kernels.empty()) usage("--kernel expects tiled, reference or both");
+    } else if (a == "--block-q") {
+      block_q = std::max(0, std::atoi(next().c_str()));
+    } else if (a == "--oracle") {
+      const std::string m = next();
+      if (m != "dense" && m != "none") usage("--oracle expects dense or none");
+      oracle_on = m == "dense";
+    } else if (a == "--no-check") {
+      check = false;
+    } else if (a == "--max-ref-gb") {
+      max_ref_gb = std::atof(next().c_str());
     } else {
       usage("unknown flag " + a);
     }
   }
   if (shapes.empty()) shapes.push_back({32, 128, 512, 8});
+  auto ref_ok = [&](const Shape4& s) { return reference_bytes(s, sizeof(float)) <= max_ref_gb * 1e9; };
+  // ---- agreement of the kernels, before any timing, in a child process (the parent has not started OpenMP yet,
+  // and its peak RSS stays that of the timed runs)
+  if (check)
+    for (const Shape4& s : shapes) {
+      Shape4 cs = s;
+      if (!ref_ok(s)) cs = Shape4{1, std::min<Index>(s.T, 1024), s.D, s.H};
+      std::fflush(stdout);
+      const pid_t pid = fork();
+      if (pid < 0) {
+        fmt::print(stderr, "bench_dea: fork failed for the kernel check\n");
+        return 3;
+      }
+      if (pid == 0) {
+        set_num_threads(threads.empty() ? 1 : *std::max_element(threads.begin(), threads.end()));
+        const bool fx = fixed && cs.D == 512 && cs.H == 8;
+        const double d = fx ? kernel_agreement<DualExpertAttention<float, 8, 64>>(cs, block_q)
+                            : kernel_agreement<DualExpertAttention<float>>(cs, block_q);
+        const double bound = 1e-3;
+        fmt::print("{{\"bench\": \"dea_kernel_check\", \"B\": {}, \"T\": {}, \"D\": {}, \"H\": {}, \"check_B\": {}, "
+                   "\"check_T\": {}, \"sizes\": \"{}\", \"max_rel_diff\": {:.3e}, \"bound\": {:.0e}, \"ok\": {}}}\n",
+                   s.B, s.T, s.D, s.H, cs.B, cs.T, fx ? "fixed" : "dynamic", d, bound, d <= bound ? "true" : "false");
+        std::fflush(stdout);
+        _exit(d <= bound ? 0 : 3);
+      }
+      int status = 0;
+      waitpid(pid, &status, 0);
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fmt::print(stderr, "bench_dea: FAILED: the tiled and reference kernels disagree (or the check crashed) at "
+                   "{}x{}x{}x{}; nothing was timed\n", s.B, s.T, s.D, s.H);
+        return 3;
+      }
+    }
   for (int t : threads) {
     const double y = yard ? yardstick(t, 3) : 0.0;
     if (yard)
       fmt::print("{{\"bench\": \"yardstick_gemm\", \"threads\": {}, \"n\": 256, \"gflops\": {:.1f}}}\n", t, y);
     for (const Shape4& s : shapes) {
-      if (fixed && s.D == 512 && s.H == 8) run_shape<DualExpertAttention<float, 8, 64>>(s, t, reps, fwd, train, "fixed", y);
-      if (dynamic) run_shape<DualExpertAttention<float>>(s, t, reps, fwd, train, "dynamic", y);
+      for (int sz = 0; sz < 2; ++sz) {
+        const bool fx = sz == 0;
+        if (fx ? !(fixed && s.D == 512 && s.H == 8) : !dynamic) continue;
+        double ms[2][2] = {{0, 0}, {0, 0}};  // [kernel][forward, train]
+        for (DeaKernel k : kernels) {
+          if (k == DeaKernel::reference && !ref_ok(s)) {
+            fmt::print(stderr, "bench_dea: refusing the reference kernel at {}x{}x{}x{}: its [B, H, T, T] maps would need "
+                       "~{:.1f} GB (limit --max-ref-gb {}); the tiled kernel runs this shape in O(T) memory\n",
+                       s.B, s.T, s.D, s.H, reference_bytes(s, sizeof(float)) / 1e9, max_ref_gb);
+            continue;
+          }
+          double* out = ms[k == DeaKernel::tiled ? 1 : 0];
+          if (fx)
+            run_shape<DualExpertAttention<float, 8, 64>>(s, k, block_q, t, reps, fwd, train, oracle_on, "fixed", y, out);
+          else
+            run_shape<DualExpertAttention<float>>(s, k, block_q, t, reps, fwd, train, oracle_on, "dynamic", y, out);
+        }
+        for (int m = 0; m < 2; ++m)
+          if (ms[0][m] > 0 && ms[1][m] > 0)
+            fmt::print("{{\"bench\": \"dea_kernel_ratio\", \"mode\": \"{}\", \"B\": {}, \"T\": {}, \"D\": {}, \"H\": {}, "
+                       "\"threads\": {}, \"sizes\": \"{}\", \"reference_ms\": {:.2f}, \"tiled_ms\": {:.2f}, "
+                       "\"reference_over_tiled\": {:.3f}}}\n",
+                       m == 0 ? "forward" : "train_step", s.B, s.T, s.D, s.H, t, fx ? "fixed" : "dynamic", ms[0][m],
+                       ms[1][m], ms[0][m] / ms[1][m]);
+        std::fflush(stdout);
+      }
     }
   }
   return 0;

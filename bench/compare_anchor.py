@@ -31,6 +31,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--kernel", default="tiled", choices=["tiled", "reference"],
+                    help="DualExpertAttention kernel that bench_dea times (default tiled)")
     args = ap.parse_args()
     shapes = args.shape or ["32x128x512x8"]
     # passive waiting: spinning OpenMP threads slow 2-thread runs 5-20x on a shared machine (both sides get it)
@@ -41,7 +43,9 @@ def main():
         for _ in range(args.rounds):
             for line in run_json([args.bench, "--shape", shape, "--threads", str(args.threads), "--reps",
                                   str(args.reps), "--sizes", "fixed" if shape.endswith("x512x8") else "dynamic",
-                                  "--no-yardstick"], env):
+                                  "--kernel", args.kernel, "--no-yardstick"], env):
+                if line["bench"] not in ("dea_forward", "dea_train_step"):
+                    continue  # the kernel-agreement line
                 key = "forward_ms" if line["bench"] == "dea_forward" else "train_step_ms"
                 best["dea"][key] = min(best["dea"].get(key, 1e30), line["ms"])
                 best["dea"]["peak_rss_mb"] = max(best["dea"].get("peak_rss_mb", 0), line["peak_rss_mb"])

@@ -97,10 +97,14 @@ private:
 };
 
 template <class A>
-void layer_forward_allocates_nothing(Index D, Index H, Index B, Index T) {
+void layer_forward_allocates_nothing(Index D, Index H, Index B, Index T, DeaKernel kernel = DeaKernel::reference,
+                                     Index block_q = 0) {
   using S = typename A::Scalar;
   Rng rng(7);
-  A layer(D, H, rng);
+  typename A::Options opt;
+  opt.kernel = kernel;
+  opt.block_q = block_q;
+  A layer(D, H, rng, opt);
   Mat<S> x(B * T, D), x2(B * T, D);
   init::normal(x, rng, 0, 1);
   init::normal(x2, rng, 0, 1);
@@ -147,6 +151,13 @@ TEST_CASE("DualExpertAttention::forward allocates nothing after the set-up call"
   layer_forward_allocates_nothing<DualExpertAttention<double>>(32, 4, 3, 7);
   layer_forward_allocates_nothing<DualExpertAttention<float, 4, 16>>(64, 4, 2, 9);
   layer_forward_allocates_nothing<DualExpertAttention<float, 2, 8>>(16, 2, 1, 16);
+}
+
+TEST_CASE("DualExpertAttention::forward with the tiled kernel allocates nothing after the set-up call",
+          "[alloc][dea][tiled]") {
+  layer_forward_allocates_nothing<DualExpertAttention<float>>(64, 4, 2, 9, DeaKernel::tiled, 4);
+  layer_forward_allocates_nothing<DualExpertAttention<double>>(32, 4, 3, 7, DeaKernel::tiled, 0);
+  layer_forward_allocates_nothing<DualExpertAttention<float, 2, 8>>(16, 2, 1, 16, DeaKernel::tiled, 5);
 }
 
 namespace {

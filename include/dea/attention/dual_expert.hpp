@@ -29,6 +29,7 @@
 #include "context.hpp"
 #include "gate_loss.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -36,6 +37,30 @@
 #include <vector>
 
 namespace dea {
+
+/// Which kernel DualExpertAttention runs for the [Tq, Tk] core (the four projections are shared).
+///  - reference: the simple kernel. Every [B, H, Tq, Tk] map (E0~, E1~, logit, alpha-hat, alpha_mix, scores,
+///    attention, and with an oracle beta / w / d_b / d loss_gate / d logit) is kept in the cache, so eval, plots,
+///    interop and the golden tests can read them. Memory O(B H Tq Tk).
+///  - tiled: queries are processed in blocks of Options::block_q rows; every [Tq, Tk] quantity exists only for
+///    one block in a per-thread scratch. The cache keeps Q, K, V, R, ctx and per-row statistics only, and backward
+///    recomputes each block from them. Memory O(B H (Tq + Tk)) besides copies of the caller's oracle (and of the
+///    frozen_alpha_hat test hook), which backward needs. The map fields of the cache stay empty.
+enum class DeaKernel { reference, tiled };
+
+namespace detail {
+/// Counter-based attention dropout: a uniform number in [0, 1) that depends only on (seed, cell), where cell is
+/// the flat [B, H, Tq, Tk] index ((b H + h) Tq + i) Tk + j. A splitmix64 finaliser of seed + (cell + 1) * phi,
+/// so a kernel can recompute any cell's mask in backward (the tiled kernel does) and every kernel draws the same
+/// mask for the same seed, whatever the thread count or the block size.
+inline double dropout_uniform(std::uint64_t seed, std::uint64_t cell) {
+  std::uint64_t z = seed + (cell + 1) * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
+}
+}  // namespace detail
 
 /// Gate-loss statistics of one forward pass (the reference's `stats`).
 struct GateStats {
@@ -65,6 +90,12 @@ public:
     bool bias = true;        ///< biases on the four projections
     bool out_proj = true;    ///< false: the output is the concatenated heads (no W_o), as in the BERT adapter
     GateLossParams<S> gate;  ///< lambda_s, tau_s, tau_d, lambda_d
+    /// The [Tq, Tk] kernel (see DeaKernel). The reference keeps every map in the cache; the tiled kernel keeps
+    /// O(T) memory and is the one for long contexts.
+    DeaKernel kernel = DeaKernel::reference;
+    /// Tiled kernel: queries per block (0 = automatic: the block's seven [block_q, Tk] buffers in about 4 MiB, between
+    /// 32 and 64 rows). The block boundaries depend only on this and Tq, never on the thread count.
+    Index block_q = 0;
   };
 
   /// What forward() keeps for backward() and what callers read after it (eval, plots, interop).
@@ -103,6 +134,22 @@ public:
     // forward scratch, kept between calls: with repeated shapes forward allocates nothing
     std::vector<GateLossSums<S>> sums;    ///< per-(b, h) gate-loss sums [B*H]
     AlignedVec<S> scratch;                ///< per-(b, h) temporaries of the forward kernel (forward_scratch_size)
+    // ---- tiled kernel (kernel == DeaKernel::tiled). The [B, H, Tq, Tk] fields above stay empty (e0n, e1n,
+    // logit, alpha_hat, alpha_mix, scores, attn, drop, e1_clamped, dlogit_gate, beta, w, d_b, g_reg, g_spot,
+    // oracle_ref); the cache holds q_in (k_in, v_in), Q, K, V, R, ctx, km, n_real, target, sigma0/1, floor0/1 and:
+    DeaKernel kernel = DeaKernel::reference;  ///< the kernel that filled this cache
+    Index block_q = 0;                    ///< tiled: queries per block
+    AlignedVec<S> mu0, mu1;               ///< tiled: row means of the raw experts [B, H, Tq]
+    AlignedVec<S> row_shift, row_sum;     ///< tiled: softmax row maximum (0 for an all-masked row) and row sum [B, H, Tq]
+    AlignedVec<S> gate_part;              ///< tiled: per-(b, h) sums of d(reg)/d logit and d(spot)/d logit times the gate
+                                          ///< features (w_q, w_k, w_E0, w_E1, c): [B*H, 2, 2 Dh + 3]
+    S inv_has = 0, inv_valid = 0;         ///< 1 / n_labelled and 1 / n_decision_pairs (0 when none)
+    AlignedVec<S> oracle_copy;            ///< tiled: the caller's alpha_oracle (backward recomputes alpha_mix from it)
+    bool oracle_per_head = false;         ///< its shape was [B, H, Tq, Tk]
+    AlignedVec<S> frozen_copy;            ///< tiled: the frozen_alpha_hat test hook, when given
+    std::uint64_t drop_seed = 0;          ///< seed of the counter-based dropout mask (detail::dropout_uniform)
+    AlignedVec<S> tile_scratch;           ///< tiled: per-thread block scratch (tiled_scratch_size each)
+    AlignedVec<std::uint8_t> tile_has;    ///< tiled: per-thread [Tk] labelled flags of one row
 
     Index cell(Index b, Index h, Index i, Index j, Index H) const { return ((b * H + h) * Tq + i) * Tk + j; }
   };
@@ -229,6 +276,9 @@ public:
     Mat<S> dQ(B * Tq, D_), dK(B * Tk, D_), dV(B * Tk, D_);
     AlignedVec<S> dwrel_part(static_cast<std::size_t>(B * H * Dh * Dh));
 
+    if (c.kernel == DeaKernel::tiled)
+      tiled_backward_core(dctx, c, dQ, dK, dV, dwrel_part);
+    else
     parallel_for(B * H, [&](Index bh) {
       const Index b = bh / H, h = bh % H;
       const Index off = bh * Tq * Tk;
@@ -307,6 +357,18 @@ public:
     if (!c.has_oracle) return;
     const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
     const Index G = 2 * Dh + 2;
+    if (c.kernel == DeaKernel::tiled) {
+      // d loss_gate / d logit = (g_reg / n_labelled + g_spot / n_valid) * dalpha_hat/dlogit, so the gradient of a
+      // gate weight is inv_has * (sum of g_reg dalpha/dlogit x feature) + inv_valid * (the same with g_spot): forward
+      // summed both per (b, h) (gate_part); here they are scaled by the totals and added in the fixed order h, b.
+      for (Index h = 0; h < H; ++h)
+        for (Index b = 0; b < B; ++b) {
+          const S* p = c.gate_part.data() + (b * H + h) * 2 * (G + 1);
+          for (Index g = 0; g < G; ++g) W_gate_.grad[h * G + g] += scale * (c.inv_has * p[g] + c.inv_valid * p[G + 1 + g]);
+          c_gate_.grad[h] += scale * (c.inv_has * p[G] + c.inv_valid * p[2 * G + 1]);
+        }
+      return;
+    }
     AlignedVec<S> part(static_cast<std::size_t>(B * H * (G + 1)), S(0));
     parallel_for(B * H, [&](Index bh) {
       const Index b = bh / H, h = bh % H;
@@ -447,6 +509,11 @@ private:
       Index n = 0;
       for (Index j = 0; j < Tk; ++j) n += c.km[static_cast<std::size_t>(b * Tk + j)];
       c.n_real[static_cast<std::size_t>(b)] = S(n < 1 ? 1 : n);
+    }
+    c.kernel = opt_.kernel;
+    if (opt_.kernel == DeaKernel::tiled) {
+      forward_tiled(q_in, k_in, v_in, ctx, c, self, y, oracle_per_head, target_per_head);
+      return;
     }
     const std::size_t cells = static_cast<std::size_t>(B * H * Tq * Tk), rows = static_cast<std::size_t>(B * H * Tq);
     c.e0n.resize(cells);
@@ -590,10 +657,12 @@ private:
       ops::masked_softmax_rows<S>(Sc, km, P, ws.take(ops::masked_softmax_scratch<S>(Tq, Tk)));  // vectorised per row
       // 10. dropout on the probabilities, then ctx_h = P V_h
       if (dropout_on) {
-        Rng r(drop_seed ^ (0x9e3779b97f4a7c15ULL * static_cast<std::uint64_t>(bh + 1)));
+        // counter-based mask of the cell's flat index (detail::dropout_uniform): the tiled kernel draws the same
         MatMap<S> Dm(c.drop.data() + off, Tq, Tk);
         const S keep = S(1) / (S(1) - opt_.dropout);
-        for (Index k = 0; k < Tq * Tk; ++k) Dm.data()[k] = r.uniform() < static_cast<double>(opt_.dropout) ? S(0) : keep;
+        const double pd = static_cast<double>(opt_.dropout);
+        for (Index k = 0; k < Tq * Tk; ++k)
+          Dm.data()[k] = detail::dropout_uniform(drop_seed, static_cast<std::uint64_t>(off + k)) < pd ? S(0) : keep;
         c.ctx.block(b * Tq, h * Dh, Tq, Dh).noalias() = P.cwiseProduct(Dm) * Vh;
       } else {
         c.ctx.block(b * Tq, h * Dh, Tq, Dh).noalias() = P * Vh;
@@ -623,20 +692,8 @@ private:
   void finish_gate_loss(Cache& c, const std::vector<GateLossSums<S>>& sums) {
     const AlignedVec<S>& g_reg = c.g_reg;
     const AlignedVec<S>& g_spot = c.g_spot;
-    GateLossSums<S> tot;
-    for (const auto& s : sums) tot.add(s);
-    const S reg = tot.n_has > 0 ? tot.reg / S(tot.n_has) : S(0);
-    const S spot = tot.n_valid > 0 ? tot.spot / S(tot.n_valid) : S(0);
-    c.loss_gate = reg + spot;
-    c.stats.loss_reg = static_cast<double>(reg);
-    c.stats.loss_spot = static_cast<double>(spot);
-    c.stats.loss_decision = tot.n_valid > 0 ? static_cast<double>(tot.decision / S(tot.n_valid)) : 0.0;
-    c.stats.decision_side_acc = tot.n_valid > 0 ? double(tot.n_side) / double(tot.n_valid)
-                                                : std::numeric_limits<double>::quiet_NaN();
-    c.stats.n_decision_pairs = tot.n_valid;
-    c.stats.n_labelled = tot.n_has;
-    const S inv_has = tot.n_has > 0 ? S(1) / S(tot.n_has) : S(0);
-    const S inv_valid = tot.n_valid > 0 ? S(1) / S(tot.n_valid) : S(0);
+    finish_gate_totals(c, sums);
+    const S inv_has = c.inv_has, inv_valid = c.inv_valid;
     const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
     const Index cells = static_cast<Index>(c.logit.size());
     parallel_for(cells, [&](Index k) {
@@ -649,6 +706,25 @@ private:
       if (sg > amax) return;  // the 0.95 cap passes gradient only while sigmoid <= 0.95
       out = dah * sg * (S(1) - sg);
     }, double(cells) * 20 > kParallelMinFlops);
+  }
+
+  /// Adds the per-pair sums in the fixed order of `sums`, forms the loss and the statistics, and sets
+  /// c.inv_has / c.inv_valid (both kernels).
+  void finish_gate_totals(Cache& c, const std::vector<GateLossSums<S>>& sums) {
+    GateLossSums<S> tot;
+    for (const auto& s : sums) tot.add(s);
+    const S reg = tot.n_has > 0 ? tot.reg / S(tot.n_has) : S(0);
+    const S spot = tot.n_valid > 0 ? tot.spot / S(tot.n_valid) : S(0);
+    c.loss_gate = reg + spot;
+    c.stats.loss_reg = static_cast<double>(reg);
+    c.stats.loss_spot = static_cast<double>(spot);
+    c.stats.loss_decision = tot.n_valid > 0 ? static_cast<double>(tot.decision / S(tot.n_valid)) : 0.0;
+    c.stats.decision_side_acc = tot.n_valid > 0 ? double(tot.n_side) / double(tot.n_valid)
+                                                : std::numeric_limits<double>::quiet_NaN();
+    c.stats.n_decision_pairs = tot.n_valid;
+    c.stats.n_labelled = tot.n_has;
+    c.inv_has = tot.n_has > 0 ? S(1) / S(tot.n_has) : S(0);
+    c.inv_valid = tot.n_valid > 0 ? S(1) / S(tot.n_valid) : S(0);
   }
 
   /// In place: each row of E [Tq, Tk] becomes (E - mu) / (sigma + 1e-5) over the real keys, 0 at padded keys.
@@ -687,6 +763,452 @@ private:
     const Eigen::Array<S, Eigen::Dynamic, 1> coef = live * ge / (n * sg);
     const Eigen::Array<S, Eigen::Dynamic, 1> inv_s = S(1) / (sg + S(DeaConstants::norm_eps));
     G = ((G.colwise() - gmean).colwise() * inv_s - e.colwise() * coef).rowwise() * m;
+  }
+
+  // ============================================================================================================
+  // Tiled kernel (Options::kernel == DeaKernel::tiled).
+  //
+  // The parallel unit is one (b, h) pair (it owns its rows of R, ctx, dQ and its slices of dK, dV, so nothing is
+  // shared); inside it the queries are processed in blocks of block_q rows, in order. Every [Tq, Tk] quantity
+  // exists only for the current block, in the calling thread's scratch (Cache::tile_scratch, sized once from the
+  // shapes): E0~, E1~, alpha-hat / alpha_mix, P, dP and two more. Forward saves per-row statistics (mu, sigma and
+  // the floor flag of both experts, the softmax shift and sum); backward recomputes each block's E0~, E1~,
+  // alpha_mix and P from Q, K, R and those statistics with the same code on the same block shapes, so it sees the
+  // same bits forward saw. The gate loss is formed per row as in the reference (same row kernel, same (b, h)
+  // order), and forward also sums d loss / d logit times the gate features per (b, h), split into the regression
+  // and the spotlight parts, so backward_gate only scales them by 1/n_labelled and 1/n_valid.
+  // Block boundaries depend on block_q and Tq alone, and the per-pair partials (W_rel, W_gate, c_gate) are reduced
+  // in a fixed order: the results are bitwise identical for any thread count.
+  // ============================================================================================================
+
+  /// Pointers into one thread's block scratch.
+  struct TilePtrs {
+    S *Kh, *Vh, *dKh, *dVh;                 // [Tk, Dh] column-major
+    S *kn, *lk, *mrow, *kbias, *col0, *col1, *g_reg, *g_spot;  // [Tk]
+    S *Qb, *Rb, *Db, *dQb, *dRb;            // [bq, Dh] column-major
+    S *r0, *r1, *r2, *r3;                   // [bq]
+    S *E0, *E1, *AM, *P, *dP, *X, *CL;      // [bq, Tk] row-major
+  };
+  /// Carves consecutive aligned pieces from base (base = nullptr: only counts them).
+  struct Carve {
+    S* base;
+    Index used = 0;
+    S* take(Index n) {
+      S* p = base ? base + used : nullptr;
+      used += aligned_count<S>(n);
+      return p;
+    }
+  };
+  static TilePtrs tiled_take(Carve& cv, Index bq, Index Tk, Index Dh) {
+    TilePtrs t;
+    for (S** p : {&t.Kh, &t.Vh, &t.dKh, &t.dVh}) *p = cv.take(Tk * Dh);
+    for (S** p : {&t.kn, &t.lk, &t.mrow, &t.kbias, &t.col0, &t.col1, &t.g_reg, &t.g_spot}) *p = cv.take(Tk);
+    for (S** p : {&t.Qb, &t.Rb, &t.Db, &t.dQb, &t.dRb}) *p = cv.take(bq * Dh);
+    for (S** p : {&t.r0, &t.r1, &t.r2, &t.r3}) *p = cv.take(bq);
+    for (S** p : {&t.E0, &t.E1, &t.AM, &t.P, &t.dP, &t.X, &t.CL}) *p = cv.take(bq * Tk);
+    return t;
+  }
+  /// Scalars of one thread's block scratch for blocks of bq queries against Tk keys.
+  static Index tiled_scratch_size(Index bq, Index Tk, Index Dh) {
+    Carve cv{nullptr};
+    tiled_take(cv, bq, Tk, Dh);
+    return cv.used;
+  }
+  /// The query block size the tiled kernel uses for Tq queries and Tk keys.
+  Index tiled_block_rows(Index Tq, Index Tk) const {
+    Index bq = opt_.block_q;
+    if (bq <= 0) {  // seven [bq, Tk] buffers in about 4 MiB, 32 to 64 rows (fewer rows make the products slow)
+      bq = static_cast<Index>((std::size_t(4) << 20) / (7 * std::size_t(Tk) * sizeof(S)));
+      bq = bq < 32 ? 32 : (bq > 64 ? 64 : bq / 8 * 8);
+    }
+    return bq < Tq ? bq : Tq;
+  }
+  static int thread_index() {
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+  }
+  template <class V>
+  static void release(V& v) {
+    if (v.capacity() > 0) V().swap(v);
+  }
+
+  /// Recomputes (backward) or computes and saves (forward) one block of rows [i0, i0 + n) of pair (b, h):
+  /// Qb, Rb, E0~ (E0), E1~ (E1), alpha_mix (AM), P; in forward also the logit (X) and the row statistics, the
+  /// rows of R, the gate loss of each row and its gate partials; in backward the E1 clamp flags (CL).
+  /// `gate` (forward with an oracle) points at the pair's [2, G + 1] partials.
+  void tiled_block(bool fwd, Cache& c, const TilePtrs& tp, Index b, Index h, Index i0, Index n, bool any_real,
+                   const AttnContext<S>* ctx, bool target_per_head, GateLossSums<S>* sm, S* gate,
+                   std::uint8_t* has) {
+    const Index Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_, G = 2 * Dh + 2;
+    const Index bh = b * H + h, row0 = bh * Tq + i0;
+    const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh);
+    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+    const S nr = c.n_real[static_cast<std::size_t>(b)];
+    using ColVec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+    using ColArr = Eigen::Array<S, Eigen::Dynamic, 1>;
+    using RowArr = Eigen::Array<S, 1, Eigen::Dynamic>;
+    Eigen::Map<HeadMat, Eigen::AlignedMax> Qb(tp.Qb, n, Dh), Rb(tp.Rb, n, Dh);
+    Eigen::Map<const HeadMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh);
+    Eigen::Map<const RowArr, Eigen::AlignedMax> m(tp.mrow, Tk), kn(tp.kn, Tk), kbias(tp.kbias, Tk);
+    Eigen::Map<const ColVec, Eigen::AlignedMax> lk(tp.lk, Tk);
+    Eigen::Map<ColArr, Eigen::AlignedMax> r0(tp.r0, n), r1(tp.r1, n);
+    MatMap<S> E0(tp.E0, n, Tk), E1(tp.E1, n, Tk), AM(tp.AM, n, Tk), P(tp.P, n, Tk);
+
+    // 1. Q block and R = Q W_rel^T (forward computes and saves R; backward reads the saved rows: the same bits)
+    Qb = c.Q.block(b * Tq + i0, h * Dh, n, Dh);
+    if (fwd) {
+      Eigen::Map<const RelMat> Wr(W_rel_.value.data() + h * Dh * Dh, Dh, Dh);
+      Rb.noalias() = Qb * Wr.transpose();
+      c.R.block(b * Tq + i0, h * Dh, n, Dh) = Rb;
+    } else {
+      Rb = c.R.block(b * Tq + i0, h * Dh, n, Dh);
+    }
+    // 2. E0 = Q K^T / sqrt(Dh); 3. E1 = min(0, (2 R.K - |R|^2 - |K|^2) / Dh)   (as the reference kernel)
+    // (the scale factors are applied after the products: a scaled one-row block would be evaluated into a heap
+    // temporary before its matrix-vector product. Forward and backward run this same code, so backward still
+    // sees exactly the values forward saw.)
+    E0.noalias() = Qb * Kh.transpose();
+    E0 *= inv_sqrt;
+    E1.noalias() = Rb * Kh.transpose();
+    E1 *= S(2);
+    r0 = Rb.rowwise().squaredNorm();
+    {
+      auto A = E1.array();
+      A = -((A.colwise() - r0).rowwise() - kn) * (-inv_dh);
+      if (!fwd) MatMap<S>(tp.CL, n, Tk).array() = (A > S(0)).template cast<S>();  // 1 where the clamp is active
+      A = A.min(S(0));
+    }
+    // 4. per-query normalisation over the real keys, in place (forward: statistics saved per row)
+    for (int e = 0; e < 2; ++e) {
+      auto A = (e == 0 ? E0 : E1).array();
+      Eigen::Map<ColArr> mu((e == 0 ? c.mu0 : c.mu1).data() + row0, n);
+      Eigen::Map<ColArr> sg((e == 0 ? c.sigma0 : c.sigma1).data() + row0, n);
+      if (fwd) {
+        mu.matrix().noalias() = (e == 0 ? E0 : E1) * m.matrix().transpose();  // sum of the real keys (a GEMV)
+        mu /= nr;
+        A = (A.colwise() - mu).rowwise() * m;
+        r1 = A.square().rowwise().sum() / nr;  // biased variance
+        sg = r1.max(S(DeaConstants::var_floor)).sqrt();
+        Eigen::Map<Eigen::Array<std::uint8_t, Eigen::Dynamic, 1>>((e == 0 ? c.floor0 : c.floor1).data() + row0, n) =
+            (r1 < S(DeaConstants::var_floor)).template cast<std::uint8_t>();
+      } else {
+        A = (A.colwise() - mu).rowwise() * m;
+      }
+      r1 = sg + S(DeaConstants::norm_eps);
+      A.colwise() /= r1;
+    }
+    // 5.-6. gate: logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c; alpha_hat = min(0.95, sigmoid(clip(logit)))
+    const S* wg = W_gate_.value.data() + h * G;
+    Eigen::Map<ColVec, Eigen::AlignedMax> lq(tp.r2, n);
+    lq.noalias() = Qb * Eigen::Map<const ColVec>(wg, Dh);
+    const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = c_gate_.value[h];
+    AM.array() = ((w0 * E0.array() + w1 * E1.array()).colwise() + lq.array()).rowwise() + lk.transpose().array();
+    AM.array() += cg;
+    const bool gate_loss = fwd && c.has_oracle;
+    if (gate_loss) {  // X = d alpha-hat / d logit: sigmoid' inside the +-10 clip and below the 0.95 cap, else 0
+      auto Xa = MatMap<S>(tp.X, n, Tk).array();
+      Xa = S(1) / (S(1) + (-AM.array()).exp());
+      Xa = (AM.array() < -clip || AM.array() > clip || Xa > amax).select(S(0), Xa * (S(1) - Xa));
+    }
+    AM.array() = (S(1) / (S(1) + (-AM.array().max(-clip).min(clip)).exp())).min(amax);
+    // 7.-8. alpha_mix: the detached alpha-hat (or the frozen copy), with an oracle gamma a_eff + (1 - gamma) alpha-hat
+    const S gamma = c.gamma_mix;
+    const std::uint8_t* km = c.km.data() + b * Tk;
+    for (Index r = 0; r < n; ++r) {
+      const Index i = i0 + r;
+      S* am = tp.AM + r * Tk;
+      const S* frozen = c.frozen_copy.empty() ? nullptr : c.frozen_copy.data() + (bh * Tq + i) * Tk;
+      if (!c.has_oracle) {
+        if (frozen) std::copy(frozen, frozen + Tk, am);
+        continue;
+      }
+      const S* orc = c.oracle_copy.data() + (c.oracle_per_head ? (bh * Tq + i) * Tk : (b * Tq + i) * Tk);
+      S* a = tp.dP;  // the row's clamped oracle [Tk]: scratch in dP, which is free until the softmax
+      for (Index j = 0; j < Tk; ++j) {
+        const S o = orc[j];
+        has[j] = !std::isnan(o) && km[j];
+        a[j] = std::isnan(o) ? S(0) : (o < 0 ? S(0) : (o > amax ? amax : o));
+      }
+      if (gate_loss) {
+        // the row's gate loss (the gate's own alpha-hat, never the frozen copy), then its d loss / d logit parts
+        std::int64_t tgt = -1;
+        if (ctx->target_idx) tgt = (*ctx->target_idx)[target_per_head ? bh * Tq + i : b * Tq + i];
+        const S* e0 = tp.E0 + r * Tk;
+        const S* e1 = tp.E1 + r * Tk;
+        const Index t = detail::gate_loss_row<S>(Tk, e0, e1, am, a, has, km, ctx->target_idx == nullptr, tgt, opt_.gate,
+                                                 *sm, tp.g_reg, tp.g_spot, nullptr, nullptr, nullptr);
+        c.target[static_cast<std::size_t>(bh * Tq + i)] = t;
+        const S* dsig = tp.X + r * Tk;
+        for (int part = 0; part < 2; ++part) {
+          S* gp = gate + part * (G + 1);
+          S* col = part == 0 ? tp.col0 : tp.col1;
+          S rsum = 0, s0 = 0, s1 = 0;
+          auto add = [&](Index j, S g) {
+            const S dl = g * dsig[j];
+            rsum += dl;
+            col[j] += dl;
+            s0 += dl * e0[j];
+            s1 += dl * e1[j];
+          };
+          if (part == 0) {
+            for (Index j = 0; j < Tk; ++j)
+              if (has[j]) {
+                add(j, tp.g_reg[j]);
+                tp.g_reg[j] = 0;
+              }
+          } else if (t >= 0) {
+            add(t, tp.g_spot[t]);
+            tp.g_spot[t] = 0;
+          }
+          for (Index d = 0; d < Dh; ++d) gp[d] += rsum * Qb(r, d);  // w_q: sum_i (sum_j dl_ij) Q_i
+          gp[2 * Dh] += s0;                                          // w_E0: sum dl E0~
+          gp[2 * Dh + 1] += s1;                                      // w_E1: sum dl E1~
+          gp[G] += rsum;                                             // c: sum dl
+        }
+      }
+      for (Index j = 0; j < Tk; ++j) {
+        const S det = frozen ? frozen[j] : am[j];
+        const S a_eff = has[j] ? a[j] : det;
+        am[j] = gamma * a_eff + (S(1) - gamma) * det;
+      }
+    }
+    // 7.-9. scores S = (1 - alpha_mix) E0~ + alpha_mix E1~ and the masked softmax (forward saves shift and sum)
+    P = (S(1) - AM.array()).matrix().cwiseProduct(E0) + AM.cwiseProduct(E1);
+    Eigen::Map<ColArr> shift(c.row_shift.data() + row0, n), z(c.row_sum.data() + row0, n);
+    if (!any_real) {  // every key of the batch row masked: zeros, never NaN
+      P.setZero();
+      if (fwd) {
+        shift.setZero();
+        z.setOnes();
+      }
+      return;
+    }
+    auto PA = P.array();
+    PA = PA.rowwise() + kbias;
+    if (fwd) {
+      shift = PA.rowwise().maxCoeff();
+      shift = (shift == -std::numeric_limits<S>::infinity()).select(S(0), shift);
+    }
+    PA = (PA.colwise() - shift).exp();
+    if (fwd) {
+      z = PA.rowwise().sum();
+      z = (z > S(0)).select(z, S(1));
+    }
+    PA.colwise() /= z;
+  }
+
+  /// Dropout multipliers (0 or 1/(1-p)) of rows [i0, i0 + n) of pair bh into D [n, Tk].
+  void tiled_dropout(const Cache& c, Index bh, Index i0, Index n, S* D) const {
+    const S keep = S(1) / (S(1) - opt_.dropout);
+    const double pd = static_cast<double>(opt_.dropout);
+    const std::uint64_t base = static_cast<std::uint64_t>((bh * c.Tq + i0) * c.Tk);
+    for (Index k = 0; k < n * c.Tk; ++k)
+      D[k] = detail::dropout_uniform(c.drop_seed, base + static_cast<std::uint64_t>(k)) < pd ? S(0) : keep;
+  }
+
+  /// Per-pair set-up shared by forward and backward: K_h, V_h, |K_j|^2, the gate's key term, the mask row.
+  void tiled_pair_setup(const Cache& c, const TilePtrs& tp, Index b, Index h, bool& any_real) const {
+    const Index Tk = c.Tk, Dh = Dh_, G = 2 * Dh + 2;
+    using ColVec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+    Eigen::Map<HeadMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh), Vh(tp.Vh, Tk, Dh);
+    Kh = c.K.block(b * Tk, h * Dh, Tk, Dh);
+    Vh = c.V.block(b * Tk, h * Dh, Tk, Dh);
+    Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>, Eigen::AlignedMax>(tp.kn, Tk) = Kh.rowwise().squaredNorm().array();
+    Eigen::Map<ColVec, Eigen::AlignedMax>(tp.lk, Tk).noalias() =
+        Kh * Eigen::Map<const ColVec>(W_gate_.value.data() + h * G + Dh, Dh);
+    any_real = false;
+    for (Index j = 0; j < Tk; ++j) {
+      const bool real = c.km[static_cast<std::size_t>(b * Tk + j)] != 0;
+      tp.mrow[j] = real ? S(1) : S(0);
+      tp.kbias[j] = real ? S(0) : -std::numeric_limits<S>::infinity();
+      any_real = any_real || real;
+    }
+  }
+
+  void forward_tiled(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, const AttnContext<S>& ctx, Cache& c,
+                     bool self, Mat<S>& y, bool oracle_per_head, bool target_per_head) {
+    const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_, G = 2 * Dh + 2;
+    const bool has_oracle = c.has_oracle;
+    const Index bq = tiled_block_rows(Tq, Tk);
+    c.block_q = bq;
+    // the maps of the reference kernel are not produced: free them (a cache may have served that kernel before)
+    for (auto* v : {&c.e0n, &c.e1n, &c.logit, &c.alpha_hat, &c.alpha_mix, &c.scores, &c.attn, &c.drop, &c.dlogit_gate,
+                    &c.beta, &c.w, &c.d_b, &c.g_reg, &c.g_spot, &c.oracle_ref, &c.scratch})
+      release(*v);
+    release(c.e1_clamped);
+    const std::size_t rows = static_cast<std::size_t>(B * H * Tq);
+    for (auto* v : {&c.sigma0, &c.sigma1, &c.mu0, &c.mu1, &c.row_shift, &c.row_sum}) v->resize(rows);
+    c.floor0.resize(rows);
+    c.floor1.resize(rows);
+    c.oracle_per_head = oracle_per_head;
+    if (has_oracle) {
+      c.target.resize(rows);
+      c.gate_part.assign(static_cast<std::size_t>(B * H * 2 * (G + 1)), S(0));
+      c.oracle_copy.assign(ctx.alpha_oracle->ptr(), ctx.alpha_oracle->ptr() + ctx.alpha_oracle->numel());
+    } else {
+      c.target.clear();
+      c.gate_part.clear();
+      release(c.oracle_copy);
+    }
+    if (ctx.frozen_alpha_hat)
+      c.frozen_copy.assign(ctx.frozen_alpha_hat->ptr(), ctx.frozen_alpha_hat->ptr() + ctx.frozen_alpha_hat->numel());
+    else
+      release(c.frozen_copy);
+    c.drop_seed = c.dropout_on ? ctx.rng->next_u64() : 0;
+
+    // ---- projections: Q = q_in W_q^T + b_q, K = k_in W_k^T + b_k, V = v_in W_v^T + b_v
+    ops::linear_forward<S>(q_in, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, c.Q);
+    ops::linear_forward<S>(self ? q_in : k_in, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, c.K);
+    ops::linear_forward<S>(self ? q_in : v_in, weight_[2].mat(), opt_.bias ? bias_[2].value.data() : nullptr, c.V);
+    c.R.resize(B * Tq, D_);
+    c.ctx.resize(B * Tq, D_);
+
+    const int nt = num_threads() < 1 ? 1 : num_threads();
+    const Index per = tiled_scratch_size(bq, Tk, Dh), per_has = aligned_count<std::uint8_t>(Tk);
+    c.tile_scratch.resize(static_cast<std::size_t>(nt * per));
+    c.tile_has.resize(static_cast<std::size_t>(nt * per_has));
+    c.sums.assign(static_cast<std::size_t>(B * H), GateLossSums<S>());
+    const bool par = double(B * H) * double(Tq) * double(Tk) * double(4 * Dh + 20) > kParallelMinFlops;
+    parallel_for(B * H, [&](Index bh) {
+      const Index b = bh / H, h = bh % H;
+      const int th = thread_index();
+      Carve cv{c.tile_scratch.data() + th * per};
+      const TilePtrs tp = tiled_take(cv, bq, Tk, Dh);
+      std::uint8_t* has = c.tile_has.data() + th * per_has;
+      bool any_real = false;
+      tiled_pair_setup(c, tp, b, h, any_real);
+      S* gate = has_oracle ? c.gate_part.data() + bh * 2 * (G + 1) : nullptr;
+      if (has_oracle)
+        for (S* p : {tp.col0, tp.col1, tp.g_reg, tp.g_spot}) std::fill(p, p + Tk, S(0));
+      Eigen::Map<const HeadMat, Eigen::AlignedMax> Vh(tp.Vh, Tk, Dh);
+      for (Index i0 = 0; i0 < Tq; i0 += bq) {
+        const Index n = std::min(bq, Tq - i0);
+        tiled_block(true, c, tp, b, h, i0, n, any_real, &ctx, target_per_head, &c.sums[static_cast<std::size_t>(bh)],
+                    gate, has);
+        // 10. dropout on the probabilities, then ctx_h = P V_h
+        MatMap<S> P(tp.P, n, Tk);
+        if (c.dropout_on) {
+          MatMap<S> Pd(tp.dP, n, Tk);
+          tiled_dropout(c, bh, i0, n, tp.dP);
+          Pd.array() *= P.array();
+          c.ctx.block(b * Tq + i0, h * Dh, n, Dh).noalias() = Pd * Vh;
+        } else {
+          c.ctx.block(b * Tq + i0, h * Dh, n, Dh).noalias() = P * Vh;
+        }
+      }
+      if (has_oracle) {  // w_k: sum_j (sum_i dl_ij) K_j, for both parts
+        Eigen::Map<const HeadMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh);
+        for (int part = 0; part < 2; ++part)
+          Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>(gate + part * (G + 1) + Dh, Dh).noalias() =
+              Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(part == 0 ? tp.col0 : tp.col1, Tk) * Kh;
+      }
+    }, par);
+
+    if (has_oracle) finish_gate_totals(c, c.sums);
+    // 11. output projection
+    if (!opt_.out_proj) {
+      y = c.ctx;
+      return;
+    }
+    ops::linear_forward<S>(c.ctx, weight_[3].mat(), opt_.bias ? bias_[3].value.data() : nullptr, y);
+  }
+
+  /// Task backward of the tiled kernel: dctx [B*Tq, D] -> dQ, dK, dV and the per-pair W_rel partials.
+  void tiled_backward_core(const Mat<S>& dctx, Cache& c, Mat<S>& dQ, Mat<S>& dK, Mat<S>& dV, AlignedVec<S>& dwrel_part) {
+    const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
+    const Index bq = c.block_q;
+    const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh);
+    const int nt = num_threads() < 1 ? 1 : num_threads();
+    const Index per = tiled_scratch_size(bq, Tk, Dh), per_has = aligned_count<std::uint8_t>(Tk);
+    if (c.tile_scratch.size() < static_cast<std::size_t>(nt * per)) c.tile_scratch.resize(static_cast<std::size_t>(nt * per));
+    if (c.tile_has.size() < static_cast<std::size_t>(nt * per_has)) c.tile_has.resize(static_cast<std::size_t>(nt * per_has));
+    using ColArr = Eigen::Array<S, Eigen::Dynamic, 1>;
+    using RowArr = Eigen::Array<S, 1, Eigen::Dynamic>;
+    parallel_for(B * H, [&](Index bh) {
+      const Index b = bh / H, h = bh % H;
+      const int th = thread_index();
+      Carve cv{c.tile_scratch.data() + th * per};
+      const TilePtrs tp = tiled_take(cv, bq, Tk, Dh);
+      std::uint8_t* has = c.tile_has.data() + th * per_has;
+      bool any_real = false;
+      tiled_pair_setup(c, tp, b, h, any_real);
+      Eigen::Map<const HeadMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh), Vh(tp.Vh, Tk, Dh);
+      Eigen::Map<HeadMat, Eigen::AlignedMax> dKh(tp.dKh, Tk, Dh), dVh(tp.dVh, Tk, Dh);
+      dKh.setZero();
+      dVh.setZero();
+      Eigen::Map<RelMat> dWr(dwrel_part.data() + bh * Dh * Dh, Dh, Dh);
+      dWr.setZero();
+      Eigen::Map<const RelMat> Wr(W_rel_.value.data() + h * Dh * Dh, Dh, Dh);
+      Eigen::Map<const RowArr, Eigen::AlignedMax> m(tp.mrow, Tk);
+      const S nr = c.n_real[static_cast<std::size_t>(b)];
+      Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>, Eigen::AlignedMax> cs(tp.col0, Tk);
+      cs.setZero();
+      for (Index i0 = 0; i0 < Tq; i0 += bq) {
+        const Index n = std::min(bq, Tq - i0);
+        const Index row0 = bh * Tq + i0;
+        tiled_block(false, c, tp, b, h, i0, n, any_real, nullptr, false, nullptr, nullptr, has);
+        Eigen::Map<const HeadMat, Eigen::AlignedMax> Qb(tp.Qb, n, Dh), Rb(tp.Rb, n, Dh);
+        Eigen::Map<HeadMat, Eigen::AlignedMax> Db(tp.Db, n, Dh), dQb(tp.dQb, n, Dh), dRb(tp.dRb, n, Dh);
+        MatMap<S> E0(tp.E0, n, Tk), E1(tp.E1, n, Tk), AM(tp.AM, n, Tk), P(tp.P, n, Tk), dP(tp.dP, n, Tk),
+            X(tp.X, n, Tk), CL(tp.CL, n, Tk);
+        Eigen::Map<ColArr, Eigen::AlignedMax> r0(tp.r0, n), r1(tp.r1, n), r2(tp.r2, n), r3(tp.r3, n);
+        Db = dctx.block(b * Tq + i0, h * Dh, n, Dh);
+        // ctx_h = Pd V_h, Pd = P .* drop
+        dP.noalias() = Db * Vh.transpose();                       // ctx = Pd V  ->  dPd = dctx V^T
+        if (c.dropout_on) {
+          tiled_dropout(c, bh, i0, n, tp.X);
+          dP.array() *= X.array();                                 // Pd = P .* drop  ->  dP = dPd .* drop
+          X.array() *= P.array();
+          dVh.noalias() += X.transpose() * Db;                     // ctx = Pd V  ->  dV += Pd^T dctx
+        } else {
+          dVh.noalias() += P.transpose() * Db;                     // ctx = P V  ->  dV += P^T dctx
+        }
+        // P = softmax(S) over real keys  ->  dS = P .* (dP - rowsum(P .* dP))   (in dP)
+        r0 = (P.array() * dP.array()).rowwise().sum();
+        dP.array() = P.array() * (dP.array().colwise() - r0);
+        // S = (1 - alpha_mix) E0~ + alpha_mix E1~, alpha_mix constant  ->  g0 (in P), g1 (in AM)
+        P.array() = (S(1) - AM.array()) * dP.array();
+        AM.array() *= dP.array();
+        // E~ = norm(E) per row over the real keys:
+        //   dE_k = m_k [ (g_k - mean_m(g)) / s  -  [var >= 1e-12] (sum_j g_j E~_j) E~_k / (n sigma) ],  s = sigma + 1e-5
+        for (int e = 0; e < 2; ++e) {
+          auto Gm = (e == 0 ? P : AM).array();
+          const auto En = (e == 0 ? E0 : E1).array();
+          Eigen::Map<const ColArr> sg((e == 0 ? c.sigma0 : c.sigma1).data() + row0, n);
+          const std::uint8_t* fl = (e == 0 ? c.floor0 : c.floor1).data() + row0;
+          Gm.rowwise() *= m;
+          r0 = Gm.rowwise().sum() / nr;                            // mean_m(g)
+          r1 = (Gm * En).rowwise().sum();                          // sum_j g_j E~_j
+          for (Index r = 0; r < n; ++r) {
+            r2[r] = fl[r] ? S(0) : r1[r] / (nr * sg[r]);           // sigma path (none below the floor)
+            r3[r] = S(1) / (sg[r] + S(DeaConstants::norm_eps));
+          }
+          Gm = ((Gm.colwise() - r0).colwise() * r3 - En.colwise() * r2).rowwise() * m;
+        }
+        // E1 = min(0, E1raw): no gradient where the clamp was active
+        AM.array() *= S(1) - CL.array();
+        // E1raw_ij = -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh
+        //   dR_i = -(2/Dh) (sum_j g1_ij R_i - sum_j g1_ij K_j),  dK_j = -(2/Dh) (sum_i g1_ij K_j - sum_i g1_ij R_i)
+        r0 = AM.array().rowwise().sum();
+        cs += AM.colwise().sum();                                  // sum_i g1_ij, over all blocks (applied below)
+        dRb.noalias() = AM * Kh;
+        dRb = (S(-2) * inv_dh) * (r0.matrix().asDiagonal() * Rb - dRb);
+        dKh.noalias() += (S(2) * inv_dh) * (AM.transpose() * Rb);
+        // E0_ij = Q_i.K_j / sqrt(Dh)  ->  dK += g0^T Q / sqrt(Dh), dQ = g0 K / sqrt(Dh)
+        dKh.noalias() += inv_sqrt * (P.transpose() * Qb);
+        dQb.noalias() = inv_sqrt * (P * Kh);
+        // R = Q W_rel^T  ->  dQ += dR W_rel, dW_rel += dR^T Q
+        dQb.noalias() += dRb * Wr;
+        dWr.noalias() += dRb.transpose() * Qb;
+        dQ.block(b * Tq + i0, h * Dh, n, Dh) = dQb;
+      }
+      dKh -= (S(2) * inv_dh) * (cs.transpose().asDiagonal() * Kh);  // the sum_i g1_ij K_j term of dK_j
+      dK.block(b * Tk, h * Dh, Tk, Dh) = dKh;
+      dV.block(b * Tk, h * Dh, Tk, Dh) = dVh;
+    }, double(B * H) * double(Tq) * double(Tk) * double(8 * Dh + 20) > kParallelMinFlops);
   }
 
   Index D_, H_, Dh_ = 0;

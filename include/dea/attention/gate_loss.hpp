@@ -108,37 +108,54 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
   }
   if (!active) return -1;
 
-  // 3.-4. photo-finish beta against every real key p != t, then the pair terms
+  // 3.-4. photo-finish beta against every real key p != t, then the pair terms. The valid pairs are gathered in
+  // chunks of up to kChunk (on the stack: no allocation) and their terms are evaluated as arrays, which Eigen
+  // vectorises (sqrt, exp, tanh, log1p), then summed chunk by chunk in key order.
   const S e0t = e0[t], e1t = e1[t], a_t = a[t], ah_t = ahat[t];
   const S beps = S(C::beta_eps);
+  constexpr Index kChunk = 128;
+  using Arr = Eigen::Array<S, Eigen::Dynamic, 1, Eigen::ColMajor, kChunk, 1>;
+  S cbeta[kChunk];
+  Index cp[kChunk];
+  Index m = 0;
+  const S dr = ah_t - a_t;
+  auto flush = [&]() {
+    if (m == 0) return;
+    const Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>> beta(cbeta, m);
+    const Arr diff = a_t - beta;
+    const Arr d_b = (diff.square() + S(C::db_eps)).sqrt();                 // d_b = sqrt((a_t - beta)^2 + 1e-4)
+    const Arr w = S(1) + gp.lambda_s * (-d_b / gp.tau_s).exp();            // w = 1 + lambda_s exp(-d_b / tau_s)
+    const Arr s_beta = (diff / S(C::s_beta_temp)).tanh();                  // s_beta = tanh((a_t - beta) / 0.05)
+    const Arr z = -s_beta * (ah_t - beta) / gp.tau_d;                      // L_dec = softplus(z)
+    // softplus(z) as PyTorch computes it (linear above the threshold 20); its derivative is sigmoid(z), or 1
+    const Arr ez = z.min(S(20)).exp();
+    const Arr l_dec = (z > S(20)).select(z, ez.log1p());
+    const Arr sig_z = (z > S(20)).select(S(1), ez / (S(1) + ez));
+    sums.spot += (w * (dr * dr) + gp.lambda_d * l_dec).sum();
+    sums.decision += l_dec.sum();
+    sums.n_valid += m;
+    sums.n_side += ((ah_t - beta) * diff > S(0)).count();
+    // l_pair = w (ah_t - a_t)^2 + lambda_d softplus(z),  z = -s_beta (ah_t - beta) / tau_d
+    g_spot[t] += (S(2) * w * dr + gp.lambda_d * sig_z * (-s_beta / gp.tau_d)).sum();
+    if (beta_out)
+      for (Index k = 0; k < m; ++k) {
+        beta_out[cp[k]] = cbeta[k];
+        w_out[cp[k]] = w[k];
+        db_out[cp[k]] = d_b[k];
+      }
+    m = 0;
+  };
   for (Index p = 0; p < tk; ++p) {
     if (p == t || (km && !km[p])) continue;
     const S num = e0[p] - e0t;
     const S den = (e1t - e0t) - (e1[p] - e0[p]);
     const S beta = num / (den + beps * (den >= 0 ? S(1) : S(-1)));
     if (!(std::abs(den) >= beps) || !(beta >= 0) || !(beta <= 1) || !std::isfinite(beta)) continue;
-    const S diff = a_t - beta;
-    const S d_b = std::sqrt(diff * diff + S(C::db_eps));
-    const S w = 1 + gp.lambda_s * std::exp(-d_b / gp.tau_s);
-    const S s_beta = std::tanh(diff / S(C::s_beta_temp));
-    const S z = -s_beta * (ah_t - beta) / gp.tau_d;
-    // softplus(z) as PyTorch computes it (linear above the threshold 20); its derivative is sigmoid(z), or 1
-    const bool lin = z > 20;
-    const S l_dec = lin ? z : std::log1p(std::exp(z));
-    const S sig_z = lin ? S(1) : (z >= 0 ? 1 / (1 + std::exp(-z)) : std::exp(z) / (1 + std::exp(z)));
-    const S dr = ah_t - a_t;
-    sums.spot += w * dr * dr + gp.lambda_d * l_dec;
-    sums.decision += l_dec;
-    sums.n_valid += 1;
-    if ((ah_t - beta) * diff > 0) sums.n_side += 1;
-    // l_pair = w (ah_t - a_t)^2 + lambda_d softplus(z),  z = -s_beta (ah_t - beta) / tau_d
-    g_spot[t] += 2 * w * dr + gp.lambda_d * sig_z * (-s_beta / gp.tau_d);
-    if (beta_out) {
-      beta_out[p] = beta;
-      w_out[p] = w;
-      db_out[p] = d_b;
-    }
+    cbeta[m] = beta;
+    cp[m] = p;
+    if (++m == kChunk) flush();
   }
+  flush();
   return t;
 }
 
