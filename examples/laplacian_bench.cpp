@@ -361,7 +361,7 @@ LogitCheck check_logits(TinyTransformer<LapAttn>& net, Index l, Index B) {
     return dea::find_param(ps, "blocks." + std::to_string(l) + "." + n);
   };
   // float64 reference from the block input z1: q, k = z1 W^T + b; u, w = sigmoid; D; logits = -D / s.
-  const MatD z = c.z1.cast<double>();
+  const MatD z = c.attn.x.cast<double>();  // z1 = n1(h), kept as the attention's input
   const MatD q = (z * P("q.weight").mat().cast<double>().transpose()).rowwise() +
                  P("q.bias").value.cast<double>().transpose();
   const MatD k = (z * P("k.weight").mat().cast<double>().transpose()).rowwise() +

@@ -73,11 +73,9 @@ public:
 
     struct Cache {
       dea::nn::LayerNorm<S>::Cache ln1, ln2;
-      MatF z1;                      ///< n1(h)          [N, D]
-      typename Attn::Cache attn;    ///< the attention's own cache
+      typename Attn::Cache attn;    ///< the attention's own cache; attn.x is z1 = n1(h) [N, D]
       MatF h1;                      ///< h + attn(z1)   [N, D]
       MatF z2;                      ///< n2(h1)         [N, D]
-      MatF f0;                      ///< ff0(z2)        [N, FF] (before the ReLU)
       MatF r;                       ///< relu(f0)       [N, FF]
     };
 
@@ -100,22 +98,22 @@ public:
 
     /// h [N, D] -> out [N, D]
     void forward(const MatF& h, Index batch, const dea::AttnContext<S>& ctx, Cache& c, MatF& out) {
-      n1.forward(h, c.z1, c.ln1);                          // z1 = n1(h)
-      const MatF a = attn.forward(c.z1, batch, ctx, c.attn);  // a = attn(z1) (o included)
+      n1.forward(h, c.attn.x, c.ln1);                      // z1 = n1(h), written where the attention keeps its input
+      const MatF a = attn.forward(c.attn.x, batch, ctx, c.attn);  // a = attn(z1) (o included)
       c.h1 = h + a;                                        // h1 = h + a
       n2.forward(c.h1, c.z2, c.ln2);                       // z2 = n2(h1)
-      ff0.forward(c.z2, c.f0);                             // f0 = ff0(z2)
-      dea::ops::relu_forward<S>(c.f0, c.r);                // r = relu(f0)
-      ff2.forward(c.r, out);                               // f = ff2(r)
+      linear_forward(ff0, c.z2, c.r);                      // f0 = ff0(z2)
+      dea::ops::relu_forward<S>(c.r, c.r);                 // r = relu(f0), in place (f0 is not kept)
+      linear_forward(ff2, c.r, out);                       // f = ff2(r)
       out += c.h1;                                         // out = h1 + f
     }
 
     /// dout [N, D] -> dh [N, D]; h is the forward input. Adds into every parameter's gradient.
     void backward(const MatF& dout, const MatF& h, Cache& c, MatF& dh) {
       MatF dr, dz2, dh1;
-      ff2.backward(dout, c.r, &dr);                        // f = ff2(r)       ->  dr, dW2, db2
-      dea::ops::relu_backward<S>(dr, c.f0, dr);            // r = relu(f0)     ->  df0 = dr .* [f0 > 0]
-      ff0.backward(dr, c.z2, &dz2);                        // f0 = ff0(z2)     ->  dz2, dW0, db0
+      linear_backward(ff2, dout, c.r, dr);                 // f = ff2(r)       ->  dr, dW2, db2
+      dea::ops::relu_backward<S>(dr, c.r, dr);             // r = relu(f0)     ->  df0 = dr .* [f0 > 0] = dr .* [r > 0]
+      linear_backward(ff0, dr, c.z2, dz2);                 // f0 = ff0(z2)     ->  dz2, dW0, db0
       n2.backward(dz2, c.h1, c.ln2, dh1);                  // z2 = n2(h1)      ->  dh1 (LN part)
       dh1 += dout;                                         // out = h1 + f     ->  dh1 += dout
       const MatF dz1 = attn.backward(dh1, c.attn);         // a = attn(z1)     ->  dz1
@@ -138,6 +136,21 @@ public:
     }
 
   private:
+    /// y = lin(x) as nn::Linear::forward, with the bias written before the product is added (same bits, one
+    /// pass over y fewer: dea::detail::mha::linear_forward_bias_first).
+    static void linear_forward(const dea::nn::Linear<S>& lin, const MatF& x, MatF& y) {
+      dea::check(x.cols() == lin.in_features(), "TinyTransformer: Linear input: expected ", lin.in_features(),
+                 " columns, got ", x.cols());
+      dea::detail::mha::linear_forward_bias_first<S>(x, lin.weight.mat(),
+                                                     lin.has_bias() ? lin.bias.value.data() : nullptr, y);
+    }
+    /// lin.backward(dy, x, &dx) of nn::Linear, the weight gradient as one Eigen call where that gives the same
+    /// bits (dea::detail::mha::linear_backward_packed_once).
+    static void linear_backward(dea::nn::Linear<S>& lin, const MatF& dy, const MatF& x, MatF& dx) {
+      dea::check_matrix(dy, x.rows(), lin.out_features(), "TinyTransformer: Linear backward: dy");
+      dea::detail::mha::linear_backward_packed_once<S>(dy, x, lin.weight.mat(), lin.weight.grad_mat(),
+                                                       lin.has_bias() ? lin.bias.grad.data() : nullptr, &dx);
+    }
     static dea::Rng& scratch_rng() {
       thread_local dea::Rng r(0);
       return r;
@@ -209,7 +222,9 @@ public:
     const dea::ConstMatMap<S> flat(acts_.back().data(), B, win_ * D);
     MatF dflat;
     head_.backward(dout, flat, &dflat);  // out = head(flat)  ->  dflat, dW_head, db_head
-    MatF dh = Eigen::Map<const MatF>(dflat.data(), N, D), dprev;
+    dflat.resize(N, D);  // same size: the [B, T*D] buffer read as [B*T, D] (no copy)
+    MatF dh, dprev;
+    dh.swap(dflat);
     for (std::size_t l = blocks_.size(); l-- > 0;) {
       blocks_[l]->backward(dh, acts_[l], caches_[l], dprev);
       dh.swap(dprev);

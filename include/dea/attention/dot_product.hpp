@@ -107,6 +107,82 @@ ConstHeadMap<S, DHead> head(const Mat<S>& m, Index row0, Index col0, Index T, In
   return {m.data() + row0 * m.cols() + col0, T, dh, Eigen::OuterStride<>(m.cols())};
 }
 
+/// One (b, h) pair's small product, written without Eigen's general-product machinery (operand packing,
+/// zero-filling the result, blocking heuristics), which costs as much as the arithmetic at these sizes:
+///   C[r, 0:n] = sum_{k < K} a(r, k) * B[k, 0:n]      r < rows
+///   a(r, k) = a[r * a_rs + k * a_ks]  (any strides: A or A^T of a row-major block);  B row k = b + k * ldb
+///   (contiguous);  C row r = c + r * ldc (contiguous; written, not accumulated; must not overlap A or B).
+/// Each element is the chain acc = pmadd(a_rk, b_kj, acc) over k = 0, 1, ..., K-1 from acc = 0, finished as
+/// pmadd(acc, 1, 0): exactly the operations of Eigen's GEBP micro-kernel on a block whose result rows fill
+/// whole packets within one depth panel (on AVX-512 the [32, 32] x [32, 32] blocks of a T = 32, d_head = 32
+/// model), so there `C.noalias() = A * B` and this give the same bits. Columns beyond the last full group of
+/// 32 (and rows beyond the last full row block) take a plain per-element path with the same chain.
+template <class S>
+void head_product(Index rows, Index n, Index K, const S* a, Index a_rs, Index a_ks, const S* b, Index ldb, S* c,
+                  Index ldc) {
+  using Packet = typename Eigen::internal::packet_traits<S>::type;
+  constexpr int PS = Eigen::internal::packet_traits<S>::size;
+  constexpr int CW = 32 >= PS ? 32 : PS;        // columns per register block
+  constexpr int NP = CW / PS;                   // packets per row of a register block
+  constexpr int RB = NP >= 16 ? 1 : 16 / NP;    // rows per register block: 16 accumulators
+  using Eigen::internal::pmadd;
+  using Eigen::internal::ploadu;
+  using Eigen::internal::pset1;
+  using Eigen::internal::pstoreu;
+  const Packet zero = pset1<Packet>(S(0)), one = pset1<Packet>(S(1));
+  const Index n_full = (PS == 1 || CW % PS != 0) ? 0 : n / CW * CW;
+  for (Index j0 = 0; j0 < n_full; j0 += CW) {
+    Index r0 = 0;
+    for (; r0 + RB <= rows; r0 += RB) {  // RB x CW block in NP * RB accumulators
+      Packet acc[RB][NP];
+      for (int q = 0; q < RB; ++q)
+        for (int p = 0; p < NP; ++p) acc[q][p] = zero;
+      const S* ar = a + r0 * a_rs;
+      for (Index k = 0; k < K; ++k) {
+        const S* bk = b + k * ldb + j0;
+        Packet bv[NP];
+        for (int p = 0; p < NP; ++p) bv[p] = ploadu<Packet>(bk + p * PS);
+        for (int q = 0; q < RB; ++q) {
+          const Packet av = pset1<Packet>(ar[q * a_rs + k * a_ks]);
+          for (int p = 0; p < NP; ++p) acc[q][p] = pmadd(av, bv[p], acc[q][p]);  // acc += a_rk * B[k, j]
+        }
+      }
+      for (int q = 0; q < RB; ++q)
+        for (int p = 0; p < NP; ++p) pstoreu(c + (r0 + q) * ldc + j0 + p * PS, pmadd(acc[q][p], one, zero));
+    }
+    for (; r0 < rows; ++r0) {  // leftover rows, one at a time
+      Packet acc[NP];
+      for (int p = 0; p < NP; ++p) acc[p] = zero;
+      for (Index k = 0; k < K; ++k) {
+        const Packet av = pset1<Packet>(a[r0 * a_rs + k * a_ks]);
+        for (int p = 0; p < NP; ++p) acc[p] = pmadd(av, ploadu<Packet>(b + k * ldb + j0 + p * PS), acc[p]);
+      }
+      for (int p = 0; p < NP; ++p) pstoreu(c + r0 * ldc + j0 + p * PS, pmadd(acc[p], one, zero));
+    }
+  }
+  const Index n_pk = PS == 1 ? n_full : n_full + (n - n_full) / PS * PS;
+  for (Index r = 0; r < rows; ++r)  // leftover columns: whole packets, one row at a time
+    for (Index j = n_full; j < n_pk; j += PS) {
+      Packet acc = zero;
+      for (Index k = 0; k < K; ++k)
+        acc = pmadd(pset1<Packet>(a[r * a_rs + k * a_ks]), ploadu<Packet>(b + k * ldb + j), acc);
+      pstoreu(c + r * ldc + j, pmadd(acc, one, zero));
+    }
+  for (Index r = 0; r < rows; ++r)  // leftover columns: single ones
+    for (Index j = n_pk; j < n; ++j) {
+      S acc = S(0);
+      for (Index k = 0; k < K; ++k) acc = Eigen::internal::pmadd(a[r * a_rs + k * a_ks], b[k * ldb + j], acc);
+      c[r * ldc + j] = acc + S(0);
+    }
+}
+
+/// Dst [cols, rows] = Src^T for a row-major Src [rows, cols] with row stride lds (Dst contiguous).
+template <class S>
+void transpose_into(Index rows, Index cols, const S* src, Index lds, S* dst) {
+  for (Index r = 0; r < rows; ++r)
+    for (Index j = 0; j < cols; ++j) dst[j * rows + r] = src[r * lds + j];
+}
+
 /// In place: row i of the [Tq, Tk] score block s becomes softmax over its real keys (km[j] != 0, km may be
 /// null; and j <= i when causal); masked keys get exactly 0; a row with no real key becomes all 0.
 /// The exponentials are vectorised (Eigen); the max and the normaliser are taken over real keys only.
@@ -138,36 +214,122 @@ void masked_softmax_inplace(const Eigen::MatrixBase<Derived>& s_, const std::uin
   }
 }
 
+/// Scratch of n elements for one (b, h) pair: on the stack up to kLocal elements, on the heap beyond.
+template <class S, int kLocal = 1024>
+class PairScratch {
+public:
+  explicit PairScratch(Index n) {
+    if (n > kLocal) heap_.resize(n);
+  }
+  PairScratch(const PairScratch&) = delete;
+  PairScratch& operator=(const PairScratch&) = delete;
+  S* data() { return heap_.size() > 0 ? heap_.data() : local_; }
+
+private:
+  alignas(64) S local_[kLocal];
+  Vec<S> heap_;
+};
+
 /// O = Pd V for one (b, h) pair, with Pd = P .* M when `drop` (the pair's [T, T] dropout multipliers M) is
-/// given and Pd = P otherwise. P [Tq, Tk], V [Tk, Dh], O [Tq, Dh].
+/// given and Pd = P otherwise. P [Tq, Tk], V [Tk, Dh], O [Tq, Dh] (row-major, contiguous rows).
 template <class S, class DV, class DO>
 void attend_values(const ConstMatMap<S>& P, const S* drop, const Eigen::MatrixBase<DV>& V,
                    const Eigen::MatrixBase<DO>& O_) {
   auto& O = const_cast<Eigen::MatrixBase<DO>&>(O_);
+  const Index tq = P.rows(), tk = P.cols(), dh = V.cols();
+  const S* pd = P.data();
+  Mat<S> Pd;
   if (drop) {
-    const ConstMatMap<S> M(drop, P.rows(), P.cols());
-    const Mat<S> Pd = P.cwiseProduct(M);  // Pd = P .* M
-    O.noalias() = Pd * V;                 // O = Pd V
-  } else {
-    O.noalias() = P * V;                  // O = P V
+    const ConstMatMap<S> M(drop, tq, tk);
+    Pd = P.cwiseProduct(M);  // Pd = P .* M
+    pd = Pd.data();
   }
+  head_product<S>(tq, dh, tk, pd, tk, 1, V.derived().data(), V.outerStride(), O.derived().data(),
+                  O.outerStride());  // O = Pd V
 }
 
 /// Backward of attend_values: writes dV = Pd^T dO and G = dL/dP = (dO V^T) .* M (without M when no dropout).
+/// G [Tq, Tk] is a contiguous block (e.g. a Map of the pair's scratch).
 template <class S, class DV, class DdO, class DdV>
 void attend_values_backward(const ConstMatMap<S>& P, const S* drop, const Eigen::MatrixBase<DV>& V,
-                            const Eigen::MatrixBase<DdO>& dO, const Eigen::MatrixBase<DdV>& dV_, Mat<S>& G) {
+                            const Eigen::MatrixBase<DdO>& dO, const Eigen::MatrixBase<DdV>& dV_, MatMap<S> G) {
   auto& dV = const_cast<Eigen::MatrixBase<DdV>&>(dV_);
-  G.resize(P.rows(), P.cols());
-  G.noalias() = dO * V.transpose();       // O = Pd V  ->  dPd = dO V^T
+  const Index tq = P.rows(), tk = P.cols(), dh = V.cols();
+  check(G.rows() == tq && G.cols() == tk, "attend_values_backward: G: expected shape [", tq, ", ", tk, "]");
+  PairScratch<S> vt(dh * tk);  // V^T [Dh, Tk]
+  transpose_into<S>(tk, dh, V.derived().data(), V.outerStride(), vt.data());
+  head_product<S>(tq, tk, dh, dO.derived().data(), dO.outerStride(), 1, vt.data(), tk, G.data(),
+                  tk);  // O = Pd V  ->  dPd = dO V^T
+  const S* pd = P.data();
+  Mat<S> Pd;
   if (drop) {
-    const ConstMatMap<S> M(drop, P.rows(), P.cols());
-    const Mat<S> Pd = P.cwiseProduct(M);
-    dV.noalias() = Pd.transpose() * dO;   // O = Pd V  ->  dV = Pd^T dO
-    G.array() *= M.array();               // Pd = P .* M  ->  dP = dPd .* M
-  } else {
-    dV.noalias() = P.transpose() * dO;    // O = P V   ->  dV = P^T dO
+    const ConstMatMap<S> M(drop, tq, tk);
+    Pd = P.cwiseProduct(M);
+    pd = Pd.data();
+    G.array() *= M.array();  // Pd = P .* M  ->  dP = dPd .* M
   }
+  head_product<S>(tk, dh, tq, pd, 1, tk, dO.derived().data(), dO.outerStride(), dV.derived().data(),
+                  dV.outerStride());  // O = Pd V  ->  dV = Pd^T dO
+}
+
+/// True when Eigen runs products on one thread (inside a parallel region, or with one library thread).
+inline bool single_threaded_products() { return in_parallel() || num_threads() == 1; }
+
+/// True when a weight gradient dW [out, in] += dy^T x (dy [N, out], x [N, in]) may be one Eigen call instead
+/// of ops::gemm_tn_add's blocks of rows of dW, with the same bits: Eigen runs single-threaded; the blocks are
+/// equal and fill whole register panels (multiples of the kernel's nr), so every element takes the same
+/// micro-kernel path; and Eigen chooses the same depth blocking (kc) and does not split the `in` side for the
+/// whole and for one block, so every element is summed in the same order. One call packs x once instead of
+/// once per block.
+template <class S>
+bool weight_grad_in_one_call(Index n_rows, Index out, Index in) {
+  if (!single_threaded_products()) return false;
+  constexpr Index nr = Eigen::internal::gebp_traits<S, S>::nr;
+  const Index nb = ops::gemm_tn_row_blocks(out), base = out / nb;
+  if (out % nb != 0 || base % nr != 0) return false;
+  // dW is row-major, so Eigen computes dW^T = x^T dy: m = in, n = out (or one block), depth = N.
+  Index k1 = n_rows, m1 = in, n1 = out, k2 = n_rows, m2 = in, n2 = base;
+  Eigen::internal::computeProductBlockingSizes<S, S>(k1, m1, n1, Index(1));
+  Eigen::internal::computeProductBlockingSizes<S, S>(k2, m2, n2, Index(1));
+  return k1 == k2 && m1 == in && m2 == in;
+}
+
+/// dW += dy^T x: one Eigen call when weight_grad_in_one_call allows it, ops::gemm_tn_add otherwise.
+template <class S, class DY, class DX, class DW>
+void weight_grad_add(const Eigen::MatrixBase<DY>& dy, const Eigen::MatrixBase<DX>& x, DW&& dW) {
+  if (weight_grad_in_one_call<S>(dy.rows(), dy.cols(), x.cols()))
+    dW.noalias() += dy.transpose() * x;
+  else
+    ops::gemm_tn_add<S>(dy, x, dW);
+}
+
+/// y = x W^T + b (y resized to [N, out]), the bias written first and the product added onto it: Eigen's kernel
+/// finishes each element as fma(acc, 1, y) = acc + b, the rounding of ops::linear_forward (which zero-fills y,
+/// writes acc and then adds b), without the zero fill and the second pass over y. Without a bias it is
+/// ops::linear_forward.
+template <class S, class DX, class DW>
+void linear_forward_bias_first(const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>& W, const S* b, Mat<S>& y) {
+  if (!b) {
+    ops::linear_forward<S>(x, W, nullptr, y);
+    return;
+  }
+  y.resize(x.rows(), W.rows());
+  const Eigen::Map<const RowVec<S>> bias(b, W.rows());
+  ops::for_row_blocks(x.rows(), [&](Index r0, Index nr) {  // ops::gemm's blocks: the same products
+    auto yb = y.middleRows(r0, nr);
+    yb.rowwise() = bias;                                    // y = b
+    yb.noalias() += x.middleRows(r0, nr) * W.transpose();   // y += x W^T
+  });
+}
+
+/// ops::linear_backward with the weight gradient through weight_grad_add (the same bits): dW += dy^T x,
+/// db += colsum(dy) (db may be null), dx = dy W when dx is non-null.
+template <class S, class DY, class DX, class DW>
+void linear_backward_packed_once(const Eigen::MatrixBase<DY>& dy, const Eigen::MatrixBase<DX>& x,
+                                 const Eigen::MatrixBase<DW>& W, MatMap<S> dW, S* db, Mat<S>* dx) {
+  weight_grad_add<S>(dy, x, dW);                                             // y = x W^T  ->  dW += dy^T x
+  if (db) Eigen::Map<RowVec<S>>(db, W.rows()) += dy.colwise().sum();       // y += b     ->  db += sum_n dy
+  if (dx) ops::gemm<S>(dy, W, *dx);                                          // y = x W^T  ->  dx = dy W
 }
 
 /// A Linear D_in -> D_out parameter pair in PyTorch layout: weight [out, in], optional bias [out].
@@ -192,11 +354,11 @@ struct Projection {
   }
   /// y = x W^T + b
   void forward(const Mat<S>& x, Mat<S>& y) const {
-    ops::linear_forward<S>(x, weight.mat(), has_bias ? bias.value.data() : nullptr, y);
+    linear_forward_bias_first<S>(x, weight.mat(), has_bias ? bias.value.data() : nullptr, y);
   }
   /// Adds dW += dy^T x, db += colsum(dy); writes dx = dy W when dx is non-null.
   void backward(const Mat<S>& dy, const Mat<S>& x, Mat<S>* dx) {
-    ops::linear_backward<S>(dy, x, weight.mat(), weight.grad_mat(), has_bias ? bias.grad.data() : nullptr, dx);
+    linear_backward_packed_once<S>(dy, x, weight.mat(), weight.grad_mat(), has_bias ? bias.grad.data() : nullptr, dx);
   }
 };
 
@@ -217,7 +379,7 @@ void qkv_forward(const Mat<S>& x, const Projection<S>& q, const Projection<S>& k
     b_cat.segment(D, D) = k.bias.value.transpose();
     b_cat.segment(2 * D, D) = v.bias.value.transpose();
   }
-  ops::linear_forward<S>(x, w_cat, q.has_bias ? b_cat.data() : nullptr, qkv);  // [Q K V] = x W_cat^T + b_cat
+  linear_forward_bias_first<S>(x, w_cat, q.has_bias ? b_cat.data() : nullptr, qkv);  // [Q K V] = x W_cat^T + b_cat
 }
 
 /// Backward of qkv_forward: adds dW_q/dW_k/dW_v (via the scratch dw [3D, D]) and the bias gradients, and
@@ -227,7 +389,7 @@ void qkv_backward(const Mat<S>& dqkv, const Mat<S>& x, const Mat<S>& w_cat, Proj
                   Projection<S>& v, Mat<S>& dw, Mat<S>& dx) {
   const Index D = q.weight.rows();
   dw.setZero(3 * D, x.cols());
-  ops::gemm_tn_add<S>(dqkv, x, dw);                  // qkv = x W_cat^T  ->  dW_cat = dqkv^T x
+  weight_grad_add<S>(dqkv, x, dw);                   // qkv = x W_cat^T  ->  dW_cat = dqkv^T x
   q.weight.grad_mat() += dw.topRows(D);
   k.weight.grad_mat() += dw.middleRows(D, D);
   v.weight.grad_mat() += dw.bottomRows(D);
@@ -318,7 +480,8 @@ public:
     for (Proj* p : {&q_, &k_, &v_, &o_}) p->zero_grad();
   }
 
-  /// x [B*T, D] (row b*T + t), batch = B  ->  y [B*T, D]. Fills `cache` for backward.
+  /// x [B*T, D] (row b*T + t), batch = B  ->  y [B*T, D]. Fills `cache` for backward (it keeps a copy of x in
+  /// cache.x; a caller may compute x straight into cache.x and pass that, which saves the copy).
   Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) const {
     const char* cls = "DotProductAttention";
     const Index T = detail::mha::check_self_attention_input(cls, x, batch, d_model_, ctx, opt_.dropout);
@@ -327,7 +490,7 @@ public:
     c.batch = batch;
     c.seq = T;
     c.d_model = D;
-    c.x = x;
+    if (&x != &c.x) c.x = x;  // x may be cache.x itself (the caller wrote its input there): no copy
     detail::mha::qkv_forward(x, q_, k_, v_, c.w_cat, c.b_cat, c.qkv);  // [Q K V] = x [W_q; W_k; W_v]^T + b  [N, 3D]
     const bool dropping = ctx.training && opt_.dropout > S(0);
     if (dropping)
@@ -347,7 +510,9 @@ public:
       const auto V = detail::mha::head<DHead>(qkv, b * T, 2 * D + h * dh, T, dh);  // [T, Dh]
       auto O = detail::mha::head<DHead>(c.ctx, b * T, h * dh, T, dh);              // [T, Dh]
       MatMap<S> P(c.p.data() + bh * TT, T, T);                                      // [T, T]
-      P.noalias() = Q * K.transpose();                                               // S = Q K^T
+      detail::mha::PairScratch<S> kt(dh * T);                                                     // K^T [Dh, T]
+      detail::mha::transpose_into<S>(T, dh, K.data(), K.outerStride(), kt.data());
+      detail::mha::head_product<S>(T, T, dh, Q.data(), Q.outerStride(), 1, kt.data(), T, P.data(), T);  // S = Q K^T
       P *= scale;                                                                    //     / sqrt(Dh)
       detail::mha::masked_softmax_inplace(P, km ? km + b * T : nullptr, causal);     // P = softmax over real keys
       detail::mha::attend_values<S>(ConstMatMap<S>(P.data(), T, T), dropping ? c.drop.data() + bh * TT : nullptr,
@@ -382,12 +547,15 @@ public:
       auto dK = detail::mha::head<DHead>(dqkv, b * T, D + h * dh, T, dh);
       auto dV = detail::mha::head<DHead>(dqkv, b * T, 2 * D + h * dh, T, dh);
       const ConstMatMap<S> P(c.p.data() + bh * TT, T, T);
-      Mat<S> dP;
+      detail::mha::PairScratch<S> dp_buf(TT);
+      MatMap<S> dP(dp_buf.data(), T, T);
       detail::mha::attend_values_backward<S>(P, dropping ? c.drop.data() + bh * TT : nullptr, V, dO, dV, dP);
       ops::softmax_rows_backward<S>(P, dP, dP);         // P = softmax(S)  ->  dS = P .* (dP - rowsum(dP .* P))
       dP *= scale;                                      // S = Q K^T / sqrt(Dh)  ->  d(Q K^T) = dS / sqrt(Dh)
-      dQ.noalias() = dP * K;                            //                       ->  dQ = dS' K
-      dK.noalias() = dP.transpose() * Q;                //                       ->  dK = dS'^T Q
+      detail::mha::head_product<S>(T, dh, T, dP.data(), T, 1, K.data(), K.outerStride(), dQ.data(),
+                                   dQ.outerStride());  //                       ->  dQ = dS' K
+      detail::mha::head_product<S>(T, dh, T, dP.data(), 1, T, Q.data(), Q.outerStride(), dK.data(),
+                                   dK.outerStride());  //                       ->  dK = dS'^T Q
     }, double(c.batch * H) * double(TT) * double(8 * dh + 10) > kParallelMinFlops);
     Mat<S> dx;
     // [Q K V] = x W_cat^T + b_cat  ->  dW_q, dW_k, dW_v, db_q, db_k, db_v, dx = dQKV W_cat

@@ -145,7 +145,8 @@ public:
     return ops::softplus(theta_.value[h]) + static_cast<S>(kBandwidthEps);
   }
 
-  /// x [B*T, D] (row b*T + t), batch = B  ->  y [B*T, D]. Fills `cache` for backward.
+  /// x [B*T, D] (row b*T + t), batch = B  ->  y [B*T, D]. Fills `cache` for backward (it keeps a copy of x in
+  /// cache.x; a caller may compute x straight into cache.x and pass that, which saves the copy).
   Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) const {
     const char* cls = "LaplacianAttention";
     const Index T = detail::mha::check_self_attention_input(cls, x, batch, d_model_, ctx, opt_.dropout);
@@ -155,7 +156,7 @@ public:
     c.batch = batch;
     c.seq = T;
     c.d_model = D;
-    c.x = x;
+    if (&x != &c.x) c.x = x;  // x may be cache.x itself (the caller wrote its input there): no copy
     detail::mha::qkv_forward(x, q_, k_, v_, c.w_cat, c.b_cat, c.qkv);  // [Q K V] = x [W_q; W_k; W_v]^T + b  [N, 3D]
     c.s.resize(H);
     c.ds_dtheta.resize(H);
@@ -221,7 +222,8 @@ public:
       const ConstMatMap<S> P(c.p.data() + bh * TT, T, T);
       const ConstMatMap<S> Dm(c.dist.data() + bh * TT, T, T);
       const S s = c.s[h];
-      Mat<S> G;                                         // G = dL/dP, then Lambda, then dL/dDist
+      detail::mha::PairScratch<S> g_buf(TT);
+      MatMap<S> G(g_buf.data(), T, T);                  // G = dL/dP, then Lambda, then dL/dDist
       detail::mha::attend_values_backward<S>(P, dropping ? c.drop.data() + bh * TT : nullptr, V, dO, dV, G);
       ops::softmax_rows_backward<S>(P, G, G);           // P = softmax(L)  ->  Lambda = P .* (G - rowsum(G .* P))
       theta_part[static_cast<std::size_t>(bh)] = (G.array() * Dm.array()).sum();  // L = -Dist/s -> dL/ds = sum Lambda Dist / s^2

@@ -2,8 +2,9 @@
 // backward with the sign convention sgn(0) = 0.
 //
 // Shapes: U [Tq, d], W [Tk, d], Dst [Tq, Tk] with Dst_ij = sum_c |U_ic - W_jc|.
-// No [Tq, Tk, d] difference tensor is ever formed: the forward sweeps (i, c) and accumulates a whole row of
-// Dst over j at once (vectorised over keys, no horizontal reductions); the backward sweeps (i, j) and
+// No [Tq, Tk, d] difference tensor is ever formed: the forward sweeps (i, c) and accumulates rows of Dst over
+// j at once (vectorised over keys, no horizontal reductions; a few query rows by 32 keys kept in registers,
+// W transposed into a stack buffer for a 32 x 32 head); the backward sweeps (i, j) and
 // accumulates the sign vector of one pair into rows of both gradients (vectorised over channels).
 // Summation over c runs in order c = 0, 1, ..., d-1 for every (i, j), so Dst equals a naive triple loop bit
 // for bit.
@@ -65,20 +66,61 @@ void l1_distance(const Eigen::MatrixBase<DU>& U, const Eigen::MatrixBase<DW>& W,
   detail::l1_check_rows_contiguous(Dst, "l1_distance: Dst");
   if (tq == 0 || tk == 0) return;
   // Wt [d, Tk]: W transposed, so that channel c of every key is one contiguous row; acc [Tk]: one row of Dst.
-  const Mat<S> Wt = W.transpose();
-  Vec<S> acc_buf(tk);
-  S* acc = acc_buf.data();
+  // Both live on the stack up to kLocal elements (a 32 x 32 head), on the heap beyond.
+  constexpr Index kLocal = 1024;
+  alignas(64) S wt_local[kLocal];
+  alignas(64) S acc_local[256];
+  Vec<S> wt_heap, acc_heap;
+  S* wt = wt_local;
+  S* acc = acc_local;
+  if (d * tk > kLocal) {
+    wt_heap.resize(d * tk);
+    wt = wt_heap.data();
+  }
+  if (tk > 256) {
+    acc_heap.resize(tk);
+    acc = acc_heap.data();
+  }
+  Eigen::Map<Mat<S>>(wt, d, tk) = W.transpose();
+  // Register blocks of kRows queries x kKeys keys (whole packets), the running sums kept in registers; the
+  // rest (leftover rows and keys) one row at a time through acc. Either way D_ij = ((0 + |u_i0 - w_j0|) +
+  // |u_i1 - w_j1|) + ... in channel order, the same bits.
+  using Packet = typename Eigen::internal::packet_traits<S>::type;
+  constexpr int PS = Eigen::internal::packet_traits<S>::size;
+  constexpr int kKeys = 32 >= PS ? 32 : PS, NP = kKeys / PS, kRows = NP >= 8 ? 1 : 8 / NP;
+  const Index tk_blk = (PS > 1 && kKeys % PS == 0) ? tk / kKeys * kKeys : 0;
+  Index i0 = 0;
+  if (tk_blk > 0)
+    for (; i0 + kRows <= tq; i0 += kRows)
+      for (Index j0 = 0; j0 < tk_blk; j0 += kKeys) {
+        Packet a[kRows][NP];
+        for (int q = 0; q < kRows; ++q)
+          for (int p = 0; p < NP; ++p) a[q][p] = Eigen::internal::pset1<Packet>(S(0));
+        for (Index c = 0; c < d; ++c) {
+          Packet w[NP];
+          for (int p = 0; p < NP; ++p) w[p] = Eigen::internal::ploadu<Packet>(wt + c * tk + j0 + p * PS);
+          for (int q = 0; q < kRows; ++q) {
+            const Packet u = Eigen::internal::pset1<Packet>(detail::l1_row_ptr(U, i0 + q)[c]);
+            for (int p = 0; p < NP; ++p)  // D_ij += |u_ic - w_jc|
+              a[q][p] = Eigen::internal::padd(a[q][p], Eigen::internal::pabs(Eigen::internal::psub(u, w[p])));
+          }
+        }
+        for (int q = 0; q < kRows; ++q)
+          for (int p = 0; p < NP; ++p) Eigen::internal::pstoreu(detail::l1_row_ptr(Dst, i0 + q) + j0 + p * PS, a[q][p]);
+      }
   for (Index i = 0; i < tq; ++i) {
+    const Index j_begin = i < i0 ? tk_blk : 0;  // rows of the register blocks: only the leftover keys
+    if (j_begin == tk) continue;
     const S* ui = detail::l1_row_ptr(U, i);
-    for (Index j = 0; j < tk; ++j) acc[j] = S(0);
+    for (Index j = j_begin; j < tk; ++j) acc[j] = S(0);
     for (Index c = 0; c < d; ++c) {
       const S u = ui[c];
-      const S* w = Wt.data() + c * tk;
+      const S* w = wt + c * tk;
       DEA_L1_NO_ALIAS
-      for (Index j = 0; j < tk; ++j) acc[j] += std::abs(u - w[j]);  // D_ij += |u_ic - w_jc|
+      for (Index j = j_begin; j < tk; ++j) acc[j] += std::abs(u - w[j]);  // D_ij += |u_ic - w_jc|
     }
     S* out = detail::l1_row_ptr(Dst, i);
-    for (Index j = 0; j < tk; ++j) out[j] = acc[j];
+    for (Index j = j_begin; j < tk; ++j) out[j] = acc[j];
   }
 }
 
