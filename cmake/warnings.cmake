@@ -1,7 +1,8 @@
 # Warnings and build-type flags for the project's own programs and tests (never applied to users of dea::dea).
 add_library(dea_warnings INTERFACE)
 if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
-  target_compile_options(dea_warnings INTERFACE -Wall -Wextra -Wpedantic -Wno-unused-parameter -Wno-maybe-uninitialized -Wno-uninitialized)
+  target_compile_options(dea_warnings INTERFACE -Wall -Wextra -Wpedantic -Wno-unused-parameter -Wno-uninitialized
+                                                $<$<CXX_COMPILER_ID:GNU>:-Wno-maybe-uninitialized>)
 endif()
 
 option(DEA_NATIVE "Compile the project's programs with -march=native" ON)

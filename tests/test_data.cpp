@@ -200,7 +200,9 @@ TEST_CASE("synthetic D_alpha has the specified counts and composition", "[data][
       {"capital", {47, "strong"}}, {"partof", {25, "strong"}}, {"isa", {20, "strong"}},
       {"analogy", {8, "strong"}},  {"weak", {12, "weak"}},     {"similar", {10, "none"}}};
   std::size_t cn_pos = 0;
-  for (const auto& [rel, want] : composition) {
+  for (const auto& entry : composition) {
+    const std::string& rel = entry.first;
+    const auto& want = entry.second;
     const std::size_t n = count_if_records(recs, [&](const Record& r) {
       return r.source == "conceptnet" && r.label == 1 && r.relation == rel && r.strength == want.second;
     });

@@ -20,7 +20,7 @@ namespace dea {
 
 /// Keeps freed blocks of up to `mmap_threshold` bytes in the heap (glibc caps this at 32 MiB on 64-bit
 /// systems) and stops trimming the heap's top below `trim_threshold` bytes. Returns false (and does nothing)
-/// where the C library is not glibc or refuses a value.
+/// where the C library is not glibc or refuses a value (AddressSanitizer's allocator refuses every setting).
 inline bool retain_freed_memory(std::size_t mmap_threshold = std::size_t(32) << 20,
                                 std::size_t trim_threshold = std::size_t(1) << 30) {
 #if defined(__GLIBC__)
