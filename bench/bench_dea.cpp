@@ -29,6 +29,8 @@
 
 #include <fmt/core.h>
 
+#include "bench_util.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -47,17 +49,14 @@
 
 using namespace dea;
 
+using bench_util::peak_rss_mb;
+using bench_util::split;
+
 namespace {
 
 struct Shape4 {
   Index B, T, D, H;
 };
-
-double peak_rss_mb() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return double(ru.ru_maxrss) / 1024.0;
-}
 
 template <class F>
 double median_ms(int reps, F&& f) {
@@ -230,15 +229,6 @@ void run_shape(const Shape4& s, DeaKernel kernel, Index block_q, int threads, in
     emit(oracle_on ? "train_step" : "train_step_no_oracle", ms, 3 * gf);
     ms_out[1] = ms;
   }
-}
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep))
-    if (!item.empty()) out.push_back(item);
-  return out;
 }
 
 [[noreturn]] void usage(const std::string& why) {

@@ -34,6 +34,8 @@
 #include <dea/io/pipeline.hpp>
 
 #include <fmt/core.h>
+
+#include "bench_util.hpp"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -50,6 +52,9 @@
 
 using namespace dea;
 
+using bench_util::peak_rss_mb;
+using bench_util::split;
+
 namespace {
 
 struct BenchConfig {
@@ -64,12 +69,6 @@ const std::vector<BenchConfig> kConfigs = {
     {"paper", 512, 8, 6, 2048, 128, 2000},
 };
 
-double peak_rss_mb() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return double(ru.ru_maxrss) / 1024.0;
-}
-
 /// 1-minute load average (-1 when /proc/loadavg is not readable).
 double load1() {
   std::ifstream f("/proc/loadavg");
@@ -82,15 +81,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, sep))
-    if (!item.empty()) out.push_back(item);
-  return out;
 }
 
 [[noreturn]] void usage(const std::string& why) {
