@@ -1,12 +1,13 @@
 // bench_train: speed and memory of the model's training step, printed as one JSON line per measurement.
 //
 //   bench_train [--config quick,mid,paper] [--threads 1,2] [--steps 10] [--warmup 2] [--gamma 0.5]
-//               [--n_per_source N] [--seed 42] [--dump-batches FILE] [--dump-only]
+//               [--kernel tiled|reference] [--n_per_source N] [--seed 42] [--dump-batches FILE] [--dump-only]
 //
 // One training step is what examples/train runs each step (pipeline::run_training): collate the step's D_alpha
 // batch (pipeline::build_data + pipeline::make_batch, batch order pipeline::BatchOrder), forward of the Dual-Expert
 // TransformerModel in training mode (dropout 0.1) with the oracle block at gamma_mix, task cross-entropy + gate
-// loss, zero_grad, backward, per-group gradient clipping and the AdamW step (pipeline::make_optimizer). Logging,
+// loss, zero_grad, backward, per-group gradient clipping and the AdamW step (pipeline::make_optimizer). The
+// attention runs the kernel train uses (pipeline::attention_options: tiled by default; --kernel picks). Logging,
 // evaluation and checkpoints are left out. Step s uses the training batch of step s of a run with this seed, so
 // the batches are those of a real run; their length T is the longest pair of the batch (at most max_len = 64).
 //
@@ -86,7 +87,8 @@ double median(std::vector<double> v) {
 [[noreturn]] void usage(const std::string& why) {
   fmt::print(stderr,
              "bench_train: {}\nusage: bench_train [--config quick,mid,paper] [--threads 1,2] [--steps 10] "
-             "[--warmup 2] [--gamma 0.5] [--n_per_source N] [--seed 42] [--dump-batches FILE] [--dump-only]\n",
+             "[--warmup 2] [--gamma 0.5] [--kernel tiled|reference] [--n_per_source N] [--seed 42] "
+             "[--dump-batches FILE] [--dump-only]\n",
              why);
   std::exit(2);
 }
@@ -137,6 +139,7 @@ struct Options {
   std::vector<int> threads = {1, 2};
   int steps = 10, warmup = 2;
   double gamma = 0.5;
+  dea::DeaKernel kernel = dea::DeaKernel::tiled;
   std::int64_t n_per_source = 0;  // 0 = the configuration's
   std::uint64_t seed = 42;
   std::string dump;
@@ -206,7 +209,8 @@ void run_config(const BenchConfig& bc, const Options& opt, std::ofstream* dump) 
   for (int th : opt.threads) {
     set_num_threads(th);
     Rng init_rng(opt.seed);
-    pipeline::Model model(pipeline::model_config(cfg, d.tok.vocab_size(), d.task), init_rng);
+    pipeline::Model model(pipeline::model_config(cfg, d.tok.vocab_size(), d.task), init_rng,
+                          pipeline::attention_options(cfg, opt.kernel));
     optim::AdamW<pipeline::Scalar> adamw = pipeline::make_optimizer(model, cfg);
     std::size_t n_params = 0;
     for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
@@ -275,6 +279,7 @@ void run_config(const BenchConfig& bc, const Options& opt, std::ofstream* dump) 
     j["steps"] = opt.steps;
     j["warmup"] = opt.warmup;
     j["gamma"] = opt.gamma;
+    j["kernel"] = opt.kernel == dea::DeaKernel::tiled ? "tiled" : "reference";
     j["mean_T"] = std::round(mean_T * 100) / 100;
     j["s_per_step"] = med;
     j["s_min"] = *std::min_element(t_total.begin(), t_total.end());
@@ -325,6 +330,14 @@ int main(int argc, char** argv) {
       opt.gamma = std::strtod(v.c_str(), &end);
       if (v.empty() || *end || !(opt.gamma >= 0 && opt.gamma <= 1))
         usage("--gamma: expected a number in [0, 1], got '" + v + "'");
+    } else if (a == "--kernel") {
+      const std::string v = next();
+      if (v == "tiled")
+        opt.kernel = dea::DeaKernel::tiled;
+      else if (v == "reference")
+        opt.kernel = dea::DeaKernel::reference;
+      else
+        usage("--kernel: expected tiled or reference, got '" + v + "'");
     } else if (a == "--n_per_source") {
       opt.n_per_source = parse_int(a, next(), 1);
     } else if (a == "--seed") {

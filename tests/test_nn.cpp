@@ -41,6 +41,7 @@ struct ModelCase {
   std::optional<std::vector<Index>> supervise;
   Index max_len = 16;
   std::uint64_t seed = 5;
+  bool tiled = false;  // the Dual-Expert layers run the tiled kernel (Options::kernel)
 };
 
 nn::ModelConfig make_config(const ModelCase& mc) {
@@ -63,7 +64,15 @@ nn::ModelConfig make_config(const ModelCase& mc) {
 template <class M>
 M make_model(const ModelCase& mc) {
   Rng rng(mc.seed);
-  M model(make_config(mc), rng);
+  typename M::AttentionOptionsFn opts;
+  if constexpr (M::has_gate)
+    if (mc.tiled)
+      opts = [&](Index l) {
+        auto o = nn::default_attention_options<typename M::Layer::AttentionType>(mc.dropout, l, mc.L);
+        o.kernel = DeaKernel::tiled;
+        return o;
+      };
+  M model(make_config(mc), rng, opts);
   for (Param<double>* p : model.parameters()) {
     const std::string& n = p->name;
     if (n.find("ln") != std::string::npos && n.find("weight") != std::string::npos)
@@ -459,6 +468,27 @@ TEST_CASE("FeedForward gradients match finite differences (with and without drop
       REQUIRE(r1.next_u64() == r2.next_u64());
     }
   }
+}
+
+TEST_CASE("nn::Dropout: the mask is counter-based (the same bits for any thread count and any length)",
+          "[nn][dropout][threads]") {
+  nn::Dropout d(0.1);
+  auto masked = [&](Index rows, int threads) {
+    set_num_threads(threads);
+    Mat<float> x = Mat<float>::Ones(rows, 1000);
+    Rng rng(11);
+    d.forward(x, true, &rng);
+    set_num_threads(1);
+    return x;
+  };
+  const Mat<float> a = masked(70, 1), b = masked(70, 2), c = masked(23, 2);
+  REQUIRE((a - b).cwiseAbs().maxCoeff() == 0.0f);
+  REQUIRE((a.topRows(23) - c).cwiseAbs().maxCoeff() == 0.0f);  // element k's draw depends on (seed, k) alone
+  const double kept = static_cast<double>((a.array() != 0.0f).count()) / static_cast<double>(a.size());
+  REQUIRE(kept == Approx(0.9).margin(0.005));
+  Index runs = 0;  // no structure across chunk boundaries: runs of kept values as for independent draws
+  for (Index k = 1; k < a.size(); ++k) runs += (a.data()[k] == 0.0f) != (a.data()[k - 1] == 0.0f);
+  REQUIRE(static_cast<double>(runs) / static_cast<double>(a.size()) == Approx(2 * 0.9 * 0.1).margin(0.01));
 }
 
 TEST_CASE("nn::Dropout: inverted scaling, reproducible mask, identity in eval mode", "[nn][dropout]") {
@@ -874,6 +904,75 @@ TEST_CASE("TransformerModel (Dual-Expert): 1 and 2 threads give identical bits",
   const auto batch = make_batch(mc);
   const auto a = step_bits(model, batch, 1), b = step_bits(model, batch, 2);
   REQUIRE(a == b);
+}
+
+TEST_CASE("TransformerModel on the tiled Dual-Expert kernel: a training step agrees with the reference kernel",
+          "[nn][model][tiled]") {
+  // Same initial weights (same seed, same draws), same batch, same dropout masks (counter-based in both kernels):
+  // logits, losses and every gradient agree to round-off; training forwards keep only the last layer's alpha-hat;
+  // evaluation forwards run the reference kernel (every map kept) unless the map policy says otherwise.
+  ModelCase mc = threads_case();
+  mc.L = 3;
+  mc.targets = true;
+  mc.supervise = std::vector<Index>{0, 2};
+  ModelCase mt = mc;
+  mt.tiled = true;
+  Model ref = make_model<Model>(mc), til = make_model<Model>(mt);
+  const auto batch = make_batch(mc);
+  for (double gamma : {0.0, 0.5, 1.0}) {
+    INFO("gamma " << gamma);
+    Model::Cache cr, ct;
+    Rng r1(31), r2(31);
+    const auto o1 = ref.forward(batch, gamma, true, &r1, cr);
+    const auto o2 = til.forward(batch, gamma, true, &r2, ct);
+    REQUIRE(ct.layers[0].attn.kernel == DeaKernel::tiled);
+    REQUIRE(cr.layers[0].attn.kernel == DeaKernel::reference);
+    REQUIRE((o1.logits - o2.logits).cwiseAbs().maxCoeff() <= 1e-11);
+    REQUIRE(std::abs(o1.task_loss - o2.task_loss) <= 1e-11);
+    REQUIRE(std::abs(o1.loss_gate - o2.loss_gate) <= 1e-11);
+    REQUIRE(o1.loss_gate > 0);
+    for (std::size_t l = 0; l < 3; ++l) {
+      REQUIRE(o1.layer_stats[l].n_decision_pairs == o2.layer_stats[l].n_decision_pairs);
+      REQUIRE(std::abs(o1.layer_stats[l].loss_decision - o2.layer_stats[l].loss_decision) <= 1e-11);
+      REQUIRE(ct.layers[l].attn.attn.empty());  // no [B, H, T, T] map in a tiled training cache ...
+    }
+    REQUIRE(ct.layers[0].attn.alpha_hat.empty());
+    const auto& a1 = cr.layers[2].attn.alpha_hat;  // ... except the last layer's alpha-hat (training metrics)
+    const auto& a2 = ct.layers[2].attn.alpha_hat;
+    REQUIRE(a2.size() == a1.size());
+    double da = 0;
+    for (std::size_t k = 0; k < a1.size(); ++k) da = std::max(da, std::abs(a1[k] - a2[k]));
+    REQUIRE(da <= 1e-12);
+    ref.zero_grad();
+    til.zero_grad();
+    ref.backward(cr);
+    til.backward(ct);
+    const auto pr = ref.parameters(), pt = til.parameters();
+    for (std::size_t k = 0; k < pr.size(); ++k) {
+      INFO(pr[k]->name);
+      const double scale = std::max(1e-3, pr[k]->grad.cwiseAbs().maxCoeff());
+      REQUIRE((pr[k]->grad - pt[k]->grad).cwiseAbs().maxCoeff() <= 1e-10 * scale);
+    }
+  }
+  // evaluation mode: the reference kernel, so every map is there, and the same bits as the reference model
+  Model::Cache er, et;
+  const auto e1 = ref.forward(batch, 0.0, false, nullptr, er);
+  const auto e2 = til.forward(batch, 0.0, false, nullptr, et);
+  REQUIRE(et.layers[1].attn.kernel == DeaKernel::reference);
+  REQUIRE(et.layers[1].attn.attn.size() == er.layers[1].attn.attn.size());
+  REQUIRE((e1.logits - e2.logits).cwiseAbs().maxCoeff() == 0.0);
+  // a map-free policy: tiled in both modes, nothing of size T^2 kept
+  til.set_map_policy(false, false);
+  Model::Cache ft, fe;
+  Rng r3(31);
+  til.forward(batch, 0.5, true, &r3, ft);
+  const auto e3 = til.forward(batch, 0.0, false, nullptr, fe);
+  for (const Model::Cache* c : {&ft, &fe})
+    for (std::size_t l = 0; l < 3; ++l) {
+      REQUIRE(c->layers[l].attn.kernel == DeaKernel::tiled);
+      REQUIRE(c->layers[l].attn.alpha_hat.empty());
+    }
+  REQUIRE((e1.logits - e3.logits).cwiseAbs().maxCoeff() <= 1e-11);
 }
 
 TEST_CASE("TransformerModel rejects bad configurations and batches", "[nn][model][errors]") {

@@ -29,6 +29,12 @@ struct AttnContext {
   /// Test hook (Dual-Expert): use these alpha-hat values [B, H, Tq, Tk] in the scores instead of the gate's
   /// own. The scores treat alpha-hat as a constant, so finite-difference checks of the task path hold it fixed.
   const Tensor<S>* frozen_alpha_hat = nullptr;
+  /// Dual-Expert: run the reference kernel for this call whatever Options::kernel says, so that every
+  /// [B, H, Tq, Tk] map is in the cache afterwards (evaluation metrics, probes, plots).
+  bool keep_maps = false;
+  /// Dual-Expert, tiled kernel: also keep the gate's alpha-hat [B, H, Tq, Tk] in Cache::alpha_hat (the reference
+  /// kernel always keeps it). Costs O(B H Tq Tk) memory; for callers that read alpha-hat after a training forward.
+  bool keep_alpha_hat = false;
 };
 
 }  // namespace dea

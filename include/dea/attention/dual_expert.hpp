@@ -23,6 +23,7 @@
 #include "../core/parallel.hpp"
 #include "../core/rng.hpp"
 #include "../core/workspace.hpp"
+#include "../ops/dropout.hpp"
 #include "../ops/gemm.hpp"
 #include "../ops/linear.hpp"
 #include "../ops/softmax.hpp"
@@ -45,21 +46,18 @@ namespace dea {
 ///  - tiled: queries are processed in blocks of Options::block_q rows; every [Tq, Tk] quantity exists only for
 ///    one block in a per-thread scratch. The cache keeps Q, K, V, R, ctx and per-row statistics only, and backward
 ///    recomputes each block from them. Memory O(B H (Tq + Tk)) besides copies of the caller's oracle (and of the
-///    frozen_alpha_hat test hook), which backward needs. The map fields of the cache stay empty.
+///    frozen_alpha_hat test hook), which backward needs. The map fields of the cache stay empty, except alpha_hat
+///    when the call sets AttnContext::keep_alpha_hat.
+/// AttnContext::keep_maps runs the reference kernel for one call whatever the option says (an evaluation forward
+/// whose maps the caller reads).
 enum class DeaKernel { reference, tiled };
 
 namespace detail {
 /// Counter-based attention dropout: a uniform number in [0, 1) that depends only on (seed, cell), where cell is
-/// the flat [B, H, Tq, Tk] index ((b H + h) Tq + i) Tk + j. A splitmix64 finaliser of seed + (cell + 1) * phi,
-/// so a kernel can recompute any cell's mask in backward (the tiled kernel does) and every kernel draws the same
-/// mask for the same seed, whatever the thread count or the block size.
-inline double dropout_uniform(std::uint64_t seed, std::uint64_t cell) {
-  std::uint64_t z = seed + (cell + 1) * 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * (1.0 / 9007199254740992.0);
-}
+/// the flat [B, H, Tq, Tk] index ((b H + h) Tq + i) Tk + j (ops::counter_uniform), so a kernel can recompute any
+/// cell's mask in backward (the tiled kernel does) and every kernel draws the same mask for the same seed,
+/// whatever the thread count or the block size. A cell is dropped when this is < p.
+inline double dropout_uniform(std::uint64_t seed, std::uint64_t cell) { return ops::counter_uniform(seed, cell); }
 }  // namespace detail
 
 /// Gate-loss statistics of one forward pass (the reference's `stats`).
@@ -135,8 +133,9 @@ public:
     std::vector<GateLossSums<S>> sums;    ///< per-(b, h) gate-loss sums [B*H]
     AlignedVec<S> scratch;                ///< per-(b, h) temporaries of the forward kernel (forward_scratch_size)
     // ---- tiled kernel (kernel == DeaKernel::tiled). The [B, H, Tq, Tk] fields above stay empty (e0n, e1n,
-    // logit, alpha_hat, alpha_mix, scores, attn, drop, e1_clamped, dlogit_gate, beta, w, d_b, g_reg, g_spot,
-    // oracle_ref); the cache holds q_in (k_in, v_in), Q, K, V, R, ctx, km, n_real, target, sigma0/1, floor0/1 and:
+    // logit, alpha_hat unless AttnContext::keep_alpha_hat, alpha_mix, scores, attn, drop, e1_clamped, dlogit_gate,
+    // beta, w, d_b, g_reg, g_spot, oracle_ref); the cache holds q_in (k_in, v_in), Q, K, V, R, ctx, km, n_real,
+    // target, sigma0/1, floor0/1 and:
     DeaKernel kernel = DeaKernel::reference;  ///< the kernel that filled this cache
     Index block_q = 0;                    ///< tiled: queries per block
     AlignedVec<S> mu0, mu1;               ///< tiled: row means of the raw experts [B, H, Tq]
@@ -510,8 +509,8 @@ private:
       for (Index j = 0; j < Tk; ++j) n += c.km[static_cast<std::size_t>(b * Tk + j)];
       c.n_real[static_cast<std::size_t>(b)] = S(n < 1 ? 1 : n);
     }
-    c.kernel = opt_.kernel;
-    if (opt_.kernel == DeaKernel::tiled) {
+    c.kernel = ctx.keep_maps ? DeaKernel::reference : opt_.kernel;
+    if (c.kernel == DeaKernel::tiled) {
       forward_tiled(q_in, k_in, v_in, ctx, c, self, y, oracle_per_head, target_per_head);
       return;
     }
@@ -543,10 +542,7 @@ private:
       c.target.clear();
     }
 
-    // ---- projections: Q = q_in W_q^T + b_q, K = k_in W_k^T + b_k, V = v_in W_v^T + b_v
-    ops::linear_forward<S>(q_in, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, c.Q);
-    ops::linear_forward<S>(self ? q_in : k_in, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, c.K);
-    ops::linear_forward<S>(self ? q_in : v_in, weight_[2].mat(), opt_.bias ? bias_[2].value.data() : nullptr, c.V);
+    input_projections(q_in, k_in, v_in, self, c);
     c.R.resize(B * Tq, D_);
     c.ctx.resize(B * Tq, D_);
 
@@ -659,10 +655,8 @@ private:
       if (dropout_on) {
         // counter-based mask of the cell's flat index (detail::dropout_uniform): the tiled kernel draws the same
         MatMap<S> Dm(c.drop.data() + off, Tq, Tk);
-        const S keep = S(1) / (S(1) - opt_.dropout);
-        const double pd = static_cast<double>(opt_.dropout);
-        for (Index k = 0; k < Tq * Tk; ++k)
-          Dm.data()[k] = detail::dropout_uniform(drop_seed, static_cast<std::uint64_t>(off + k)) < pd ? S(0) : keep;
+        ops::counter_dropout_mask(Dm.data(), Tq * Tk, drop_seed, static_cast<std::uint64_t>(off),
+                                  static_cast<double>(opt_.dropout));
         c.ctx.block(b * Tq, h * Dh, Tq, Dh).noalias() = P.cwiseProduct(Dm) * Vh;
       } else {
         c.ctx.block(b * Tq, h * Dh, Tq, Dh).noalias() = P * Vh;
@@ -671,12 +665,7 @@ private:
 
     if (has_oracle) finish_gate_loss(c, c.sums);
 
-    // 11. output projection
-    if (!opt_.out_proj) {
-      y = c.ctx;
-      return;
-    }
-    ops::linear_forward<S>(c.ctx, weight_[3].mat(), opt_.bias ? bias_[3].value.data() : nullptr, y);
+    output_projection(c, y);  // 11.
   }
 
   /// Scratch elements one (b, h) pair of forward takes from Cache::scratch: the head blocks Q_h, K_h, V_h, R_h
@@ -914,6 +903,8 @@ private:
       Xa = (AM.array() < -clip || AM.array() > clip || Xa > amax).select(S(0), Xa * (S(1) - Xa));
     }
     AM.array() = (S(1) / (S(1) + (-AM.array().max(-clip).min(clip)).exp())).min(amax);
+    if (fwd && !c.alpha_hat.empty())  // AttnContext::keep_alpha_hat: the gate's own alpha-hat of these rows
+      std::copy(tp.AM, tp.AM + n * Tk, c.alpha_hat.data() + row0 * Tk);
     // 7.-8. alpha_mix: the detached alpha-hat (or the frozen copy), with an oracle gamma a_eff + (1 - gamma) alpha-hat
     const S gamma = c.gamma_mix;
     const std::uint8_t* km = c.km.data() + b * Tk;
@@ -992,7 +983,7 @@ private:
       shift = PA.rowwise().maxCoeff();
       shift = (shift == -std::numeric_limits<S>::infinity()).select(S(0), shift);
     }
-    PA = (PA.colwise() - shift).exp();
+    for (Index r = 0; r < n; ++r) PA.row(r) = (PA.row(r) - shift[r]).exp();  // per row: vectorised (see ops/softmax.hpp)
     if (fwd) {
       z = PA.rowwise().sum();
       z = (z > S(0)).select(z, S(1));
@@ -1002,11 +993,8 @@ private:
 
   /// Dropout multipliers (0 or 1/(1-p)) of rows [i0, i0 + n) of pair bh into D [n, Tk].
   void tiled_dropout(const Cache& c, Index bh, Index i0, Index n, S* D) const {
-    const S keep = S(1) / (S(1) - opt_.dropout);
-    const double pd = static_cast<double>(opt_.dropout);
-    const std::uint64_t base = static_cast<std::uint64_t>((bh * c.Tq + i0) * c.Tk);
-    for (Index k = 0; k < n * c.Tk; ++k)
-      D[k] = detail::dropout_uniform(c.drop_seed, base + static_cast<std::uint64_t>(k)) < pd ? S(0) : keep;
+    ops::counter_dropout_mask(D, n * c.Tk, c.drop_seed, static_cast<std::uint64_t>((bh * c.Tq + i0) * c.Tk),
+                              static_cast<double>(opt_.dropout));
   }
 
   /// Per-pair set-up shared by forward and backward: K_h, V_h, |K_j|^2, the gate's key term, the mask row.
@@ -1035,9 +1023,13 @@ private:
     const Index bq = tiled_block_rows(Tq, Tk);
     c.block_q = bq;
     // the maps of the reference kernel are not produced: free them (a cache may have served that kernel before)
-    for (auto* v : {&c.e0n, &c.e1n, &c.logit, &c.alpha_hat, &c.alpha_mix, &c.scores, &c.attn, &c.drop, &c.dlogit_gate,
-                    &c.beta, &c.w, &c.d_b, &c.g_reg, &c.g_spot, &c.oracle_ref, &c.scratch})
+    for (auto* v : {&c.e0n, &c.e1n, &c.logit, &c.alpha_mix, &c.scores, &c.attn, &c.drop, &c.dlogit_gate, &c.beta, &c.w,
+                    &c.d_b, &c.g_reg, &c.g_spot, &c.oracle_ref, &c.scratch})
       release(*v);
+    if (ctx.keep_alpha_hat)  // every cell is written by its block below
+      c.alpha_hat.resize(static_cast<std::size_t>(B * H * Tq * Tk));
+    else
+      release(c.alpha_hat);
     release(c.e1_clamped);
     const std::size_t rows = static_cast<std::size_t>(B * H * Tq);
     for (auto* v : {&c.sigma0, &c.sigma1, &c.mu0, &c.mu1, &c.row_shift, &c.row_sum}) v->resize(rows);
@@ -1059,10 +1051,7 @@ private:
       release(c.frozen_copy);
     c.drop_seed = c.dropout_on ? ctx.rng->next_u64() : 0;
 
-    // ---- projections: Q = q_in W_q^T + b_q, K = k_in W_k^T + b_k, V = v_in W_v^T + b_v
-    ops::linear_forward<S>(q_in, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, c.Q);
-    ops::linear_forward<S>(self ? q_in : k_in, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, c.K);
-    ops::linear_forward<S>(self ? q_in : v_in, weight_[2].mat(), opt_.bias ? bias_[2].value.data() : nullptr, c.V);
+    input_projections(q_in, k_in, v_in, self, c);
     c.R.resize(B * Tq, D_);
     c.ctx.resize(B * Tq, D_);
 
@@ -1108,7 +1097,18 @@ private:
     }, par);
 
     if (has_oracle) finish_gate_totals(c, c.sums);
-    // 11. output projection
+    output_projection(c, y);  // 11.
+  }
+
+  /// Both kernels: Q = q_in W_q^T + b_q, K = k_in W_k^T + b_k, V = v_in W_v^T + b_v (k_in = v_in = q_in when self).
+  void input_projections(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, bool self, Cache& c) const {
+    ops::linear_forward<S>(q_in, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, c.Q);
+    ops::linear_forward<S>(self ? q_in : k_in, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, c.K);
+    ops::linear_forward<S>(self ? q_in : v_in, weight_[2].mat(), opt_.bias ? bias_[2].value.data() : nullptr, c.V);
+  }
+
+  /// Both kernels: y = ctx W_o^T + b_o, or the concatenated heads themselves without an output projection.
+  void output_projection(const Cache& c, Mat<S>& y) const {
     if (!opt_.out_proj) {
       y = c.ctx;
       return;

@@ -110,7 +110,7 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
 
   // 3.-4. photo-finish beta against every real key p != t, then the pair terms. The valid pairs are gathered in
   // chunks of up to kChunk (on the stack: no allocation) and their terms are evaluated as arrays, which Eigen
-  // vectorises (sqrt, exp, tanh, log1p), then summed chunk by chunk in key order.
+  // vectorises (sqrt, exp, tanh, log), then summed chunk by chunk in key order.
   const S e0t = e0[t], e1t = e1[t], a_t = a[t], ah_t = ahat[t];
   const S beps = S(C::beta_eps);
   constexpr Index kChunk = 128;
@@ -129,7 +129,9 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
     const Arr z = -s_beta * (ah_t - beta) / gp.tau_d;                      // L_dec = softplus(z)
     // softplus(z) as PyTorch computes it (linear above the threshold 20); its derivative is sigmoid(z), or 1
     const Arr ez = z.min(S(20)).exp();
-    const Arr l_dec = (z > S(20)).select(z, ez.log1p());
+    // log1p(ez) as log(u) ez / (u - 1), u = 1 + ez (exact to a few ulps; Eigen has no vectorised log1p)
+    const Arr u = S(1) + ez;
+    const Arr l_dec = (z > S(20)).select(z, (u == S(1)).select(ez, u.log() * (ez / (u - S(1)))));
     const Arr sig_z = (z > S(20)).select(S(1), ez / (S(1) + ez));
     sums.spot += (w * (dr * dr) + gp.lambda_d * l_dec).sum();
     sums.decision += l_dec.sum();

@@ -456,6 +456,18 @@ inline nn::ModelConfig model_config(const TrainConfig& c, Index vocab_size, nn::
   return m;
 }
 
+/// The attention options of the models train() builds: the model's dropout, and the Dual-Expert kernel. The tiled
+/// kernel (the default) keeps O(T) per layer in a training step instead of every [B, H, T, T] map; the model's
+/// evaluation-mode forwards still run the reference kernel and keep the maps (TransformerModel::set_map_policy).
+/// Both kernels give the same results to round-off and draw the same dropout masks.
+inline Model::AttentionOptionsFn attention_options(const TrainConfig& c, DeaKernel kernel = DeaKernel::tiled) {
+  return [dropout = c.dropout, n_layers = c.n_layers, kernel](Index layer) {
+    auto o = nn::default_attention_options<DualExpertAttention<Scalar>>(dropout, layer, n_layers);
+    o.kernel = kernel;
+    return o;
+  };
+}
+
 // ------------------------------------------------------------------------------------------------------------
 // Seed streams
 // ------------------------------------------------------------------------------------------------------------
@@ -951,7 +963,7 @@ inline TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o = 
   }
   const RunData d = build_data(cfg, saved_tok ? &*saved_tok : nullptr);
   Rng init_rng(cfg.seed);
-  Model model(model_config(cfg, d.tok.vocab_size(), d.task), init_rng);
+  Model model(model_config(cfg, d.tok.vocab_size(), d.task), init_rng, attention_options(cfg));
   optim::AdamW<Scalar> opt = make_optimizer(model, cfg);
   std::int64_t step0 = 0;
   if (cfg.resume) {

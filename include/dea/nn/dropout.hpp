@@ -3,17 +3,18 @@
 // Shapes: x [N, C] (any row-major block of activations), in place.
 //   forward (training, p > 0):  x_k *= m_k,  m_k = 1/(1-p) with probability 1-p, else 0   (torch.nn.Dropout)
 //   backward:                   g_k *= m_k   (the same mask)
-// The forward draws one 64-bit seed from the caller's Rng; the mask element k comes from block k / 4096, whose
-// own generator is seeded from (seed, block). So the mask depends on the seed and the size alone (not on the
-// thread count), blocks are drawn in parallel, and backward regenerates the mask from the saved seed: no
-// [N, C] mask is kept between forward and backward. In evaluation mode (or p = 0) both passes are the identity
-// and no random number is drawn.
+// The forward draws one 64-bit seed from the caller's Rng; mask element k is the counter-based draw
+// ops::counter_uniform(seed, k) < p (dropped). So the mask depends on the seed alone (not on the thread count or
+// on how the work is split), chunks are drawn in parallel by a vectorised loop, and backward regenerates the mask
+// from the saved seed: no [N, C] mask is kept between forward and backward. In evaluation mode (or p = 0) both
+// passes are the identity and no random number is drawn.
 #pragma once
 
 #include "../core/error.hpp"
 #include "../core/parallel.hpp"
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
+#include "../ops/dropout.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -30,18 +31,16 @@ struct DropoutState {
 
 namespace detail {
 
-constexpr Index kDropoutBlock = 4096;
+constexpr Index kDropoutChunk = 16384;  // elements per parallel task (the mask does not depend on it)
 
-/// Multiplies the n values at x by the mask of (seed, p), block by block in parallel.
+/// Multiplies the n values at x by the mask of (seed, p), in parallel chunks.
 template <class S>
 void apply_dropout_mask(S* x, Index n, const DropoutState& st) {
-  const Index nblk = (n + kDropoutBlock - 1) / kDropoutBlock;
-  const S keep = S(1) / (S(1) - S(st.p));
-  parallel_for(nblk, [&](Index blk) {
-    Rng r(st.seed ^ (0xd1b54a32d192ed03ULL * static_cast<std::uint64_t>(blk + 1)));
-    const Index k0 = blk * kDropoutBlock, k1 = std::min(n, k0 + kDropoutBlock);
-    for (Index k = k0; k < k1; ++k) x[k] = r.uniform() >= st.p ? x[k] * keep : S(0);
-  });
+  const Index nchunk = (n + kDropoutChunk - 1) / kDropoutChunk;
+  parallel_for(nchunk, [&](Index ch) {
+    const Index k0 = ch * kDropoutChunk, k1 = std::min(n, k0 + kDropoutChunk);
+    ops::counter_dropout_apply(x + k0, k1 - k0, st.seed, static_cast<std::uint64_t>(k0), st.p);
+  }, n > kDropoutChunk);
 }
 
 }  // namespace detail

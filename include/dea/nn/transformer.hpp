@@ -311,6 +311,8 @@ public:
         out.layer_supervised[l] = 1;
       }
       if (!frozen_.empty() && present(frozen_[l])) ctx.frozen_alpha_hat = &frozen_[l];
+      ctx.keep_maps = !training && eval_maps_;
+      ctx.keep_alpha_hat = training && train_alpha_hat_ && l + 1 == L;
       x = layers_[l].forward(std::move(x), B, ctx, c.layers[l], &batch.input_ids);
       out.layer_loss_gate[l] = layers_[l].loss_gate(c.layers[l]);
       if constexpr (traits::has_gate_stats<Attention>::value)
@@ -465,6 +467,17 @@ public:
   }
   void clear_frozen_alpha_hat() { frozen_.clear(); }
 
+  /// What the attention keeps when the layers' options pick a kernel without maps (DualExpertAttention's tiled
+  /// kernel; the reference kernel always keeps every map):
+  ///  - eval_maps (default true): evaluation-mode forwards run the reference kernel, so every layer's
+  ///    [B, H, T, T] maps are in the cache (evaluation metrics, the Paris probe and plots read them);
+  ///  - train_alpha_hat (default true): training forwards keep the last layer's alpha-hat (the training metrics).
+  /// Training forwards otherwise keep O(T) per layer.
+  void set_map_policy(bool eval_maps, bool train_alpha_hat) {
+    eval_maps_ = eval_maps;
+    train_alpha_hat_ = train_alpha_hat;
+  }
+
 private:
   template <class T>
   static bool present(const Tensor<T>& t) {
@@ -487,6 +500,8 @@ private:
   std::vector<std::uint8_t> supervised_;
   Index n_supervised_ = 0;
   std::vector<Tensor<S>> frozen_;
+  bool eval_maps_ = true;        // set_map_policy
+  bool train_alpha_hat_ = true;
 };
 
 }  // namespace nn

@@ -4,6 +4,11 @@
 // 1-p and 0 with probability p (inverted scaling, as torch.nn.Dropout in training mode), so E[mask] = 1 and
 // nothing needs rescaling at inference. The mask is drawn serially in index order from the caller's Rng, so
 // it depends on the seed alone, never on the thread count.
+//
+// Counter-based masks (counter_*): element `cell` of the mask of `seed` is a function of (seed, cell) alone, a
+// splitmix64 finaliser of seed + (cell + 1) * phi. Any part of a mask can be generated (or regenerated in
+// backward) on its own, in any order and in parallel, with the same bits; the loops vectorise. The keep test is
+// done on integers: u = (bits >> 11) 2^-53 < p  <=>  (bits >> 11) < ceil(p 2^53), exactly.
 #pragma once
 
 #include "../core/error.hpp"
@@ -11,6 +16,7 @@
 #include "../core/tensor.hpp"
 
 #include <cmath>
+#include <cstdint>
 
 namespace dea {
 namespace ops {
@@ -29,6 +35,39 @@ void dropout_mask(Vec<S>& mask, Index n, S p, Rng& rng) {
   const S keep_scale = S(1) / (S(1) - p);
   const double pd = static_cast<double>(p);
   for (Index k = 0; k < n; ++k) mask[k] = rng.uniform() >= pd ? keep_scale : S(0);
+}
+
+/// The 64 random bits of cell `cell` of the counter-based mask of `seed`.
+inline std::uint64_t counter_bits(std::uint64_t seed, std::uint64_t cell) {
+  std::uint64_t z = seed + (cell + 1) * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+/// The uniform number in [0, 1) of (seed, cell): 53 bits of counter_bits.
+inline double counter_uniform(std::uint64_t seed, std::uint64_t cell) {
+  return static_cast<double>(counter_bits(seed, cell) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/// ceil(p 2^53): counter_uniform(s, c) < p exactly when (counter_bits(s, c) >> 11) < counter_threshold(p).
+inline std::uint64_t counter_threshold(double p) { return static_cast<std::uint64_t>(std::ceil(p * 9007199254740992.0)); }
+
+/// m[k] = 0 if cell first + k is dropped (counter_uniform < p), else 1/(1-p); k < n.
+template <class S>
+void counter_dropout_mask(S* m, Index n, std::uint64_t seed, std::uint64_t first, double p) {
+  const std::uint64_t t = counter_threshold(p);
+  const S keep = S(1) / (S(1) - static_cast<S>(p));
+  for (Index k = 0; k < n; ++k) m[k] = (counter_bits(seed, first + static_cast<std::uint64_t>(k)) >> 11) < t ? S(0) : keep;
+}
+
+/// x[k] *= the mask value of cell first + k (0 or 1/(1-p)); k < n.
+template <class S>
+void counter_dropout_apply(S* x, Index n, std::uint64_t seed, std::uint64_t first, double p) {
+  const std::uint64_t t = counter_threshold(p);
+  const S keep = S(1) / (S(1) - static_cast<S>(p));
+  for (Index k = 0; k < n; ++k)
+    x[k] = (counter_bits(seed, first + static_cast<std::uint64_t>(k)) >> 11) < t ? S(0) : x[k] * keep;
 }
 
 }  // namespace ops

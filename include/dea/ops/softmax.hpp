@@ -51,7 +51,8 @@ void masked_softmax_rows(const Eigen::MatrixBase<DS>& s, const std::uint8_t* mas
   Eigen::Map<ColArr, Eigen::AlignedMax> mx(ws.take(tq), tq), shift(ws.take(tq), tq), z(ws.take(tq), tq);
   mx = P.rowwise().maxCoeff();
   shift = (mx == -inf).select(S(0), mx);
-  P = (P.colwise() - shift).exp();
+  // row by row: Eigen evaluates exp of a column-broadcast expression one scalar at a time (about 19x slower)
+  for (Index i = 0; i < tq; ++i) P.row(i) = (P.row(i) - shift[i]).exp();
   z = P.rowwise().sum();
   z = (z > S(0)).select(z, S(1));  // in place, so that the division below needs no temporary
   P.colwise() /= z;
