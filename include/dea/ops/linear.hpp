@@ -14,8 +14,13 @@ namespace ops {
 template <class S, class DX, class DW, class DY>
 void linear_forward_into(const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>& W, const S* b,
                          Eigen::MatrixBase<DY>& y) {
-  gemm_into(x, W.transpose(), y);
-  if (b) y.rowwise() += Eigen::Map<const RowVec<S>>(b, W.rows());
+  check_matrix(y, x.rows(), W.rows(), "linear_forward_into: y");
+  // the bias is added in the product's row blocks, while each block is in cache and in parallel
+  for_row_blocks(x.rows(), [&](Index r0, Index nr) {
+    auto yb = y.middleRows(r0, nr);
+    yb.noalias() = x.middleRows(r0, nr) * W.transpose();
+    if (b) yb.rowwise() += Eigen::Map<const RowVec<S>>(b, W.rows());
+  });
 }
 
 /// y = x W^T + b   (b may be null: no bias; y resized)
@@ -31,7 +36,10 @@ template <class S, class DY, class DX, class DW>
 void linear_backward(const Eigen::MatrixBase<DY>& dy, const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>& W,
                      MatMap<S> dW, S* db, Mat<S>* dx) {
   gemm_tn_add<S>(dy, x, dW);                                                 // y = x W^T  ->  dW += dy^T x
-  if (db) Eigen::Map<RowVec<S>>(db, W.rows()) += dy.colwise().sum();       // y += b     ->  db += sum_n dy
+  if (db)                                                                    // y += b     ->  db += sum_n dy
+    for_blocks(dy.cols(), gemm_tn_row_blocks(dy.cols()), [&](Index c0, Index nc) {  // column blocks in parallel
+      Eigen::Map<RowVec<S>>(db + c0, nc) += dy.middleCols(c0, nc).colwise().sum();
+    });
   if (dx) gemm<S>(dy, W, *dx);                                               // y = x W^T  ->  dx = dy W
 }
 

@@ -39,9 +39,11 @@
 #pragma once
 
 #include "../core/error.hpp"
+#include "../core/parallel.hpp"
 #include "../core/param.hpp"
 #include "../core/tensor.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -226,6 +228,7 @@ public:
       check(s.p->value.size() == s.m.size() && s.p->grad.size() == s.m.size(), "AdamW: parameter '", s.p->name,
             "' changed size since the optimiser was built (", s.m.size(), " -> value ", s.p->value.size(), ", grad ",
             s.p->grad.size(), ")");
+      if (s.p->grad.allFinite()) continue;  // vectorised; the loop below only names the first bad element
       const S* g = s.p->grad.data();
       for (Index i = 0; i < s.p->grad.size(); ++i)
         if (!std::isfinite(g[i]))
@@ -251,15 +254,25 @@ public:
       const S step_size = static_cast<S>(c.lr / bias_correction1);          // lr / (1 − β1^t)
       const S bc2_sqrt = static_cast<S>(std::sqrt(bias_correction2));       // √(1 − β2^t)
       const S eps = static_cast<S>(c.eps);
-      for (std::size_t k : g.members) {
-        Slot& s = slots_[k];
-        const auto grad = s.p->grad.array();
-        s.p->value.array() *= decay;                                          // p ← p·(1 − lr·wd)
-        s.m.array() = b1 * s.m.array() + one_minus_b1 * grad;                // m ← β1 m + (1−β1) g
-        s.v.array() = b2 * s.v.array() + one_minus_b2 * grad * grad;         // v ← β2 v + (1−β2) g²
+      // Element-wise, so any split gives the same bits: the group's parameters are cut into chunks of at most
+      // kChunk elements (each update runs on cache-resident data), spread over the threads.
+      tasks_.clear();
+      for (std::size_t k : g.members)
+        for (Index i0 = 0; i0 < slots_[k].m.size(); i0 += kChunk)
+          tasks_.push_back({k, i0, std::min<Index>(kChunk, slots_[k].m.size() - i0)});
+      parallel_for(static_cast<Index>(tasks_.size()), [&](Index ti) {
+        const Task& tk = tasks_[static_cast<std::size_t>(ti)];
+        Slot& s = slots_[tk.slot];
+        auto p = s.p->value.segment(tk.i0, tk.n).array();
+        auto m = s.m.segment(tk.i0, tk.n).array();
+        auto v = s.v.segment(tk.i0, tk.n).array();
+        const auto grad = s.p->grad.segment(tk.i0, tk.n).array();
+        p *= decay;                                                            // p ← p·(1 − lr·wd)
+        m = b1 * m + one_minus_b1 * grad;                                      // m ← β1 m + (1−β1) g
+        v = b2 * v + one_minus_b2 * grad * grad;                               // v ← β2 v + (1−β2) g²
         // p ← p − step · m / denom,   denom = √v / √(1 − β2^t) + eps
-        s.p->value.array() -= step_size * (s.m.array() / (s.v.array().sqrt() / bc2_sqrt + eps));
-      }
+        p -= step_size * (m / (v.sqrt() / bc2_sqrt + eps));
+      }, tasks_.size() > 1);
     }
   }
 
@@ -368,6 +381,13 @@ private:
     Vec<S> m;  // exp_avg
     Vec<S> v;  // exp_avg_sq
   };
+  /// One piece of step()'s work: elements [i0, i0 + n) of slot `slot`.
+  struct Task {
+    std::size_t slot;
+    Index i0, n;
+  };
+  static constexpr Index kChunk = 16384;
+  std::vector<Task> tasks_;  // step()'s work list, kept so that a step allocates nothing once it has run
 
   static void validate(const GroupConfig& c) {
     check(!c.name.empty(), "AdamW: a parameter group has an empty name");
