@@ -606,3 +606,46 @@ TEST_CASE("DEA fixed sizes give the same results as dynamic sizes", "[dea]") {
   REQUIRE((gf - gd).cwiseAbs().maxCoeff() < 1e-12);
   REQUIRE(cf.loss_gate == Approx(cd.loss_gate).epsilon(1e-13));
 }
+
+TEST_CASE("DEA one-dimensional heads at fixed size (DHead = 1) match dynamic sizes, with dropout", "[dea]") {
+  // DHead = 1 turns the per-head products into matrix-vector products: every kernel path must still compile and
+  // agree with the dynamic-size layer, dropout masks included (same seed, same counter-based mask).
+  for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
+    CAPTURE(kernel == DeaKernel::tiled ? "tiled" : "reference");
+    DualExpertAttention<double, 2, 1>::Options of;
+    DualExpertAttention<double>::Options od;
+    of.dropout = od.dropout = 0.3;
+    of.kernel = od.kernel = kernel;
+    Rng r1(3), r2(3);
+    DualExpertAttention<double, 2, 1> fixed(2, 2, r1, of);
+    DualExpertAttention<double> dyn(2, 2, r2, od);
+    Rng rng(8);
+    Mat<double> x(2 * 6, 2);
+    init::normal(x, rng, 0, 1);
+    Tensor<double> oracle({2, 6, 6}, 0.3);
+    AttnContext<double> ctx;
+    ctx.alpha_oracle = &oracle;
+    ctx.gamma_mix = 0.5;
+    ctx.training = true;
+    Rng d1(21), d2(21);
+    DualExpertAttention<double, 2, 1>::Cache cf;
+    DualExpertAttention<double>::Cache cd;
+    ctx.rng = &d1;
+    const Mat<double> yf = fixed.forward(x, 2, ctx, cf);
+    ctx.rng = &d2;
+    const Mat<double> yd = dyn.forward(x, 2, ctx, cd);
+    REQUIRE(yf.allFinite());
+    REQUIRE((yf - yd).cwiseAbs().maxCoeff() < 1e-13);
+    const Mat<double> gf = fixed.backward(yf, cf), gd = dyn.backward(yd, cd);
+    REQUIRE((gf - gd).cwiseAbs().maxCoeff() < 1e-12);
+    fixed.backward_gate(cf);
+    dyn.backward_gate(cd);
+    REQUIRE(cf.loss_gate == Approx(cd.loss_gate).epsilon(1e-13));
+    const auto pf = fixed.parameters(), pd = dyn.parameters();
+    REQUIRE(pf.size() == pd.size());
+    for (std::size_t k = 0; k < pf.size(); ++k) {
+      INFO(pf[k]->name);
+      REQUIRE((pf[k]->grad - pd[k]->grad).cwiseAbs().maxCoeff() < 1e-12);
+    }
+  }
+}

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dea {
@@ -182,16 +183,7 @@ public:
 
   /// The reference's initialisation: Xavier-uniform projections with zero bias, an orthogonal W_rel per head,
   /// Xavier-uniform W_gate rows (fan_in 2Dh+2, fan_out 1), c_gate = -0.5.
-  void reset_parameters(Rng& rng) {
-    for (int p = 0; p < 4; ++p) {
-      init::xavier_uniform(weight_[p].mat(), rng, D_, D_);
-      bias_[p].value.setZero();
-    }
-    for (Index h = 0; h < H_; ++h)
-      Eigen::Map<Mat<S>>(W_rel_.value.data() + h * Dh_ * Dh_, Dh_, Dh_) = init::orthogonal<S>(Dh_, rng);
-    for (Index h = 0; h < H_; ++h) init::xavier_uniform(W_gate_.mat().row(h), rng, 2 * Dh_ + 2, 1);
-    c_gate_.value.setConstant(S(DeaConstants::c_gate_init));
-  }
+  void reset_parameters(Rng& rng);
 
   Index d_model() const { return D_; }
   Index n_heads() const { return H_; }
@@ -257,143 +249,11 @@ public:
   }
 
   /// Task backward returning the three input gradients (for cross-attention; for self-attention sum them).
-  InputGrads backward_inputs(const Mat<S>& dy, Cache& c) {
-    check(c.B > 0, "DualExpertAttention::backward: the cache holds no forward pass");
-    check_matrix(dy, c.B * c.Tq, D_, "DualExpertAttention::backward: dy");
-    const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
-    const S inv_sqrt = S(1) / std::sqrt(S(Dh));
-    const S inv_dh = S(1) / S(Dh);
-
-    // output projection: y = ctx W_o^T + b_o
-    Mat<S> dctx;
-    if (opt_.out_proj)
-      ops::linear_backward<S>(dy, c.ctx, weight_[3].mat(), weight_[3].grad_mat(), opt_.bias ? bias_[3].grad.data() : nullptr,
-                              &dctx);
-    else
-      dctx = dy;
-
-    Mat<S> dQ(B * Tq, D_), dK(B * Tk, D_), dV(B * Tk, D_);
-    AlignedVec<S> dwrel_part(static_cast<std::size_t>(B * H * Dh * Dh));
-
-    if (c.kernel == DeaKernel::tiled)
-      tiled_backward_core(dctx, c, dQ, dK, dV, dwrel_part);
-    else
-    parallel_for(B * H, [&](Index bh) {
-      const Index b = bh / H, h = bh % H;
-      const Index off = bh * Tq * Tk;
-      const HeadMat Qh = c.Q.block(b * Tq, h * Dh, Tq, Dh);
-      const HeadMat Kh = c.K.block(b * Tk, h * Dh, Tk, Dh);
-      const HeadMat Vh = c.V.block(b * Tk, h * Dh, Tk, Dh);
-      const HeadMat Rh = c.R.block(b * Tq, h * Dh, Tq, Dh);
-      const HeadMat dctx_h = dctx.block(b * Tq, h * Dh, Tq, Dh);
-      ConstMatMap<S> P(c.attn.data() + off, Tq, Tk);
-      const S* drop = c.dropout_on ? c.drop.data() + off : nullptr;
-
-      // ctx_h = Pd V_h, Pd = P .* drop
-      Mat<S> dP = dctx_h * Vh.transpose();                       // ctx = Pd V  ->  dPd = dctx V^T
-      if (drop) {
-        ConstMatMap<S> Dm(drop, Tq, Tk);
-        const Mat<S> Pd = P.cwiseProduct(Dm);
-        dV.block(b * Tk, h * Dh, Tk, Dh).noalias() = Pd.transpose() * dctx_h;  // ctx = Pd V  ->  dV = Pd^T dctx
-        dP = dP.cwiseProduct(Dm);                                // Pd = P .* drop  ->  dP = dPd .* drop
-      } else {
-        dV.block(b * Tk, h * Dh, Tk, Dh).noalias() = P.transpose() * dctx_h;
-      }
-      // P = softmax(S) over real keys
-      Mat<S> dS(Tq, Tk);
-      ops::softmax_rows_backward<S>(P, dP, dS);
-      // S = (1 - alpha_mix) E0~ + alpha_mix E1~, alpha_mix constant
-      ConstMatMap<S> AM(c.alpha_mix.data() + off, Tq, Tk);
-      Mat<S> g0 = (S(1) - AM.array()).matrix().cwiseProduct(dS);
-      Mat<S> g1 = AM.cwiseProduct(dS);
-      // E~ = norm(E) per row over the real keys
-      const Eigen::Array<S, 1, Eigen::Dynamic> mrow =
-          Eigen::Map<const Eigen::Array<std::uint8_t, 1, Eigen::Dynamic>>(c.km.data() + b * Tk, Tk).template cast<S>();
-      const Index row0 = bh * Tq;
-      const S n = c.n_real[static_cast<std::size_t>(b)];
-      norm_backward(g0, c.e0n.data() + off, c.sigma0.data() + row0, c.floor0.data() + row0, n, mrow);
-      norm_backward(g1, c.e1n.data() + off, c.sigma1.data() + row0, c.floor1.data() + row0, n, mrow);
-      // E1 = min(0, E1raw): no gradient where the clamp was active
-      Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>(g1.data(), Tq * Tk) *=
-          S(1) - Eigen::Map<const Eigen::Array<std::uint8_t, Eigen::Dynamic, 1>>(c.e1_clamped.data() + off, Tq * Tk)
-                     .template cast<S>();
-      // E1raw_ij = -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh
-      //   dR_i = -(2/Dh) (sum_j g1_ij R_i - sum_j g1_ij K_j),  dK_j = -(2/Dh) (sum_i g1_ij K_j - sum_i g1_ij R_i)
-      const Eigen::Matrix<S, Eigen::Dynamic, 1> rs = g1.rowwise().sum();
-      const Eigen::Matrix<S, 1, Eigen::Dynamic> cs = g1.colwise().sum();
-      HeadMat dR = -S(2) * inv_dh * (rs.asDiagonal() * Rh - g1 * Kh);
-      HeadMat dKh = -S(2) * inv_dh * (cs.transpose().asDiagonal() * Kh - g1.transpose() * Rh);
-      // E0_ij = Q_i.K_j / sqrt(Dh)
-      dKh.noalias() += inv_sqrt * (g0.transpose() * Qh);           // dK = g0^T Q / sqrt(Dh)
-      // R = Q W_rel^T  ->  dQ = dR W_rel, dW_rel = dR^T Q
-      Eigen::Map<const RelMat> Wr(W_rel_.value.data() + h * Dh * Dh, Dh, Dh);
-      HeadMat dQh = inv_sqrt * (g0 * Kh);                           // dQ = g0 K / sqrt(Dh)
-      dQh.noalias() += dR * Wr;
-      Eigen::Map<RelMat>(dwrel_part.data() + bh * Dh * Dh, Dh, Dh).noalias() = dR.transpose() * Qh;
-      dQ.block(b * Tq, h * Dh, Tq, Dh) = dQh;
-      dK.block(b * Tk, h * Dh, Tk, Dh) = dKh;
-    }, double(B * H) * double(Tq) * double(Tk) * double(8 * Dh + 20) > kParallelMinFlops);
-
-    // W_rel gradient: per-pair partials summed in the fixed order b = 0..B-1
-    parallel_for(H, [&](Index h) {
-      Eigen::Map<Vec<S>> g(W_rel_.grad.data() + h * Dh * Dh, Dh * Dh);
-      for (Index b = 0; b < B; ++b) g += Eigen::Map<const Vec<S>>(dwrel_part.data() + (b * H + h) * Dh * Dh, Dh * Dh);
-    }, double(B * H) * double(Dh * Dh) > kParallelMinFlops);
-
-    // projections: Q = q_in W_q^T + b_q, etc.
-    InputGrads out;
-    const Mat<S>& kin = c.self ? c.q_in : c.k_in;
-    const Mat<S>& vin = c.self ? c.q_in : c.v_in;
-    ops::linear_backward<S>(dQ, c.q_in, weight_[0].mat(), weight_[0].grad_mat(), opt_.bias ? bias_[0].grad.data() : nullptr, &out.dq);
-    ops::linear_backward<S>(dK, kin, weight_[1].mat(), weight_[1].grad_mat(), opt_.bias ? bias_[1].grad.data() : nullptr, &out.dk);
-    ops::linear_backward<S>(dV, vin, weight_[2].mat(), weight_[2].grad_mat(), opt_.bias ? bias_[2].grad.data() : nullptr, &out.dv);
-    return out;
-  }
+  InputGrads backward_inputs(const Mat<S>& dy, Cache& c);
 
   /// Gate-loss backward: adds scale * d loss_gate / d(W_gate, c_gate) into their gradients and nothing else.
   /// (No-op when the forward had no oracle: the gate loss was the constant 0.)
-  void backward_gate(Cache& c, S scale = S(1)) {
-    if (!c.has_oracle) return;
-    const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
-    const Index G = 2 * Dh + 2;
-    if (c.kernel == DeaKernel::tiled) {
-      // d loss_gate / d logit = (g_reg / n_labelled + g_spot / n_valid) * dalpha_hat/dlogit, so the gradient of a
-      // gate weight is inv_has * (sum of g_reg dalpha/dlogit x feature) + inv_valid * (the same with g_spot): forward
-      // summed both per (b, h) (gate_part); here they are scaled by the totals and added in the fixed order h, b.
-      for (Index h = 0; h < H; ++h)
-        for (Index b = 0; b < B; ++b) {
-          const S* p = c.gate_part.data() + (b * H + h) * 2 * (G + 1);
-          for (Index g = 0; g < G; ++g) W_gate_.grad[h * G + g] += scale * (c.inv_has * p[g] + c.inv_valid * p[G + 1 + g]);
-          c_gate_.grad[h] += scale * (c.inv_has * p[G] + c.inv_valid * p[2 * G + 1]);
-        }
-      return;
-    }
-    AlignedVec<S> part(static_cast<std::size_t>(B * H * (G + 1)), S(0));
-    parallel_for(B * H, [&](Index bh) {
-      const Index b = bh / H, h = bh % H;
-      const Index off = bh * Tq * Tk;
-      ConstMatMap<S> dl(c.dlogit_gate.data() + off, Tq, Tk);
-      ConstMatMap<S> E0(c.e0n.data() + off, Tq, Tk);
-      ConstMatMap<S> E1(c.e1n.data() + off, Tq, Tk);
-      S* p = part.data() + bh * (G + 1);
-      // logit_ij = Q_i.w_q + K_j.w_k + w_E0 E0~_ij + w_E1 E1~_ij + c
-      const Eigen::Matrix<S, Eigen::Dynamic, 1> rsum = dl.rowwise().sum();
-      const Eigen::Matrix<S, 1, Eigen::Dynamic> csum = dl.colwise().sum();
-      Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>(p, Dh).noalias() =
-          rsum.transpose() * c.Q.block(b * Tq, h * Dh, Tq, Dh);     // dw_q = sum_i (sum_j dl_ij) Q_i
-      Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>(p + Dh, Dh).noalias() =
-          csum * c.K.block(b * Tk, h * Dh, Tk, Dh);                  // dw_k = sum_j (sum_i dl_ij) K_j
-      p[2 * Dh] = dl.cwiseProduct(E0).sum();                         // dw_E0 = sum dl E0~
-      p[2 * Dh + 1] = dl.cwiseProduct(E1).sum();                     // dw_E1 = sum dl E1~
-      p[G] = rsum.sum();                                             // dc = sum dl
-    }, double(B * H) * double(Tq) * double(Tk + 2 * Dh) * 4 > kParallelMinFlops);
-    for (Index h = 0; h < H; ++h)
-      for (Index b = 0; b < B; ++b) {
-        const S* p = part.data() + (b * H + h) * (G + 1);
-        for (Index g = 0; g < G; ++g) W_gate_.grad[h * G + g] += scale * p[g];
-        c_gate_.grad[h] += scale * p[G];
-      }
-  }
+  void backward_gate(Cache& c, S scale = S(1));
 
   /// Gradient isolation check (the reference's verify_gradient_isolation): one forward on x with the given
   /// context (which should carry an oracle); backward of a task stand-in (mean of output^2) must leave W_gate and
@@ -406,267 +266,11 @@ public:
     double gate_gate_grad = 0;   ///< sum |grad| of W_gate, c_gate after the gate backward (> 0)
     bool ok = false;
   };
-  IsolationReport verify_gradient_isolation(const Mat<S>& x, Index batch, const AttnContext<S>& ctx) {
-    IsolationReport r;
-    Cache cache;
-    zero_grad();
-    const Mat<S> y = forward(x, batch, ctx, cache);
-    backward(S(2) / S(y.size()) * y, cache);  // d mean(y^2) / dy
-    for (Param<S>* p : parameters()) {
-      const double s = static_cast<double>(p->grad.cwiseAbs().sum());
-      if (p->group == "gate") r.task_gate_grad += s;
-      if (p == &W_rel_) r.task_rel_grad += s;
-    }
-    zero_grad();
-    backward_gate(cache);
-    for (Param<S>* p : parameters()) {
-      const double s = static_cast<double>(p->grad.cwiseAbs().sum());
-      (p->group == "gate" ? r.gate_gate_grad : r.gate_main_grad) += s;
-    }
-    zero_grad();
-    r.ok = r.task_gate_grad == 0 && r.task_rel_grad > 0 && r.gate_main_grad == 0 && r.gate_gate_grad > 0;
-    return r;
-  }
+  IsolationReport verify_gradient_isolation(const Mat<S>& x, Index batch, const AttnContext<S>& ctx);
 
 private:
   void forward_impl(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, Index batch,
-                    const AttnContext<S>& ctx, Cache& c, bool self, Mat<S>& y) {
-    // ---- validation at the boundary (nothing below may throw inside a parallel region)
-    check(batch > 0, "DualExpertAttention::forward: batch must be positive, got ", batch);
-    check(q_in.cols() == D_, "DualExpertAttention::forward: x: expected ", D_, " columns (d_model), got ", q_in.cols());
-    check(q_in.rows() % batch == 0 && q_in.rows() > 0, "DualExpertAttention::forward: x: expected B*T rows with B = ",
-          batch, ", got ", q_in.rows(), " rows");
-    const Index B = batch, Tq = q_in.rows() / batch;
-    Index Tk = Tq;
-    if (!self) {
-      check(k_in.cols() == D_ && v_in.cols() == D_, "DualExpertAttention::forward: k_in/v_in: expected ", D_,
-            " columns, got ", k_in.cols(), " and ", v_in.cols());
-      check(k_in.rows() % batch == 0 && k_in.rows() > 0 && v_in.rows() == k_in.rows(),
-            "DualExpertAttention::forward: k_in/v_in: expected the same B*Tk rows with B = ", batch, ", got ",
-            k_in.rows(), " and ", v_in.rows());
-      Tk = k_in.rows() / batch;
-      check_finite(k_in, "DualExpertAttention::forward: k_in");
-      check_finite(v_in, "DualExpertAttention::forward: v_in");
-    }
-    check_finite(q_in, self ? "DualExpertAttention::forward: x" : "DualExpertAttention::forward: q_in");
-    const Index H = H_, Dh = Dh_;
-    if (ctx.key_mask) check_shape(*ctx.key_mask, {B, Tk}, "DualExpertAttention::forward: key_mask");
-    const bool has_oracle = ctx.alpha_oracle != nullptr;
-    bool oracle_per_head = false;
-    if (has_oracle) {
-      const Shape& s = ctx.alpha_oracle->shape;
-      oracle_per_head = s.size() == 4;
-      check(s == Shape{B, Tq, Tk} || s == Shape{B, H, Tq, Tk}, "DualExpertAttention::forward: alpha_oracle: expected shape ",
-            shape_str({B, Tq, Tk}), " or ", shape_str({B, H, Tq, Tk}), ", got ", shape_str(s));
-      check(ctx.gamma_mix >= 0 && ctx.gamma_mix <= 1, "DualExpertAttention::forward: gamma_mix must be in [0, 1], got ",
-            ctx.gamma_mix);
-      // NaN marks an unlabelled cell; an infinite value would turn the mixed scores into NaN.
-      for (Index k = 0; k < ctx.alpha_oracle->numel(); ++k)
-        check(!std::isinf((*ctx.alpha_oracle)[k]), "DualExpertAttention::forward: alpha_oracle: expected a finite value or "
-              "NaN (unlabelled), got ", (*ctx.alpha_oracle)[k], " at flat position ", k);
-    }
-    bool target_per_head = false;
-    if (ctx.target_idx) {
-      check(has_oracle, "DualExpertAttention::forward: target_idx was given without alpha_oracle (the gate loss needs both)");
-      const Shape& s = ctx.target_idx->shape;
-      target_per_head = s.size() == 3;
-      check(s == Shape{B, Tq} || s == Shape{B, H, Tq}, "DualExpertAttention::forward: target_idx: expected shape ",
-            shape_str({B, Tq}), " or ", shape_str({B, H, Tq}), ", got ", shape_str(s));
-      for (Index k = 0; k < ctx.target_idx->numel(); ++k) {
-        const std::int64_t t = (*ctx.target_idx)[k];
-        check(t >= -1 && t < Tk, "DualExpertAttention::forward: target_idx: expected -1 (none) or a key index in [0, ", Tk,
-              "), got ", t, " at flat position ", k);
-      }
-    }
-    if (ctx.frozen_alpha_hat)
-      check_shape(*ctx.frozen_alpha_hat, {B, H, Tq, Tk}, "DualExpertAttention::forward: frozen_alpha_hat");
-    const bool dropout_on = ctx.training && opt_.dropout > 0;
-    check(!dropout_on || ctx.rng != nullptr, "DualExpertAttention::forward: training with dropout ", opt_.dropout,
-          " needs ctx.rng");
-
-    // ---- cache set-up: buffers keep their storage from the previous call (no allocation, no page faults when
-    // the shapes repeat); every element the kernels read is written below
-    c.loss_gate = 0;
-    c.stats = GateStats();
-    c.B = B;
-    c.Tq = Tq;
-    c.Tk = Tk;
-    c.self = self;
-    c.has_oracle = has_oracle;
-    c.dropout_on = dropout_on;
-    c.gamma_mix = ctx.gamma_mix;
-    c.q_in = q_in;
-    if (!self) {
-      c.k_in = k_in;
-      c.v_in = v_in;
-    }
-    c.km.assign(static_cast<std::size_t>(B * Tk), 1);
-    if (ctx.key_mask)
-      for (Index k = 0; k < B * Tk; ++k) c.km[static_cast<std::size_t>(k)] = (*ctx.key_mask)[k] ? 1 : 0;
-    c.n_real.resize(static_cast<std::size_t>(B));
-    for (Index b = 0; b < B; ++b) {
-      Index n = 0;
-      for (Index j = 0; j < Tk; ++j) n += c.km[static_cast<std::size_t>(b * Tk + j)];
-      c.n_real[static_cast<std::size_t>(b)] = S(n < 1 ? 1 : n);
-    }
-    c.kernel = ctx.keep_maps ? DeaKernel::reference : opt_.kernel;
-    if (c.kernel == DeaKernel::tiled) {
-      forward_tiled(q_in, k_in, v_in, ctx, c, self, y, oracle_per_head, target_per_head);
-      return;
-    }
-    const std::size_t cells = static_cast<std::size_t>(B * H * Tq * Tk), rows = static_cast<std::size_t>(B * H * Tq);
-    c.e0n.resize(cells);
-    c.e1n.resize(cells);
-    c.logit.resize(cells);
-    c.alpha_hat.resize(cells);
-    c.alpha_mix.resize(cells);
-    c.scores.resize(cells);
-    c.attn.resize(cells);
-    c.e1_clamped.resize(cells);
-    c.sigma0.resize(rows);
-    c.sigma1.resize(rows);
-    c.floor0.resize(rows);
-    c.floor1.resize(rows);
-    if (dropout_on) c.drop.resize(cells);
-    if (has_oracle) {
-      c.dlogit_gate.resize(cells);
-      c.beta.resize(cells);
-      c.w.resize(cells);
-      c.d_b.resize(cells);
-      c.target.resize(rows);
-      c.oracle_ref.resize(cells);
-      c.g_reg.assign(cells, S(0));
-      c.g_spot.assign(cells, S(0));
-    } else {
-      for (auto* v : {&c.dlogit_gate, &c.beta, &c.w, &c.d_b, &c.oracle_ref, &c.g_reg, &c.g_spot}) v->clear();
-      c.target.clear();
-    }
-
-    input_projections(q_in, k_in, v_in, self, c);
-    c.R.resize(B * Tq, D_);
-    c.ctx.resize(B * Tq, D_);
-
-    const std::uint64_t drop_seed = dropout_on ? ctx.rng->next_u64() : 0;
-    c.sums.assign(static_cast<std::size_t>(B * H), GateLossSums<S>());
-    const Index pair_scratch = forward_scratch_size(Tq, Tk, Dh);
-    c.scratch.resize(static_cast<std::size_t>(B * H * pair_scratch));
-    const S inv_sqrt = S(1) / std::sqrt(S(Dh));
-    const S inv_dh = S(1) / S(Dh);
-    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
-    const S gamma = ctx.gamma_mix;
-    const Index G = 2 * Dh + 2;
-
-    const bool par = double(B * H) * double(Tq) * double(Tk) * double(4 * Dh + 20) > kParallelMinFlops;
-    parallel_for(B * H, [&](Index bh) {
-      const Index b = bh / H, h = bh % H;
-      const Index off = bh * Tq * Tk;
-      const std::uint8_t* km = c.km.data() + b * Tk;
-      // the pair's temporaries: aligned pieces of its share of c.scratch (see forward_scratch_size)
-      Workspace<S> ws(c.scratch.data() + bh * pair_scratch, pair_scratch);
-      using ColVec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
-      using ColArr = Eigen::Array<S, Eigen::Dynamic, 1>;
-      Eigen::Map<HeadMat, Eigen::AlignedMax> Qh(ws.take(Tq * Dh), Tq, Dh), Kh(ws.take(Tk * Dh), Tk, Dh),
-          Vh(ws.take(Tk * Dh), Tk, Dh), Rh(ws.take(Tq * Dh), Tq, Dh);
-      Qh = c.Q.block(b * Tq, h * Dh, Tq, Dh);
-      Kh = c.K.block(b * Tk, h * Dh, Tk, Dh);
-      Vh = c.V.block(b * Tk, h * Dh, Tk, Dh);
-      Eigen::Map<const RelMat> Wr(W_rel_.value.data() + h * Dh * Dh, Dh, Dh);
-
-      // 2. E0 = Q K^T / sqrt(Dh)                                  [Tq, Tk]
-      MatMap<S> E0(c.e0n.data() + off, Tq, Tk);
-      E0.noalias() = inv_sqrt * (Qh * Kh.transpose());
-      // 3. R_i = W_rel Q_i; E1 = min(0, -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh)   [Tq, Tk]
-      Rh.noalias() = Qh * Wr.transpose();
-      c.R.block(b * Tq, h * Dh, Tq, Dh) = Rh;
-      MatMap<S> E1(c.e1n.data() + off, Tq, Tk);
-      E1.noalias() = S(2) * (Rh * Kh.transpose());
-      Eigen::Map<ColVec, Eigen::AlignedMax> rn(ws.take(Tq), Tq), kn(ws.take(Tk), Tk);
-      rn = Rh.rowwise().squaredNorm();
-      kn = Kh.rowwise().squaredNorm();
-      {
-        auto A = E1.array();
-        A = -((A.colwise() - rn.array()).rowwise() - kn.transpose().array()) * (-inv_dh);  // (2 R.K - |R|^2 - |K|^2) / Dh
-        Eigen::Map<Eigen::Array<std::uint8_t, Eigen::Dynamic, 1>>(c.e1_clamped.data() + off, Tq * Tk) =
-            (Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(E1.data(), Tq * Tk) > S(0)).template cast<std::uint8_t>();
-        A = A.min(S(0));
-      }
-      // 4. per-query normalisation over the real keys (in place: E -> E~)
-      const S n = c.n_real[static_cast<std::size_t>(b)];
-      Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>, Eigen::AlignedMax> mrow(ws.take(Tk), Tk);
-      mrow = Eigen::Map<const Eigen::Array<std::uint8_t, 1, Eigen::Dynamic>>(km, Tk).template cast<S>();
-      Eigen::Map<ColArr, Eigen::AlignedMax> mu(ws.take(Tq), Tq), var(ws.take(Tq), Tq);
-      normalise_rows(E0, mrow, n, c.sigma0.data() + bh * Tq, c.floor0.data() + bh * Tq, mu, var);
-      normalise_rows(E1, mrow, n, c.sigma1.data() + bh * Tq, c.floor1.data() + bh * Tq, mu, var);
-      // 5.-6. gate: logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c; alpha_hat = min(0.95, sigmoid(clip(logit)))
-      const S* wg = W_gate_.value.data() + h * G;
-      Eigen::Map<ColVec, Eigen::AlignedMax> lq(ws.take(Tq), Tq), lk(ws.take(Tk), Tk);
-      lq.noalias() = Qh * Eigen::Map<const ColVec>(wg, Dh);
-      lk.noalias() = Kh * Eigen::Map<const ColVec>(wg + Dh, Dh);
-      const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = c_gate_.value[h];
-      S* logit = c.logit.data() + off;
-      S* ahat = c.alpha_hat.data() + off;
-      S* amix = c.alpha_mix.data() + off;
-      {
-        MatMap<S> Lg(logit, Tq, Tk), Ah(ahat, Tq, Tk);
-        Lg.array() = ((w0 * E0.array() + w1 * E1.array()).colwise() + lq.array()).rowwise() + lk.transpose().array();
-        Lg.array() += cg;
-        Ah.array() = (S(1) / (S(1) + (-Lg.array().max(-clip).min(clip)).exp())).min(amax);
-      }
-      // 7.-8. mixing coefficient: the detached alpha-hat, or with an oracle gamma a_eff + (1 - gamma) alpha-hat
-      const S* frozen = ctx.frozen_alpha_hat ? ctx.frozen_alpha_hat->ptr() + off : nullptr;
-      std::vector<std::uint8_t> has(static_cast<std::size_t>(has_oracle ? Tk : 0));
-      std::vector<S> a(static_cast<std::size_t>(has_oracle ? Tk : 0));
-      GateLossSums<S>& sm = c.sums[static_cast<std::size_t>(bh)];
-      for (Index i = 0; i < Tq; ++i) {
-        const S* det = frozen ? frozen + i * Tk : ahat + i * Tk;  // the detached alpha-hat the scores read
-        if (!has_oracle) {
-          for (Index j = 0; j < Tk; ++j) amix[i * Tk + j] = det[j];
-          continue;
-        }
-        const S* orc = ctx.alpha_oracle->ptr() + (oracle_per_head ? ((b * H + h) * Tq + i) * Tk : (b * Tq + i) * Tk);
-        S* oref = c.oracle_ref.data() + off + i * Tk;
-        for (Index j = 0; j < Tk; ++j) {
-          const S o = orc[j];
-          const bool hj = !std::isnan(o) && km[j];
-          const S aj = std::isnan(o) ? S(0) : (o < 0 ? S(0) : (o > amax ? amax : o));
-          has[static_cast<std::size_t>(j)] = hj;
-          a[static_cast<std::size_t>(j)] = aj;
-          oref[j] = hj ? aj : std::numeric_limits<S>::quiet_NaN();
-          const S a_eff = hj ? aj : det[j];
-          amix[i * Tk + j] = gamma * a_eff + (S(1) - gamma) * det[j];
-        }
-        // gate loss of the row (reads the gate's own alpha-hat, never the frozen copy)
-        std::int64_t tgt = -1;
-        if (ctx.target_idx)
-          tgt = (*ctx.target_idx)[target_per_head ? (b * H + h) * Tq + i : b * Tq + i];
-        const Index t = detail::gate_loss_row<S>(
-            Tk, c.e0n.data() + off + i * Tk, c.e1n.data() + off + i * Tk, ahat + i * Tk, a.data(), has.data(), km,
-            ctx.target_idx == nullptr, tgt, opt_.gate, sm, c.g_reg.data() + off + i * Tk, c.g_spot.data() + off + i * Tk,
-            c.beta.data() + off + i * Tk, c.w.data() + off + i * Tk, c.d_b.data() + off + i * Tk);
-        c.target[static_cast<std::size_t>(bh * Tq + i)] = t;
-      }
-      // 7.-9. scores and masked softmax (no extra 1/sqrt(d): E~ is unit scale)
-      MatMap<S> Sc(c.scores.data() + off, Tq, Tk);
-      ConstMatMap<S> AM(amix, Tq, Tk);
-      Sc = (S(1) - AM.array()).matrix().cwiseProduct(E0) + AM.cwiseProduct(E1);
-      MatMap<S> P(c.attn.data() + off, Tq, Tk);
-      ops::masked_softmax_rows<S>(Sc, km, P, ws.take(ops::masked_softmax_scratch<S>(Tq, Tk)));  // vectorised per row
-      // 10. dropout on the probabilities, then ctx_h = P V_h
-      if (dropout_on) {
-        // counter-based mask of the cell's flat index (detail::dropout_uniform): the tiled kernel draws the same
-        MatMap<S> Dm(c.drop.data() + off, Tq, Tk);
-        ops::counter_dropout_mask(Dm.data(), Tq * Tk, drop_seed, static_cast<std::uint64_t>(off),
-                                  static_cast<double>(opt_.dropout));
-        c.ctx.block(b * Tq, h * Dh, Tq, Dh).noalias() = P.cwiseProduct(Dm) * Vh;
-      } else {
-        c.ctx.block(b * Tq, h * Dh, Tq, Dh).noalias() = P * Vh;
-      }
-    }, par);
-
-    if (has_oracle) finish_gate_loss(c, c.sums);
-
-    output_projection(c, y);  // 11.
-  }
+                    const AttnContext<S>& ctx, Cache& c, bool self, Mat<S>& y);
 
   /// Scratch elements one (b, h) pair of forward takes from Cache::scratch: the head blocks Q_h, K_h, V_h, R_h
   /// (copied to contiguous column-major storage, the layout the products below run on), |R_i|^2, |K_j|^2, the
@@ -997,6 +601,30 @@ private:
                               static_cast<double>(opt_.dropout));
   }
 
+  /// Grows (never shrinks) the per-thread block scratch to one slice per thread; returns the slices' sizes.
+  std::pair<Index, Index> tiled_scratch_reserve(Cache& c, Index bq) const {
+    const int nt = num_threads() < 1 ? 1 : num_threads();
+    const Index per = tiled_scratch_size(bq, c.Tk, Dh_), per_has = aligned_count<std::uint8_t>(c.Tk);
+    if (c.tile_scratch.size() < static_cast<std::size_t>(nt * per)) c.tile_scratch.resize(static_cast<std::size_t>(nt * per));
+    if (c.tile_has.size() < static_cast<std::size_t>(nt * per_has)) c.tile_has.resize(static_cast<std::size_t>(nt * per_has));
+    return {per, per_has};
+  }
+
+  /// One (b, h) task of either tiled pass: the calling thread's scratch and the pair's set-up.
+  struct TiledTask {
+    Index b, h;
+    TilePtrs tp;
+    std::uint8_t* has;  ///< [Tk] labelled flags of one row
+    bool any_real;      ///< the sequence has at least one real key
+  };
+  TiledTask tiled_task_begin(Cache& c, Index bh, std::pair<Index, Index> sizes) const {
+    const int th = thread_index();
+    Carve cv{c.tile_scratch.data() + th * sizes.first};
+    TiledTask t{bh / H_, bh % H_, tiled_take(cv, c.block_q, c.Tk, Dh_), c.tile_has.data() + th * sizes.second, false};
+    tiled_pair_setup(c, t.tp, t.b, t.h, t.any_real);
+    return t;
+  }
+
   /// Per-pair set-up shared by forward and backward: K_h, V_h, |K_j|^2, the gate's key term, the mask row.
   void tiled_pair_setup(const Cache& c, const TilePtrs& tp, Index b, Index h, bool& any_real) const {
     const Index Tk = c.Tk, Dh = Dh_, G = 2 * Dh + 2;
@@ -1055,20 +683,15 @@ private:
     c.R.resize(B * Tq, D_);
     c.ctx.resize(B * Tq, D_);
 
-    const int nt = num_threads() < 1 ? 1 : num_threads();
-    const Index per = tiled_scratch_size(bq, Tk, Dh), per_has = aligned_count<std::uint8_t>(Tk);
-    c.tile_scratch.resize(static_cast<std::size_t>(nt * per));
-    c.tile_has.resize(static_cast<std::size_t>(nt * per_has));
+    const auto sizes = tiled_scratch_reserve(c, bq);
     c.sums.assign(static_cast<std::size_t>(B * H), GateLossSums<S>());
     const bool par = double(B * H) * double(Tq) * double(Tk) * double(4 * Dh + 20) > kParallelMinFlops;
     parallel_for(B * H, [&](Index bh) {
-      const Index b = bh / H, h = bh % H;
-      const int th = thread_index();
-      Carve cv{c.tile_scratch.data() + th * per};
-      const TilePtrs tp = tiled_take(cv, bq, Tk, Dh);
-      std::uint8_t* has = c.tile_has.data() + th * per_has;
-      bool any_real = false;
-      tiled_pair_setup(c, tp, b, h, any_real);
+      const TiledTask t = tiled_task_begin(c, bh, sizes);
+      const Index b = t.b, h = t.h;
+      const TilePtrs& tp = t.tp;
+      std::uint8_t* has = t.has;
+      const bool any_real = t.any_real;
       S* gate = has_oracle ? c.gate_part.data() + bh * 2 * (G + 1) : nullptr;
       if (has_oracle)
         for (S* p : {tp.col0, tp.col1, tp.g_reg, tp.g_spot}) std::fill(p, p + Tk, S(0));
@@ -1121,20 +744,15 @@ private:
     const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
     const Index bq = c.block_q;
     const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh);
-    const int nt = num_threads() < 1 ? 1 : num_threads();
-    const Index per = tiled_scratch_size(bq, Tk, Dh), per_has = aligned_count<std::uint8_t>(Tk);
-    if (c.tile_scratch.size() < static_cast<std::size_t>(nt * per)) c.tile_scratch.resize(static_cast<std::size_t>(nt * per));
-    if (c.tile_has.size() < static_cast<std::size_t>(nt * per_has)) c.tile_has.resize(static_cast<std::size_t>(nt * per_has));
+    const auto sizes = tiled_scratch_reserve(c, bq);
     using ColArr = Eigen::Array<S, Eigen::Dynamic, 1>;
     using RowArr = Eigen::Array<S, 1, Eigen::Dynamic>;
     parallel_for(B * H, [&](Index bh) {
-      const Index b = bh / H, h = bh % H;
-      const int th = thread_index();
-      Carve cv{c.tile_scratch.data() + th * per};
-      const TilePtrs tp = tiled_take(cv, bq, Tk, Dh);
-      std::uint8_t* has = c.tile_has.data() + th * per_has;
-      bool any_real = false;
-      tiled_pair_setup(c, tp, b, h, any_real);
+      const TiledTask t = tiled_task_begin(c, bh, sizes);
+      const Index b = t.b, h = t.h;
+      const TilePtrs& tp = t.tp;
+      std::uint8_t* has = t.has;
+      const bool any_real = t.any_real;
       Eigen::Map<const HeadMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh), Vh(tp.Vh, Tk, Dh);
       Eigen::Map<HeadMat, Eigen::AlignedMax> dKh(tp.dKh, Tk, Dh), dVh(tp.dVh, Tk, Dh);
       dKh.setZero();
@@ -1216,5 +834,433 @@ private:
   Param<S> weight_[4], bias_[4];
   Param<S> W_rel_, W_gate_, c_gate_;
 };
+
+// ---- the entry points into the kernels, defined outside the class: not inline, so that an `extern template`
+// declaration (below) keeps other translation units from instantiating the kernels behind them ----
+
+template <class S, int Heads, int DHead>
+void DualExpertAttention<S, Heads, DHead>::forward_impl(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in,
+                                                       Index batch, const AttnContext<S>& ctx, Cache& c, bool self,
+                                                       Mat<S>& y) {
+  // ---- validation at the boundary (nothing below may throw inside a parallel region)
+  check(batch > 0, "DualExpertAttention::forward: batch must be positive, got ", batch);
+  check(q_in.cols() == D_, "DualExpertAttention::forward: x: expected ", D_, " columns (d_model), got ", q_in.cols());
+  check(q_in.rows() % batch == 0 && q_in.rows() > 0, "DualExpertAttention::forward: x: expected B*T rows with B = ",
+        batch, ", got ", q_in.rows(), " rows");
+  const Index B = batch, Tq = q_in.rows() / batch;
+  Index Tk = Tq;
+  if (!self) {
+    check(k_in.cols() == D_ && v_in.cols() == D_, "DualExpertAttention::forward: k_in/v_in: expected ", D_,
+          " columns, got ", k_in.cols(), " and ", v_in.cols());
+    check(k_in.rows() % batch == 0 && k_in.rows() > 0 && v_in.rows() == k_in.rows(),
+          "DualExpertAttention::forward: k_in/v_in: expected the same B*Tk rows with B = ", batch, ", got ",
+          k_in.rows(), " and ", v_in.rows());
+    Tk = k_in.rows() / batch;
+    check_finite(k_in, "DualExpertAttention::forward: k_in");
+    check_finite(v_in, "DualExpertAttention::forward: v_in");
+  }
+  check_finite(q_in, self ? "DualExpertAttention::forward: x" : "DualExpertAttention::forward: q_in");
+  const Index H = H_, Dh = Dh_;
+  if (ctx.key_mask) check_shape(*ctx.key_mask, {B, Tk}, "DualExpertAttention::forward: key_mask");
+  const bool has_oracle = ctx.alpha_oracle != nullptr;
+  bool oracle_per_head = false;
+  if (has_oracle) {
+    const Shape& s = ctx.alpha_oracle->shape;
+    oracle_per_head = s.size() == 4;
+    check(s == Shape{B, Tq, Tk} || s == Shape{B, H, Tq, Tk}, "DualExpertAttention::forward: alpha_oracle: expected shape ",
+          shape_str({B, Tq, Tk}), " or ", shape_str({B, H, Tq, Tk}), ", got ", shape_str(s));
+    check(ctx.gamma_mix >= 0 && ctx.gamma_mix <= 1, "DualExpertAttention::forward: gamma_mix must be in [0, 1], got ",
+          ctx.gamma_mix);
+    // NaN marks an unlabelled cell; an infinite value would turn the mixed scores into NaN.
+    for (Index k = 0; k < ctx.alpha_oracle->numel(); ++k)
+      check(!std::isinf((*ctx.alpha_oracle)[k]), "DualExpertAttention::forward: alpha_oracle: expected a finite value or "
+            "NaN (unlabelled), got ", (*ctx.alpha_oracle)[k], " at flat position ", k);
+  }
+  bool target_per_head = false;
+  if (ctx.target_idx) {
+    check(has_oracle, "DualExpertAttention::forward: target_idx was given without alpha_oracle (the gate loss needs both)");
+    const Shape& s = ctx.target_idx->shape;
+    target_per_head = s.size() == 3;
+    check(s == Shape{B, Tq} || s == Shape{B, H, Tq}, "DualExpertAttention::forward: target_idx: expected shape ",
+          shape_str({B, Tq}), " or ", shape_str({B, H, Tq}), ", got ", shape_str(s));
+    for (Index k = 0; k < ctx.target_idx->numel(); ++k) {
+      const std::int64_t t = (*ctx.target_idx)[k];
+      check(t >= -1 && t < Tk, "DualExpertAttention::forward: target_idx: expected -1 (none) or a key index in [0, ", Tk,
+            "), got ", t, " at flat position ", k);
+    }
+  }
+  if (ctx.frozen_alpha_hat)
+    check_shape(*ctx.frozen_alpha_hat, {B, H, Tq, Tk}, "DualExpertAttention::forward: frozen_alpha_hat");
+  const bool dropout_on = ctx.training && opt_.dropout > 0;
+  check(!dropout_on || ctx.rng != nullptr, "DualExpertAttention::forward: training with dropout ", opt_.dropout,
+        " needs ctx.rng");
+
+  // ---- cache set-up: buffers keep their storage from the previous call (no allocation, no page faults when
+  // the shapes repeat); every element the kernels read is written below
+  c.loss_gate = 0;
+  c.stats = GateStats();
+  c.B = B;
+  c.Tq = Tq;
+  c.Tk = Tk;
+  c.self = self;
+  c.has_oracle = has_oracle;
+  c.dropout_on = dropout_on;
+  c.gamma_mix = ctx.gamma_mix;
+  c.q_in = q_in;
+  if (!self) {
+    c.k_in = k_in;
+    c.v_in = v_in;
+  }
+  c.km.assign(static_cast<std::size_t>(B * Tk), 1);
+  if (ctx.key_mask)
+    for (Index k = 0; k < B * Tk; ++k) c.km[static_cast<std::size_t>(k)] = (*ctx.key_mask)[k] ? 1 : 0;
+  c.n_real.resize(static_cast<std::size_t>(B));
+  for (Index b = 0; b < B; ++b) {
+    Index n = 0;
+    for (Index j = 0; j < Tk; ++j) n += c.km[static_cast<std::size_t>(b * Tk + j)];
+    c.n_real[static_cast<std::size_t>(b)] = S(n < 1 ? 1 : n);
+  }
+  c.kernel = ctx.keep_maps ? DeaKernel::reference : opt_.kernel;
+  if (c.kernel == DeaKernel::tiled) {
+    forward_tiled(q_in, k_in, v_in, ctx, c, self, y, oracle_per_head, target_per_head);
+    return;
+  }
+  const std::size_t cells = static_cast<std::size_t>(B * H * Tq * Tk), rows = static_cast<std::size_t>(B * H * Tq);
+  c.e0n.resize(cells);
+  c.e1n.resize(cells);
+  c.logit.resize(cells);
+  c.alpha_hat.resize(cells);
+  c.alpha_mix.resize(cells);
+  c.scores.resize(cells);
+  c.attn.resize(cells);
+  c.e1_clamped.resize(cells);
+  c.sigma0.resize(rows);
+  c.sigma1.resize(rows);
+  c.floor0.resize(rows);
+  c.floor1.resize(rows);
+  if (dropout_on) c.drop.resize(cells);
+  if (has_oracle) {
+    c.dlogit_gate.resize(cells);
+    c.beta.resize(cells);
+    c.w.resize(cells);
+    c.d_b.resize(cells);
+    c.target.resize(rows);
+    c.oracle_ref.resize(cells);
+    c.g_reg.assign(cells, S(0));
+    c.g_spot.assign(cells, S(0));
+  } else {
+    for (auto* v : {&c.dlogit_gate, &c.beta, &c.w, &c.d_b, &c.oracle_ref, &c.g_reg, &c.g_spot}) v->clear();
+    c.target.clear();
+  }
+
+  input_projections(q_in, k_in, v_in, self, c);
+  c.R.resize(B * Tq, D_);
+  c.ctx.resize(B * Tq, D_);
+
+  const std::uint64_t drop_seed = dropout_on ? ctx.rng->next_u64() : 0;
+  c.sums.assign(static_cast<std::size_t>(B * H), GateLossSums<S>());
+  const Index pair_scratch = forward_scratch_size(Tq, Tk, Dh);
+  c.scratch.resize(static_cast<std::size_t>(B * H * pair_scratch));
+  const S inv_sqrt = S(1) / std::sqrt(S(Dh));
+  const S inv_dh = S(1) / S(Dh);
+  const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+  const S gamma = ctx.gamma_mix;
+  const Index G = 2 * Dh + 2;
+
+  const bool par = double(B * H) * double(Tq) * double(Tk) * double(4 * Dh + 20) > kParallelMinFlops;
+  parallel_for(B * H, [&](Index bh) {
+    const Index b = bh / H, h = bh % H;
+    const Index off = bh * Tq * Tk;
+    const std::uint8_t* km = c.km.data() + b * Tk;
+    // the pair's temporaries: aligned pieces of its share of c.scratch (see forward_scratch_size)
+    Workspace<S> ws(c.scratch.data() + bh * pair_scratch, pair_scratch);
+    using ColVec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+    using ColArr = Eigen::Array<S, Eigen::Dynamic, 1>;
+    Eigen::Map<HeadMat, Eigen::AlignedMax> Qh(ws.take(Tq * Dh), Tq, Dh), Kh(ws.take(Tk * Dh), Tk, Dh),
+        Vh(ws.take(Tk * Dh), Tk, Dh), Rh(ws.take(Tq * Dh), Tq, Dh);
+    Qh = c.Q.block(b * Tq, h * Dh, Tq, Dh);
+    Kh = c.K.block(b * Tk, h * Dh, Tk, Dh);
+    Vh = c.V.block(b * Tk, h * Dh, Tk, Dh);
+    Eigen::Map<const RelMat> Wr(W_rel_.value.data() + h * Dh * Dh, Dh, Dh);
+
+    // 2. E0 = Q K^T / sqrt(Dh)                                  [Tq, Tk]
+    MatMap<S> E0(c.e0n.data() + off, Tq, Tk);
+    E0.noalias() = inv_sqrt * (Qh * Kh.transpose());
+    // 3. R_i = W_rel Q_i; E1 = min(0, -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh)   [Tq, Tk]
+    Rh.noalias() = Qh * Wr.transpose();
+    c.R.block(b * Tq, h * Dh, Tq, Dh) = Rh;
+    MatMap<S> E1(c.e1n.data() + off, Tq, Tk);
+    E1.noalias() = S(2) * (Rh * Kh.transpose());
+    Eigen::Map<ColVec, Eigen::AlignedMax> rn(ws.take(Tq), Tq), kn(ws.take(Tk), Tk);
+    rn = Rh.rowwise().squaredNorm();
+    kn = Kh.rowwise().squaredNorm();
+    {
+      auto A = E1.array();
+      A = -((A.colwise() - rn.array()).rowwise() - kn.transpose().array()) * (-inv_dh);  // (2 R.K - |R|^2 - |K|^2) / Dh
+      Eigen::Map<Eigen::Array<std::uint8_t, Eigen::Dynamic, 1>>(c.e1_clamped.data() + off, Tq * Tk) =
+          (Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>>(E1.data(), Tq * Tk) > S(0)).template cast<std::uint8_t>();
+      A = A.min(S(0));
+    }
+    // 4. per-query normalisation over the real keys (in place: E -> E~)
+    const S n = c.n_real[static_cast<std::size_t>(b)];
+    Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>, Eigen::AlignedMax> mrow(ws.take(Tk), Tk);
+    mrow = Eigen::Map<const Eigen::Array<std::uint8_t, 1, Eigen::Dynamic>>(km, Tk).template cast<S>();
+    Eigen::Map<ColArr, Eigen::AlignedMax> mu(ws.take(Tq), Tq), var(ws.take(Tq), Tq);
+    normalise_rows(E0, mrow, n, c.sigma0.data() + bh * Tq, c.floor0.data() + bh * Tq, mu, var);
+    normalise_rows(E1, mrow, n, c.sigma1.data() + bh * Tq, c.floor1.data() + bh * Tq, mu, var);
+    // 5.-6. gate: logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c; alpha_hat = min(0.95, sigmoid(clip(logit)))
+    const S* wg = W_gate_.value.data() + h * G;
+    Eigen::Map<ColVec, Eigen::AlignedMax> lq(ws.take(Tq), Tq), lk(ws.take(Tk), Tk);
+    lq.noalias() = Qh * Eigen::Map<const ColVec>(wg, Dh);
+    lk.noalias() = Kh * Eigen::Map<const ColVec>(wg + Dh, Dh);
+    const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = c_gate_.value[h];
+    S* logit = c.logit.data() + off;
+    S* ahat = c.alpha_hat.data() + off;
+    S* amix = c.alpha_mix.data() + off;
+    {
+      MatMap<S> Lg(logit, Tq, Tk), Ah(ahat, Tq, Tk);
+      Lg.array() = ((w0 * E0.array() + w1 * E1.array()).colwise() + lq.array()).rowwise() + lk.transpose().array();
+      Lg.array() += cg;
+      Ah.array() = (S(1) / (S(1) + (-Lg.array().max(-clip).min(clip)).exp())).min(amax);
+    }
+    // 7.-8. mixing coefficient: the detached alpha-hat, or with an oracle gamma a_eff + (1 - gamma) alpha-hat
+    const S* frozen = ctx.frozen_alpha_hat ? ctx.frozen_alpha_hat->ptr() + off : nullptr;
+    std::vector<std::uint8_t> has(static_cast<std::size_t>(has_oracle ? Tk : 0));
+    std::vector<S> a(static_cast<std::size_t>(has_oracle ? Tk : 0));
+    GateLossSums<S>& sm = c.sums[static_cast<std::size_t>(bh)];
+    for (Index i = 0; i < Tq; ++i) {
+      const S* det = frozen ? frozen + i * Tk : ahat + i * Tk;  // the detached alpha-hat the scores read
+      if (!has_oracle) {
+        for (Index j = 0; j < Tk; ++j) amix[i * Tk + j] = det[j];
+        continue;
+      }
+      const S* orc = ctx.alpha_oracle->ptr() + (oracle_per_head ? ((b * H + h) * Tq + i) * Tk : (b * Tq + i) * Tk);
+      S* oref = c.oracle_ref.data() + off + i * Tk;
+      for (Index j = 0; j < Tk; ++j) {
+        const S o = orc[j];
+        const bool hj = !std::isnan(o) && km[j];
+        const S aj = std::isnan(o) ? S(0) : (o < 0 ? S(0) : (o > amax ? amax : o));
+        has[static_cast<std::size_t>(j)] = hj;
+        a[static_cast<std::size_t>(j)] = aj;
+        oref[j] = hj ? aj : std::numeric_limits<S>::quiet_NaN();
+        const S a_eff = hj ? aj : det[j];
+        amix[i * Tk + j] = gamma * a_eff + (S(1) - gamma) * det[j];
+      }
+      // gate loss of the row (reads the gate's own alpha-hat, never the frozen copy)
+      std::int64_t tgt = -1;
+      if (ctx.target_idx)
+        tgt = (*ctx.target_idx)[target_per_head ? (b * H + h) * Tq + i : b * Tq + i];
+      const Index t = detail::gate_loss_row<S>(
+          Tk, c.e0n.data() + off + i * Tk, c.e1n.data() + off + i * Tk, ahat + i * Tk, a.data(), has.data(), km,
+          ctx.target_idx == nullptr, tgt, opt_.gate, sm, c.g_reg.data() + off + i * Tk, c.g_spot.data() + off + i * Tk,
+          c.beta.data() + off + i * Tk, c.w.data() + off + i * Tk, c.d_b.data() + off + i * Tk);
+      c.target[static_cast<std::size_t>(bh * Tq + i)] = t;
+    }
+    // 7.-9. scores and masked softmax (no extra 1/sqrt(d): E~ is unit scale)
+    MatMap<S> Sc(c.scores.data() + off, Tq, Tk);
+    ConstMatMap<S> AM(amix, Tq, Tk);
+    Sc = (S(1) - AM.array()).matrix().cwiseProduct(E0) + AM.cwiseProduct(E1);
+    MatMap<S> P(c.attn.data() + off, Tq, Tk);
+    ops::masked_softmax_rows<S>(Sc, km, P, ws.take(ops::masked_softmax_scratch<S>(Tq, Tk)));  // vectorised per row
+    // 10. dropout on the probabilities, then ctx_h = P V_h
+    if (dropout_on) {
+      // counter-based mask of the cell's flat index (detail::dropout_uniform): the tiled kernel draws the same
+      MatMap<S> Dm(c.drop.data() + off, Tq, Tk);
+      ops::counter_dropout_mask(Dm.data(), Tq * Tk, drop_seed, static_cast<std::uint64_t>(off),
+                                static_cast<double>(opt_.dropout));
+      if constexpr (DHead == 1)  // a matrix-vector product: Eigen's gemv needs a plain left operand
+        c.ctx.block(b * Tq, h * Dh, Tq, Dh).noalias() = P.cwiseProduct(Dm).lazyProduct(Vh);
+      else
+        c.ctx.block(b * Tq, h * Dh, Tq, Dh).noalias() = P.cwiseProduct(Dm) * Vh;
+    } else {
+      c.ctx.block(b * Tq, h * Dh, Tq, Dh).noalias() = P * Vh;
+    }
+  }, par);
+
+  if (has_oracle) finish_gate_loss(c, c.sums);
+
+  output_projection(c, y);  // 11.
+}
+
+template <class S, int Heads, int DHead>
+auto DualExpertAttention<S, Heads, DHead>::backward_inputs(const Mat<S>& dy, Cache& c) -> InputGrads {
+  check(c.B > 0, "DualExpertAttention::backward: the cache holds no forward pass");
+  check_matrix(dy, c.B * c.Tq, D_, "DualExpertAttention::backward: dy");
+  const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
+  const S inv_sqrt = S(1) / std::sqrt(S(Dh));
+  const S inv_dh = S(1) / S(Dh);
+
+  // output projection: y = ctx W_o^T + b_o
+  Mat<S> dctx;
+  if (opt_.out_proj)
+    ops::linear_backward<S>(dy, c.ctx, weight_[3].mat(), weight_[3].grad_mat(), opt_.bias ? bias_[3].grad.data() : nullptr,
+                            &dctx);
+  else
+    dctx = dy;
+
+  Mat<S> dQ(B * Tq, D_), dK(B * Tk, D_), dV(B * Tk, D_);
+  AlignedVec<S> dwrel_part(static_cast<std::size_t>(B * H * Dh * Dh));
+
+  if (c.kernel == DeaKernel::tiled)
+    tiled_backward_core(dctx, c, dQ, dK, dV, dwrel_part);
+  else
+  parallel_for(B * H, [&](Index bh) {
+    const Index b = bh / H, h = bh % H;
+    const Index off = bh * Tq * Tk;
+    const HeadMat Qh = c.Q.block(b * Tq, h * Dh, Tq, Dh);
+    const HeadMat Kh = c.K.block(b * Tk, h * Dh, Tk, Dh);
+    const HeadMat Vh = c.V.block(b * Tk, h * Dh, Tk, Dh);
+    const HeadMat Rh = c.R.block(b * Tq, h * Dh, Tq, Dh);
+    const HeadMat dctx_h = dctx.block(b * Tq, h * Dh, Tq, Dh);
+    ConstMatMap<S> P(c.attn.data() + off, Tq, Tk);
+    const S* drop = c.dropout_on ? c.drop.data() + off : nullptr;
+
+    // ctx_h = Pd V_h, Pd = P .* drop
+    Mat<S> dP = dctx_h * Vh.transpose();                       // ctx = Pd V  ->  dPd = dctx V^T
+    if (drop) {
+      ConstMatMap<S> Dm(drop, Tq, Tk);
+      const Mat<S> Pd = P.cwiseProduct(Dm);
+      dV.block(b * Tk, h * Dh, Tk, Dh).noalias() = Pd.transpose() * dctx_h;  // ctx = Pd V  ->  dV = Pd^T dctx
+      dP = dP.cwiseProduct(Dm);                                // Pd = P .* drop  ->  dP = dPd .* drop
+    } else {
+      dV.block(b * Tk, h * Dh, Tk, Dh).noalias() = P.transpose() * dctx_h;
+    }
+    // P = softmax(S) over real keys
+    Mat<S> dS(Tq, Tk);
+    ops::softmax_rows_backward<S>(P, dP, dS);
+    // S = (1 - alpha_mix) E0~ + alpha_mix E1~, alpha_mix constant
+    ConstMatMap<S> AM(c.alpha_mix.data() + off, Tq, Tk);
+    Mat<S> g0 = (S(1) - AM.array()).matrix().cwiseProduct(dS);
+    Mat<S> g1 = AM.cwiseProduct(dS);
+    // E~ = norm(E) per row over the real keys
+    const Eigen::Array<S, 1, Eigen::Dynamic> mrow =
+        Eigen::Map<const Eigen::Array<std::uint8_t, 1, Eigen::Dynamic>>(c.km.data() + b * Tk, Tk).template cast<S>();
+    const Index row0 = bh * Tq;
+    const S n = c.n_real[static_cast<std::size_t>(b)];
+    norm_backward(g0, c.e0n.data() + off, c.sigma0.data() + row0, c.floor0.data() + row0, n, mrow);
+    norm_backward(g1, c.e1n.data() + off, c.sigma1.data() + row0, c.floor1.data() + row0, n, mrow);
+    // E1 = min(0, E1raw): no gradient where the clamp was active
+    Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>>(g1.data(), Tq * Tk) *=
+        S(1) - Eigen::Map<const Eigen::Array<std::uint8_t, Eigen::Dynamic, 1>>(c.e1_clamped.data() + off, Tq * Tk)
+                   .template cast<S>();
+    // E1raw_ij = -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh
+    //   dR_i = -(2/Dh) (sum_j g1_ij R_i - sum_j g1_ij K_j),  dK_j = -(2/Dh) (sum_i g1_ij K_j - sum_i g1_ij R_i)
+    const Eigen::Matrix<S, Eigen::Dynamic, 1> rs = g1.rowwise().sum();
+    const Eigen::Matrix<S, 1, Eigen::Dynamic> cs = g1.colwise().sum();
+    HeadMat dR = -S(2) * inv_dh * (rs.asDiagonal() * Rh - g1 * Kh);
+    HeadMat dKh = -S(2) * inv_dh * (cs.transpose().asDiagonal() * Kh - g1.transpose() * Rh);
+    // E0_ij = Q_i.K_j / sqrt(Dh)
+    dKh.noalias() += inv_sqrt * (g0.transpose() * Qh);           // dK = g0^T Q / sqrt(Dh)
+    // R = Q W_rel^T  ->  dQ = dR W_rel, dW_rel = dR^T Q
+    Eigen::Map<const RelMat> Wr(W_rel_.value.data() + h * Dh * Dh, Dh, Dh);
+    HeadMat dQh = inv_sqrt * (g0 * Kh);                           // dQ = g0 K / sqrt(Dh)
+    dQh.noalias() += dR * Wr;
+    Eigen::Map<RelMat>(dwrel_part.data() + bh * Dh * Dh, Dh, Dh).noalias() = dR.transpose() * Qh;
+    dQ.block(b * Tq, h * Dh, Tq, Dh) = dQh;
+    dK.block(b * Tk, h * Dh, Tk, Dh) = dKh;
+  }, double(B * H) * double(Tq) * double(Tk) * double(8 * Dh + 20) > kParallelMinFlops);
+
+  // W_rel gradient: per-pair partials summed in the fixed order b = 0..B-1
+  parallel_for(H, [&](Index h) {
+    Eigen::Map<Vec<S>> g(W_rel_.grad.data() + h * Dh * Dh, Dh * Dh);
+    for (Index b = 0; b < B; ++b) g += Eigen::Map<const Vec<S>>(dwrel_part.data() + (b * H + h) * Dh * Dh, Dh * Dh);
+  }, double(B * H) * double(Dh * Dh) > kParallelMinFlops);
+
+  // projections: Q = q_in W_q^T + b_q, etc.
+  InputGrads out;
+  const Mat<S>& kin = c.self ? c.q_in : c.k_in;
+  const Mat<S>& vin = c.self ? c.q_in : c.v_in;
+  ops::linear_backward<S>(dQ, c.q_in, weight_[0].mat(), weight_[0].grad_mat(), opt_.bias ? bias_[0].grad.data() : nullptr, &out.dq);
+  ops::linear_backward<S>(dK, kin, weight_[1].mat(), weight_[1].grad_mat(), opt_.bias ? bias_[1].grad.data() : nullptr, &out.dk);
+  ops::linear_backward<S>(dV, vin, weight_[2].mat(), weight_[2].grad_mat(), opt_.bias ? bias_[2].grad.data() : nullptr, &out.dv);
+  return out;
+}
+
+template <class S, int Heads, int DHead>
+void DualExpertAttention<S, Heads, DHead>::backward_gate(Cache& c, S scale) {
+  if (!c.has_oracle) return;
+  const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
+  const Index G = 2 * Dh + 2;
+  if (c.kernel == DeaKernel::tiled) {
+    // d loss_gate / d logit = (g_reg / n_labelled + g_spot / n_valid) * dalpha_hat/dlogit, so the gradient of a
+    // gate weight is inv_has * (sum of g_reg dalpha/dlogit x feature) + inv_valid * (the same with g_spot): forward
+    // summed both per (b, h) (gate_part); here they are scaled by the totals and added in the fixed order h, b.
+    for (Index h = 0; h < H; ++h)
+      for (Index b = 0; b < B; ++b) {
+        const S* p = c.gate_part.data() + (b * H + h) * 2 * (G + 1);
+        for (Index g = 0; g < G; ++g) W_gate_.grad[h * G + g] += scale * (c.inv_has * p[g] + c.inv_valid * p[G + 1 + g]);
+        c_gate_.grad[h] += scale * (c.inv_has * p[G] + c.inv_valid * p[2 * G + 1]);
+      }
+    return;
+  }
+  AlignedVec<S> part(static_cast<std::size_t>(B * H * (G + 1)), S(0));
+  parallel_for(B * H, [&](Index bh) {
+    const Index b = bh / H, h = bh % H;
+    const Index off = bh * Tq * Tk;
+    ConstMatMap<S> dl(c.dlogit_gate.data() + off, Tq, Tk);
+    ConstMatMap<S> E0(c.e0n.data() + off, Tq, Tk);
+    ConstMatMap<S> E1(c.e1n.data() + off, Tq, Tk);
+    S* p = part.data() + bh * (G + 1);
+    // logit_ij = Q_i.w_q + K_j.w_k + w_E0 E0~_ij + w_E1 E1~_ij + c
+    const Eigen::Matrix<S, Eigen::Dynamic, 1> rsum = dl.rowwise().sum();
+    const Eigen::Matrix<S, 1, Eigen::Dynamic> csum = dl.colwise().sum();
+    Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>(p, Dh).noalias() =
+        rsum.transpose() * c.Q.block(b * Tq, h * Dh, Tq, Dh);     // dw_q = sum_i (sum_j dl_ij) Q_i
+    Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>(p + Dh, Dh).noalias() =
+        csum * c.K.block(b * Tk, h * Dh, Tk, Dh);                  // dw_k = sum_j (sum_i dl_ij) K_j
+    p[2 * Dh] = dl.cwiseProduct(E0).sum();                         // dw_E0 = sum dl E0~
+    p[2 * Dh + 1] = dl.cwiseProduct(E1).sum();                     // dw_E1 = sum dl E1~
+    p[G] = rsum.sum();                                             // dc = sum dl
+  }, double(B * H) * double(Tq) * double(Tk + 2 * Dh) * 4 > kParallelMinFlops);
+  for (Index h = 0; h < H; ++h)
+    for (Index b = 0; b < B; ++b) {
+      const S* p = part.data() + (b * H + h) * (G + 1);
+      for (Index g = 0; g < G; ++g) W_gate_.grad[h * G + g] += scale * p[g];
+      c_gate_.grad[h] += scale * p[G];
+    }
+}
+
+template <class S, int Heads, int DHead>
+void DualExpertAttention<S, Heads, DHead>::reset_parameters(Rng& rng) {
+  for (int p = 0; p < 4; ++p) {
+    init::xavier_uniform(weight_[p].mat(), rng, D_, D_);
+    bias_[p].value.setZero();
+  }
+  for (Index h = 0; h < H_; ++h)
+    Eigen::Map<Mat<S>>(W_rel_.value.data() + h * Dh_ * Dh_, Dh_, Dh_) = init::orthogonal<S>(Dh_, rng);
+  for (Index h = 0; h < H_; ++h) init::xavier_uniform(W_gate_.mat().row(h), rng, 2 * Dh_ + 2, 1);
+  c_gate_.value.setConstant(S(DeaConstants::c_gate_init));
+}
+
+template <class S, int Heads, int DHead>
+auto DualExpertAttention<S, Heads, DHead>::verify_gradient_isolation(const Mat<S>& x, Index batch,
+                                                                    const AttnContext<S>& ctx) -> IsolationReport {
+  IsolationReport r;
+  Cache cache;
+  zero_grad();
+  const Mat<S> y = forward(x, batch, ctx, cache);
+  backward(S(2) / S(y.size()) * y, cache);  // d mean(y^2) / dy
+  for (Param<S>* p : parameters()) {
+    const double s = static_cast<double>(p->grad.cwiseAbs().sum());
+    if (p->group == "gate") r.task_gate_grad += s;
+    if (p == &W_rel_) r.task_rel_grad += s;
+  }
+  zero_grad();
+  backward_gate(cache);
+  for (Param<S>* p : parameters()) {
+    const double s = static_cast<double>(p->grad.cwiseAbs().sum());
+    (p->group == "gate" ? r.gate_gate_grad : r.gate_main_grad) += s;
+  }
+  zero_grad();
+  r.ok = r.task_gate_grad == 0 && r.task_rel_grad > 0 && r.gate_main_grad == 0 && r.gate_gate_grad > 0;
+  return r;
+}
+
+// The project's own programs and tests compile these two instances once (cmake/instances.cmake) and define
+// DEA_EXTERN_TEMPLATES; everyone else instantiates on use, as with any template.
+#ifdef DEA_EXTERN_TEMPLATES
+extern template class DualExpertAttention<float>;
+extern template class DualExpertAttention<double>;
+#endif
 
 }  // namespace dea

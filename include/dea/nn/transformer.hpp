@@ -256,102 +256,7 @@ public:
 
   /// Forward pass on `batch` with mixing weight gamma_mix. Dropout is active when `training` (then `rng` is
   /// required when dropout > 0). Fills `cache` for the backward passes.
-  ModelOutput<S> forward(const ModelBatch<S>& batch, S gamma_mix, bool training, Rng* rng, Cache& c) {
-    const Index D = cfg_.d_model;
-    check(batch.input_ids.dim() == 2, "TransformerModel::forward: input_ids: expected shape [B, T], got ",
-          shape_str(batch.input_ids.shape));
-    const Index B = batch.input_ids.size(0), T = batch.input_ids.size(1), N = B * T;
-    check(B > 0 && T > 0, "TransformerModel::forward: input_ids: expected a non-empty [B, T], got ",
-          shape_str(batch.input_ids.shape));
-    check(T <= cfg_.max_len, "TransformerModel::forward: sequence length ", T, " exceeds max_len ", cfg_.max_len);
-    if (present(batch.attention_mask))
-      check_shape(batch.attention_mask, {B, T}, "TransformerModel::forward: attention_mask");
-    if (present(batch.token_type_ids))
-      check_shape(batch.token_type_ids, {B, T}, "TransformerModel::forward: token_type_ids");
-    if (present(batch.labels))
-      check_shape(batch.labels, cfg_.task == Task::cls ? Shape{B} : Shape{B, T}, "TransformerModel::forward: labels");
-    check(gamma_mix >= 0 && gamma_mix <= 1, "TransformerModel::forward: gamma_mix must be in [0, 1], got ", gamma_mix);
-    check(!training || cfg_.dropout == 0 || rng != nullptr, "TransformerModel::forward: training with dropout ",
-          cfg_.dropout, " needs an Rng");
-    if (!frozen_.empty())
-      check(frozen_.size() == layers_.size(), "TransformerModel: frozen alpha-hat: expected one tensor per layer (",
-            layers_.size(), "), got ", frozen_.size());
-
-    c = Cache();
-    c.B = B;
-    c.T = T;
-    c.input_ids = batch.input_ids;
-    if (present(batch.token_type_ids)) c.token_type_ids = batch.token_type_ids;
-    c.has_oracle = present(batch.alpha_oracle);
-    c.n_supervised = n_supervised_;
-
-    // ---- embeddings: x = tok_emb[ids] sqrt(D) (+ seg_emb[tt]) + PE[:T], then dropout
-    Mat<S> x;
-    tok_emb_.forward(batch.input_ids.ptr(), N, emb_scale(), x);
-    if (present(c.token_type_ids)) seg_emb_.forward(c.token_type_ids.ptr(), N, S(1), x, true);
-    pos_.add_to(x, B);
-    c.drop_emb = drop_.forward(x, training, rng);
-
-    // ---- encoder layers
-    ModelOutput<S> out;
-    const std::size_t L = layers_.size();
-    c.layers.resize(L);
-    out.layer_loss_gate.assign(L, S(0));
-    out.layer_stats.assign(L, GateStats{});
-    out.layer_supervised.assign(L, 0);
-    for (std::size_t l = 0; l < L; ++l) {
-      AttnContext<S> ctx;
-      ctx.key_mask = present(batch.attention_mask) ? &batch.attention_mask : nullptr;
-      ctx.gamma_mix = gamma_mix;
-      ctx.training = training;
-      ctx.rng = rng;
-      if (c.has_oracle && supervised_[l]) {
-        ctx.alpha_oracle = &batch.alpha_oracle;
-        if (present(batch.target_idx)) ctx.target_idx = &batch.target_idx;
-        out.layer_supervised[l] = 1;
-      }
-      if (!frozen_.empty() && present(frozen_[l])) ctx.frozen_alpha_hat = &frozen_[l];
-      ctx.keep_maps = !training && eval_maps_;
-      ctx.keep_alpha_hat = training && train_alpha_hat_ && l + 1 == L;
-      x = layers_[l].forward(std::move(x), B, ctx, c.layers[l], &batch.input_ids);
-      out.layer_loss_gate[l] = layers_[l].loss_gate(c.layers[l]);
-      if constexpr (traits::has_gate_stats<Attention>::value)
-        if (out.layer_supervised[l]) out.layer_stats[l] = c.layers[l].attn.stats;
-    }
-    // loss_gate = sum_l loss_gate_l / max(1, n_supervised) (with an oracle; the sum is 0 without one)
-    S gsum = 0;
-    for (S v : out.layer_loss_gate) gsum += v;
-    out.loss_gate = c.has_oracle ? gsum / S(n_supervised_ > 0 ? n_supervised_ : 1) : gsum;
-
-    // ---- final LayerNorm and head
-    c.xf = std::move(x);
-    Mat<S> y;
-    ln_f_.forward(c.xf, y, c.lnf);                                  // y = ln_f(x_L)
-    if (cfg_.task == Task::cls) {
-      c.pooled.resize(B, D);
-      for (Index b = 0; b < B; ++b) c.pooled.row(b) = y.row(b * T);  // y[:, 0]
-      Mat<S> t;
-      cls0_.forward(c.pooled, t);                                   // t = pooled W0^T + b0
-      c.z = t.array().tanh().matrix();                              // z = tanh(t)
-      Mat<S> zd = c.z;
-      c.drop_cls = drop_.forward(zd, training, rng);                // zd = Dropout(z)
-      cls3_.forward(zd, out.logits);                                // logits = zd W3^T + b3
-    } else {
-      c.yf = std::move(y);
-      ops::linear_forward<S>(c.yf, tok_emb_.weight.mat(), mlm_bias_.value.data(), out.logits);  // y E^T + b
-    }
-
-    // ---- task loss
-    if (present(batch.labels)) {
-      const auto ce = ops::cross_entropy<S>(out.logits, batch.labels.ptr(), batch.labels.numel(), -100, true);
-      out.has_task_loss = true;
-      out.task_loss = ce.loss;
-      out.n_targets = ce.count;
-      c.has_task_loss = true;
-      c.dlogits = ce.dlogits;
-    }
-    return out;
-  }
+  ModelOutput<S> forward(const ModelBatch<S>& batch, S gamma_mix, bool training, Rng* rng, Cache& c);
 
   /// Backward of task_loss + loss_gate (adds into the gradients). Without labels only the gate part runs;
   /// without an oracle only the task part.
@@ -376,71 +281,13 @@ public:
   }
 
   /// Task-path backward for dL/dlogits = dlogits ([B, n_classes] or [B*T, vocab_size]).
-  void backward_logits(const Mat<S>& dlogits, Cache& c) {
-    check(c.B > 0, "TransformerModel::backward_logits: the cache holds no forward pass");
-    const Index B = c.B, T = c.T, N = B * T, D = cfg_.d_model;
-    Mat<S> dy;
-    if (cfg_.task == Task::cls) {
-      check_matrix(dlogits, B, cfg_.n_classes, "TransformerModel::backward_logits: dlogits");
-      Mat<S> zd = c.z;
-      Dropout::apply(zd, c.drop_cls);                                 // recompute zd = Dropout(z)
-      Mat<S> dzd;
-      cls3_.backward(dlogits, zd, &dzd);                              // logits = zd W3^T + b3
-      Dropout::backward(dzd, c.drop_cls);                             // zd = Dropout(z)
-      const Mat<S> dt = dzd.cwiseProduct((S(1) - c.z.array().square()).matrix());  // z = tanh(t)
-      Mat<S> dpooled;
-      cls0_.backward(dt, c.pooled, &dpooled);                         // t = pooled W0^T + b0
-      dy = Mat<S>::Zero(N, D);
-      for (Index b = 0; b < B; ++b) dy.row(b * T) = dpooled.row(b);   // pooled = y[:, 0]
-    } else {
-      check_matrix(dlogits, N, cfg_.vocab_size, "TransformerModel::backward_logits: dlogits");
-      // logits = y E^T + b  ->  dE += dlogits^T y (the tied table, padding row included), db, dy = dlogits E
-      ops::linear_backward<S>(dlogits, c.yf, tok_emb_.weight.mat(), tok_emb_.weight.grad_mat(), mlm_bias_.grad.data(),
-                              &dy);
-    }
-    Mat<S> dx;
-    ln_f_.backward(dy, c.xf, c.lnf, dx);                              // y = ln_f(x_L)
-    for (std::size_t l = layers_.size(); l-- > 0;) dx = layers_[l].backward(dx, c.layers[l]);
-    Dropout::backward(dx, c.drop_emb);                                // x0 = Dropout(.)
-    // x0 = tok_emb[ids] sqrt(D) + seg_emb[tt] + PE  (PE is a constant)
-    if (present(c.token_type_ids)) seg_emb_.backward(dx, c.token_type_ids.ptr(), N, S(1));
-    tok_emb_.backward(dx, c.input_ids.ptr(), N, emb_scale());
-  }
+  void backward_logits(const Mat<S>& dlogits, Cache& c);
 
   /// The reference's verify_gradient_isolation: one training-mode forward at gamma_mix (dropout drawn from an Rng
   /// seeded with `seed`), the task backward alone, then the gate backward alone. The batch needs labels and an
   /// oracle. Every gradient of the model is cleared before, between and after.
   ModelIsolationReport verify_gradient_isolation(const ModelBatch<S>& batch, S gamma_mix = S(0.5),
-                                                 std::uint64_t seed = 0) {
-    check(present(batch.labels) && present(batch.alpha_oracle),
-          "TransformerModel::verify_gradient_isolation: the batch needs labels and alpha_oracle");
-    ModelIsolationReport r;
-    if constexpr (!has_gate) {
-      ::dea::detail::raise("TransformerModel::verify_gradient_isolation: the attention class has no gate");
-    } else {
-      Rng rng(seed);
-      Cache c;
-      zero_grad();
-      forward(batch, gamma_mix, true, &rng, c);
-      backward_task(c);
-      for (Param<S>* p : parameters()) {
-        const double s = static_cast<double>(p->grad.cwiseAbs().sum());
-        if (p->group == "gate") r.task_gate_grad += s;
-        if (is_rel(*p)) r.task_rel_grad += s;
-      }
-      zero_grad();
-      backward_gate(c);
-      for (Param<S>* p : parameters()) {
-        const double s = static_cast<double>(p->grad.cwiseAbs().sum());
-        (p->group == "gate" ? r.gate_gate_grad : r.gate_main_grad) += s;
-        if (is_rel(*p)) r.gate_rel_grad += s;
-      }
-      zero_grad();
-      r.ok = r.task_gate_grad == 0 && r.task_rel_grad > 0 && r.gate_main_grad == 0 && r.gate_rel_grad == 0 &&
-             r.gate_gate_grad > 0;
-    }
-    return r;
-  }
+                                                 std::uint64_t seed = 0);
 
   // ---- test hook: hold alpha-hat fixed in the scores (finite-difference checks of the task path) ----
 
@@ -503,6 +350,179 @@ private:
   bool eval_maps_ = true;        // set_map_policy
   bool train_alpha_hat_ = true;
 };
+
+// ---- forward and backward, defined outside the class: not inline, so that an `extern template` declaration
+// (below) keeps other translation units from instantiating the layers behind them ----
+
+template <class S, class Attention>
+auto TransformerModel<S, Attention>::forward(const ModelBatch<S>& batch, S gamma_mix, bool training, Rng* rng,
+                                             Cache& c) -> ModelOutput<S> {
+  const Index D = cfg_.d_model;
+  check(batch.input_ids.dim() == 2, "TransformerModel::forward: input_ids: expected shape [B, T], got ",
+        shape_str(batch.input_ids.shape));
+  const Index B = batch.input_ids.size(0), T = batch.input_ids.size(1), N = B * T;
+  check(B > 0 && T > 0, "TransformerModel::forward: input_ids: expected a non-empty [B, T], got ",
+        shape_str(batch.input_ids.shape));
+  check(T <= cfg_.max_len, "TransformerModel::forward: sequence length ", T, " exceeds max_len ", cfg_.max_len);
+  if (present(batch.attention_mask))
+    check_shape(batch.attention_mask, {B, T}, "TransformerModel::forward: attention_mask");
+  if (present(batch.token_type_ids))
+    check_shape(batch.token_type_ids, {B, T}, "TransformerModel::forward: token_type_ids");
+  if (present(batch.labels))
+    check_shape(batch.labels, cfg_.task == Task::cls ? Shape{B} : Shape{B, T}, "TransformerModel::forward: labels");
+  check(gamma_mix >= 0 && gamma_mix <= 1, "TransformerModel::forward: gamma_mix must be in [0, 1], got ", gamma_mix);
+  check(!training || cfg_.dropout == 0 || rng != nullptr, "TransformerModel::forward: training with dropout ",
+        cfg_.dropout, " needs an Rng");
+  if (!frozen_.empty())
+    check(frozen_.size() == layers_.size(), "TransformerModel: frozen alpha-hat: expected one tensor per layer (",
+          layers_.size(), "), got ", frozen_.size());
+
+  c = Cache();
+  c.B = B;
+  c.T = T;
+  c.input_ids = batch.input_ids;
+  if (present(batch.token_type_ids)) c.token_type_ids = batch.token_type_ids;
+  c.has_oracle = present(batch.alpha_oracle);
+  c.n_supervised = n_supervised_;
+
+  // ---- embeddings: x = tok_emb[ids] sqrt(D) (+ seg_emb[tt]) + PE[:T], then dropout
+  Mat<S> x;
+  tok_emb_.forward(batch.input_ids.ptr(), N, emb_scale(), x);
+  if (present(c.token_type_ids)) seg_emb_.forward(c.token_type_ids.ptr(), N, S(1), x, true);
+  pos_.add_to(x, B);
+  c.drop_emb = drop_.forward(x, training, rng);
+
+  // ---- encoder layers
+  ModelOutput<S> out;
+  const std::size_t L = layers_.size();
+  c.layers.resize(L);
+  out.layer_loss_gate.assign(L, S(0));
+  out.layer_stats.assign(L, GateStats{});
+  out.layer_supervised.assign(L, 0);
+  for (std::size_t l = 0; l < L; ++l) {
+    AttnContext<S> ctx;
+    ctx.key_mask = present(batch.attention_mask) ? &batch.attention_mask : nullptr;
+    ctx.gamma_mix = gamma_mix;
+    ctx.training = training;
+    ctx.rng = rng;
+    if (c.has_oracle && supervised_[l]) {
+      ctx.alpha_oracle = &batch.alpha_oracle;
+      if (present(batch.target_idx)) ctx.target_idx = &batch.target_idx;
+      out.layer_supervised[l] = 1;
+    }
+    if (!frozen_.empty() && present(frozen_[l])) ctx.frozen_alpha_hat = &frozen_[l];
+    ctx.keep_maps = !training && eval_maps_;
+    ctx.keep_alpha_hat = training && train_alpha_hat_ && l + 1 == L;
+    x = layers_[l].forward(std::move(x), B, ctx, c.layers[l], &batch.input_ids);
+    out.layer_loss_gate[l] = layers_[l].loss_gate(c.layers[l]);
+    if constexpr (traits::has_gate_stats<Attention>::value)
+      if (out.layer_supervised[l]) out.layer_stats[l] = c.layers[l].attn.stats;
+  }
+  // loss_gate = sum_l loss_gate_l / max(1, n_supervised) (with an oracle; the sum is 0 without one)
+  S gsum = 0;
+  for (S v : out.layer_loss_gate) gsum += v;
+  out.loss_gate = c.has_oracle ? gsum / S(n_supervised_ > 0 ? n_supervised_ : 1) : gsum;
+
+  // ---- final LayerNorm and head
+  c.xf = std::move(x);
+  Mat<S> y;
+  ln_f_.forward(c.xf, y, c.lnf);                                  // y = ln_f(x_L)
+  if (cfg_.task == Task::cls) {
+    c.pooled.resize(B, D);
+    for (Index b = 0; b < B; ++b) c.pooled.row(b) = y.row(b * T);  // y[:, 0]
+    Mat<S> t;
+    cls0_.forward(c.pooled, t);                                   // t = pooled W0^T + b0
+    c.z = t.array().tanh().matrix();                              // z = tanh(t)
+    Mat<S> zd = c.z;
+    c.drop_cls = drop_.forward(zd, training, rng);                // zd = Dropout(z)
+    cls3_.forward(zd, out.logits);                                // logits = zd W3^T + b3
+  } else {
+    c.yf = std::move(y);
+    ops::linear_forward<S>(c.yf, tok_emb_.weight.mat(), mlm_bias_.value.data(), out.logits);  // y E^T + b
+  }
+
+  // ---- task loss
+  if (present(batch.labels)) {
+    const auto ce = ops::cross_entropy<S>(out.logits, batch.labels.ptr(), batch.labels.numel(), -100, true);
+    out.has_task_loss = true;
+    out.task_loss = ce.loss;
+    out.n_targets = ce.count;
+    c.has_task_loss = true;
+    c.dlogits = ce.dlogits;
+  }
+  return out;
+}
+
+template <class S, class Attention>
+void TransformerModel<S, Attention>::backward_logits(const Mat<S>& dlogits, Cache& c) {
+  check(c.B > 0, "TransformerModel::backward_logits: the cache holds no forward pass");
+  const Index B = c.B, T = c.T, N = B * T, D = cfg_.d_model;
+  Mat<S> dy;
+  if (cfg_.task == Task::cls) {
+    check_matrix(dlogits, B, cfg_.n_classes, "TransformerModel::backward_logits: dlogits");
+    Mat<S> zd = c.z;
+    Dropout::apply(zd, c.drop_cls);                                 // recompute zd = Dropout(z)
+    Mat<S> dzd;
+    cls3_.backward(dlogits, zd, &dzd);                              // logits = zd W3^T + b3
+    Dropout::backward(dzd, c.drop_cls);                             // zd = Dropout(z)
+    const Mat<S> dt = dzd.cwiseProduct((S(1) - c.z.array().square()).matrix());  // z = tanh(t)
+    Mat<S> dpooled;
+    cls0_.backward(dt, c.pooled, &dpooled);                         // t = pooled W0^T + b0
+    dy = Mat<S>::Zero(N, D);
+    for (Index b = 0; b < B; ++b) dy.row(b * T) = dpooled.row(b);   // pooled = y[:, 0]
+  } else {
+    check_matrix(dlogits, N, cfg_.vocab_size, "TransformerModel::backward_logits: dlogits");
+    // logits = y E^T + b  ->  dE += dlogits^T y (the tied table, padding row included), db, dy = dlogits E
+    ops::linear_backward<S>(dlogits, c.yf, tok_emb_.weight.mat(), tok_emb_.weight.grad_mat(), mlm_bias_.grad.data(),
+                            &dy);
+  }
+  Mat<S> dx;
+  ln_f_.backward(dy, c.xf, c.lnf, dx);                              // y = ln_f(x_L)
+  for (std::size_t l = layers_.size(); l-- > 0;) dx = layers_[l].backward(dx, c.layers[l]);
+  Dropout::backward(dx, c.drop_emb);                                // x0 = Dropout(.)
+  // x0 = tok_emb[ids] sqrt(D) + seg_emb[tt] + PE  (PE is a constant)
+  if (present(c.token_type_ids)) seg_emb_.backward(dx, c.token_type_ids.ptr(), N, S(1));
+  tok_emb_.backward(dx, c.input_ids.ptr(), N, emb_scale());
+}
+
+template <class S, class Attention>
+auto TransformerModel<S, Attention>::verify_gradient_isolation(const ModelBatch<S>& batch, S gamma_mix,
+                                                               std::uint64_t seed) -> ModelIsolationReport {
+  check(present(batch.labels) && present(batch.alpha_oracle),
+        "TransformerModel::verify_gradient_isolation: the batch needs labels and alpha_oracle");
+  ModelIsolationReport r;
+  if constexpr (!has_gate) {
+    ::dea::detail::raise("TransformerModel::verify_gradient_isolation: the attention class has no gate");
+  } else {
+    Rng rng(seed);
+    Cache c;
+    zero_grad();
+    forward(batch, gamma_mix, true, &rng, c);
+    backward_task(c);
+    for (Param<S>* p : parameters()) {
+      const double s = static_cast<double>(p->grad.cwiseAbs().sum());
+      if (p->group == "gate") r.task_gate_grad += s;
+      if (is_rel(*p)) r.task_rel_grad += s;
+    }
+    zero_grad();
+    backward_gate(c);
+    for (Param<S>* p : parameters()) {
+      const double s = static_cast<double>(p->grad.cwiseAbs().sum());
+      (p->group == "gate" ? r.gate_gate_grad : r.gate_main_grad) += s;
+      if (is_rel(*p)) r.gate_rel_grad += s;
+    }
+    zero_grad();
+    r.ok = r.task_gate_grad == 0 && r.task_rel_grad > 0 && r.gate_main_grad == 0 && r.gate_rel_grad == 0 &&
+           r.gate_gate_grad > 0;
+  }
+  return r;
+}
+
+// The project's own programs and tests compile these two instances once (cmake/instances.cmake).
+#ifdef DEA_EXTERN_TEMPLATES
+extern template class TransformerModel<float>;
+extern template class TransformerModel<double>;
+#endif
 
 }  // namespace nn
 }  // namespace dea

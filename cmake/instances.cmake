@@ -1,0 +1,17 @@
+# Template instances compiled once for the project's own programs and tests (never for users of dea::dea).
+#
+# A translation unit that runs DualExpertAttention or TransformerModel instantiates their kernels, and that costs
+# over a minute of compile time per scalar type, almost all of it in the compiler's front end (optimisation level
+# barely matters). The project's programs and tests link dea_instances, which compiles the float and double
+# instances once, in parallel; DEA_EXTERN_TEMPLATES makes the headers declare them `extern template`, and
+# because the heavy member functions are defined outside their class (not inline), other translation units
+# then instantiate none of them. Users who include the headers without the macro instantiate as usual.
+option(DEA_EXTERN_INSTANCES "Compile the common template instances once for the project's programs and tests" ON)
+if(DEA_EXTERN_INSTANCES)
+  file(GLOB DEA_INSTANCE_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/instances/*.cpp)
+  add_library(dea_instances STATIC EXCLUDE_FROM_ALL ${DEA_INSTANCE_SOURCES})
+  target_link_libraries(dea_instances PUBLIC dea::dea PRIVATE dea_warnings)
+  target_compile_definitions(dea_instances PUBLIC DEA_EXTERN_TEMPLATES)
+else()
+  add_library(dea_instances INTERFACE)
+endif()
