@@ -8,7 +8,7 @@
 //      and InferenceModel with dynamic sizes (the latter bit for bit: this program is built with
 //      -ffp-contract=off, so the compiler cannot fuse a*b + c differently in the two code paths);
 //   3. every attention class trains in this configuration: a TransformerModel forward / backward with each, and
-//      an AdamW step.
+//      an AdamW step (profile_train.cpp).
 // Prints one line per check; exit status 0 when all pass.
 #include <dea/attention/context.hpp>
 #include <dea/attention/dot_product.hpp>
@@ -59,6 +59,8 @@
 #include <cstring>
 
 using namespace dea;
+
+bool train_every_attention_class();  // profile_train.cpp (its own translation unit: the two compile in parallel)
 
 namespace {
 
@@ -208,58 +210,13 @@ void check_fixed_sizes() {
   report(got_dyn == want, "InferenceModel with dynamic sizes gives TransformerModel's logits bit for bit");
 }
 
-// ---- 3. training with every attention class -------------------------------------------------------------------
-
-template <class A>
-bool train_step(const char* name) {
-  nn::ModelConfig mc;
-  mc.vocab_size = 40;
-  mc.d_model = 16;
-  mc.n_heads = 2;
-  mc.n_layers = 1;
-  mc.d_ff = 32;
-  mc.max_len = 16;
-  mc.dropout = 0.1;
-  Rng rng(3);
-  nn::TransformerModel<float, A> model(mc, rng);
-  nn::ModelBatch<float> b;
-  b.input_ids = Tensor<std::int64_t>({2, 8});
-  for (Index k = 0; k < 16; ++k) b.input_ids[k] = 1 + (3 * k) % 39;
-  b.labels = Tensor<std::int64_t>({2});
-  b.labels[0] = 0;
-  b.labels[1] = 1;
-  typename nn::TransformerModel<float, A>::Cache cache;
-  model.zero_grad();
-  const auto out = model.forward(b, 0.5f, true, &rng, cache);
-  model.backward(cache);
-  double gsum = 0;
-  for (Param<float>* p : model.parameters()) gsum += static_cast<double>(p->grad.cwiseAbs().sum());
-  const bool ok = std::isfinite(static_cast<double>(out.loss())) && gsum > 0;
-  std::printf("  %s: loss %.6g, sum |grad| %.6g\n", name, static_cast<double>(out.loss()), gsum);
-  if constexpr (std::is_same<A, DualExpertAttention<float>>::value) {
-    optim::GroupConfig gate = optim::main_group_defaults();
-    gate.name = "gate";
-    gate.lr = 1e-3;
-    optim::AdamW<float> opt(model.parameters(), {optim::main_group_defaults(), gate});
-    const float before = model.parameters()[0]->value[0];
-    opt.step();
-    std::printf("  AdamW step moved tok_emb.weight[0] by %.3g\n",
-                static_cast<double>(model.parameters()[0]->value[0] - before));
-    return ok && model.parameters()[0]->value[0] != before;
-  }
-  return ok;
-}
-
 }  // namespace
 
 int main() {
   std::printf("embedded profile check (no exceptions, no RTTI, no OpenMP, %d thread)\n", num_threads());
   check_error_handler();
   check_fixed_sizes();
-  report(train_step<DualExpertAttention<float>>("DualExpertAttention") &&
-             train_step<DotProductAttention<float>>("DotProductAttention") &&
-             train_step<TokenRoutedAttention<float>>("TokenRoutedAttention") &&
-             train_step<LaplacianAttention<float>>("LaplacianAttention"),
+  report(train_every_attention_class(),
          "every attention class runs forward and backward (and AdamW steps) in this configuration");
   std::printf("embedded profile check: %s\n", g_failed == 0 ? "all checks pass" : "FAILED");
   return g_failed == 0 ? 0 : 1;

@@ -307,128 +307,12 @@ public:
   }
 
   /// Backward of forward / forward_plain: dy [B*T, D]. ADDS into every parameter gradient, returns dx [B*T, D].
-  Mat<S> backward(const Mat<S>& dy, Cache& cache) {
-    check(cache.batch > 0 && cache.x.rows() > 0, "TokenRoutedAttention::backward: the cache is empty (run forward first)");
-    check_matrix(dy, cache.x.rows(), D_, "TokenRoutedAttention::backward dy");
-    check_finite(dy, "TokenRoutedAttention::backward dy");
-    const Index B = cache.batch, T = cache.seq, N = B * T, D = D_, H = H_, dh = dh_;
-    const S scale = S(1) / std::sqrt(static_cast<S>(dh));
-
-    // y = O W_o^T  ->  dW_o += dy^T O,  dO = dy W_o
-    Mat<S> dO;
-    ops::linear_backward<S>(dy, cache.o, o_proj_.mat(), o_proj_.grad_mat(), nullptr, &dO);
-
-    // Attention core per (b, h): each pair owns its row/column block of GQ, GK, GV and one row of the gain partials.
-    Mat<S> GQ(N, D), GK(N, D), GV(N, D);
-    Mat<S> dgq = Mat<S>::Zero(B * H, dh), dgk = Mat<S>::Zero(B * H, dh);
-    const S* gq = opt_.use_qk_norm ? q_norm_.value.data() : nullptr;
-    const S* gk = opt_.use_qk_norm ? k_norm_.value.data() : nullptr;
-    parallel_for(B * H, [&](Index bh) {
-      const Index b = bh / H, h = bh % H, r0 = b * T, c0 = h * dh;
-      ConstMatMap<S> P(cache.att.data() + bh * T * T, T, T);
-      const auto dOh = dO.block(r0, c0, T, dh);
-      GV.block(r0, c0, T, dh).noalias() = P.transpose() * dOh;          // O = P V'      -> dV' = P^T dO
-      Mat<S> dP(T, T);
-      dP.noalias() = dOh * cache.v.block(r0, c0, T, dh).transpose();    // O = P V'      -> dP = dO V'^T
-      Mat<S> dS(T, T);
-      ops::softmax_rows_backward<S>(P, dP, dS);                         // P = softmax(S)
-      dS *= scale;                                                      // S = Qr Kr^T * scale
-      HeadMat dq(T, dh), dk(T, dh);
-      dq.noalias() = dS * cache.kr.block(r0, c0, T, dh);                // -> dQr = dS Kr
-      dk.noalias() = dS.transpose() * cache.qr.block(r0, c0, T, dh);    // -> dKr = dS^T Qr
-      ops::rope_backward(rope_, 0, dq);                                 // Qr = RoPE(Qn)
-      ops::rope_backward(rope_, 0, dk);                                 // Kr = RoPE(Kn)
-      if (opt_.use_qk_norm) {                                           // Qn = RMSNorm(Q') .* gamma_q
-        ops::rms_norm_backward<S>(dq, cache.qhat.block(r0, c0, T, dh), cache.q_rstd.data() + bh * T, gq,
-                                  dgq.data() + bh * dh, GQ.block(r0, c0, T, dh));
-        ops::rms_norm_backward<S>(dk, cache.khat.block(r0, c0, T, dh), cache.k_rstd.data() + bh * T, gk,
-                                  dgk.data() + bh * dh, GK.block(r0, c0, T, dh));
-      } else {
-        GQ.block(r0, c0, T, dh) = dq;
-        GK.block(r0, c0, T, dh) = dk;
-      }
-    });
-    if (opt_.use_qk_norm)  // the gains are shared by all pairs: reduce the partials in pair order
-      for (Index bh = 0; bh < B * H; ++bh) {
-        q_norm_.grad += dgq.row(bh).transpose();
-        k_norm_.grad += dgk.row(bh).transpose();
-      }
-
-    // Shared projections (Q' = x W_q^T + alpha dQ: the projection sees the full G^Q).
-    Mat<S> dx, tmp;
-    ops::linear_backward<S>(GQ, cache.x, q_proj_.mat(), q_proj_.grad_mat(), nullptr, &dx);   // dW_q += G^Q^T x
-    ops::linear_backward<S>(GK, cache.x, k_proj_.mat(), k_proj_.grad_mat(), nullptr, &tmp);  // dW_k += G^K^T x
-    dx += tmp;
-    ops::linear_backward<S>(GV, cache.x, v_proj_.mat(), v_proj_.grad_mat(), nullptr, &tmp);  // dW_v += G^V^T x
-    dx += tmp;
-    if (cache.routed) routed_backward_(GQ, GV, cache, dx);
-    return dx;
-  }
+  Mat<S> backward(const Mat<S>& dy, Cache& cache);
 
   /// Incremental (KV-cached) inference, forward only: x holds the S new positions of every batch row
   /// ([B*S, D]), at absolute positions kv.length .. kv.length + S - 1; query i sees cached keys and new keys
   /// j <= i. Appends the new K (after norm and RoPE) and V' to kv. Updates telemetry() with the new tokens.
-  Mat<S> forward_cached(const Mat<S>& x, Index batch, const Tensor<std::int64_t>& token_ids, KVCache& kv) {
-    AttnContext<S> ctx;
-    validate_input_(x, batch, ctx);
-    const Index Sn = x.rows() / batch, D = D_, H = H_, dh = dh_;
-    validate_ids_(token_ids, batch, Sn);
-    if (kv.length == 0) {
-      kv.batch = batch;
-      kv.k.assign(static_cast<std::size_t>(batch), Mat<S>());
-      kv.v.assign(static_cast<std::size_t>(batch), Mat<S>());
-    }
-    check(kv.batch == batch, "TokenRoutedAttention::forward_cached: batch expected ", kv.batch,
-          " (the KV cache's), got ", batch);
-    Cache c;
-    project_(x, batch, &token_ids, c);
-    telemetry_ = c.telemetry;
-    const Index P0 = kv.length, L = P0 + Sn;
-    rope_.reserve(L);
-    for (Index b = 0; b < batch; ++b) {
-      kv.k[static_cast<std::size_t>(b)].conservativeResize(L, D);
-      kv.v[static_cast<std::size_t>(b)].conservativeResize(L, D);
-      kv.v[static_cast<std::size_t>(b)].bottomRows(Sn) = c.v.middleRows(b * Sn, Sn);
-    }
-    const S scale = S(1) / std::sqrt(static_cast<S>(dh));
-    const S eps = static_cast<S>(opt_.qk_norm_eps);
-    Mat<S> O(batch * Sn, D);
-    // Pass 1: new keys into the cache (each pair owns its column block of its row's cache).
-    parallel_for(batch * H, [&](Index bh) {
-      const Index b = bh / H, h = bh % H;
-      HeadMat kn = c.k.block(b * Sn, h * dh, Sn, dh);
-      if (opt_.use_qk_norm) {
-        HeadMat scratch(Sn, dh);
-        Vec<S> rs(Sn);
-        ops::rms_norm_forward<S>(kn, k_norm_.value.data(), eps, kn, scratch, rs.data());
-      }
-      ops::rope_forward(rope_, P0, kn);
-      kv.k[static_cast<std::size_t>(b)].block(P0, h * dh, Sn, dh) = kn;
-    });
-    // Pass 2: queries against every cached key.
-    parallel_for(batch * H, [&](Index bh) {
-      const Index b = bh / H, h = bh % H;
-      HeadMat qn = c.q.block(b * Sn, h * dh, Sn, dh);
-      if (opt_.use_qk_norm) {
-        HeadMat scratch(Sn, dh);
-        Vec<S> rs(Sn);
-        ops::rms_norm_forward<S>(qn, q_norm_.value.data(), eps, qn, scratch, rs.data());
-      }
-      ops::rope_forward(rope_, P0, qn);
-      const auto& Kc = kv.k[static_cast<std::size_t>(b)];
-      const auto& Vc = kv.v[static_cast<std::size_t>(b)];
-      Mat<S> sc(Sn, L);
-      sc.noalias() = (qn * Kc.middleCols(h * dh, dh).transpose()) * scale;
-      for (Index i = 0; i < Sn; ++i)  // causal: query i (absolute P0 + i) sees keys j <= P0 + i
-        for (Index j = P0 + i + 1; j < L; ++j) sc(i, j) = -std::numeric_limits<S>::infinity();
-      ops::masked_softmax_rows<S>(sc, nullptr, sc);
-      O.block(b * Sn, h * dh, Sn, dh).noalias() = sc * Vc.middleCols(h * dh, dh);
-    });
-    kv.length = L;
-    Mat<S> y;
-    ops::linear_forward<S>(O, o_proj_.mat(), nullptr, y);
-    return y;
-  }
+  Mat<S> forward_cached(const Mat<S>& x, Index batch, const Tensor<std::int64_t>& token_ids, KVCache& kv);
 
 private:
   using HeadMat = Eigen::Matrix<S, Eigen::Dynamic, DHead, Eigen::RowMajor>;
@@ -490,17 +374,7 @@ private:
   }
 
   Mat<S> forward_impl_(const Mat<S>& x, Index batch, const Tensor<std::int64_t>* ids, const AttnContext<S>& ctx,
-                       Cache& cache) {
-    const Index N = x.rows(), T = N / batch;
-    cache.batch = batch;
-    cache.seq = T;
-    project_(x, batch, ids, cache);
-    if (ids) telemetry_ = cache.telemetry;
-    attention_forward_(ctx, cache);
-    Mat<S> y;
-    ops::linear_forward<S>(cache.o, o_proj_.mat(), nullptr, y);  // y = O W_o^T
-    return y;
-  }
+                       Cache& cache);
 
   /// K, Q', V' of x (with the routed deltas when ids is non-null) into cache.k/q/v, plus the routing state.
   void project_(const Mat<S>& x, Index batch, const Tensor<std::int64_t>* ids, Cache& cache) {
@@ -781,5 +655,151 @@ private:
   ops::RopeTable<S> rope_;
   Telemetry telemetry_;
 };
+
+// ---- forward and backward, defined outside the class: not inline, so that an `extern template` declaration
+// (below) keeps other translation units from instantiating them ----
+
+template <class S, int Heads, int DHead>
+auto TokenRoutedAttention<S, Heads, DHead>::forward_impl_(const Mat<S>& x, Index batch, const Tensor<std::int64_t>* ids,
+                                                         const AttnContext<S>& ctx, Cache& cache) -> Mat<S> {
+  const Index N = x.rows(), T = N / batch;
+  cache.batch = batch;
+  cache.seq = T;
+  project_(x, batch, ids, cache);
+  if (ids) telemetry_ = cache.telemetry;
+  attention_forward_(ctx, cache);
+  Mat<S> y;
+  ops::linear_forward<S>(cache.o, o_proj_.mat(), nullptr, y);  // y = O W_o^T
+  return y;
+}
+
+template <class S, int Heads, int DHead>
+auto TokenRoutedAttention<S, Heads, DHead>::backward(const Mat<S>& dy, Cache& cache) -> Mat<S> {
+  check(cache.batch > 0 && cache.x.rows() > 0, "TokenRoutedAttention::backward: the cache is empty (run forward first)");
+  check_matrix(dy, cache.x.rows(), D_, "TokenRoutedAttention::backward dy");
+  check_finite(dy, "TokenRoutedAttention::backward dy");
+  const Index B = cache.batch, T = cache.seq, N = B * T, D = D_, H = H_, dh = dh_;
+  const S scale = S(1) / std::sqrt(static_cast<S>(dh));
+
+  // y = O W_o^T  ->  dW_o += dy^T O,  dO = dy W_o
+  Mat<S> dO;
+  ops::linear_backward<S>(dy, cache.o, o_proj_.mat(), o_proj_.grad_mat(), nullptr, &dO);
+
+  // Attention core per (b, h): each pair owns its row/column block of GQ, GK, GV and one row of the gain partials.
+  Mat<S> GQ(N, D), GK(N, D), GV(N, D);
+  Mat<S> dgq = Mat<S>::Zero(B * H, dh), dgk = Mat<S>::Zero(B * H, dh);
+  const S* gq = opt_.use_qk_norm ? q_norm_.value.data() : nullptr;
+  const S* gk = opt_.use_qk_norm ? k_norm_.value.data() : nullptr;
+  parallel_for(B * H, [&](Index bh) {
+    const Index b = bh / H, h = bh % H, r0 = b * T, c0 = h * dh;
+    ConstMatMap<S> P(cache.att.data() + bh * T * T, T, T);
+    const auto dOh = dO.block(r0, c0, T, dh);
+    GV.block(r0, c0, T, dh).noalias() = P.transpose() * dOh;          // O = P V'      -> dV' = P^T dO
+    Mat<S> dP(T, T);
+    dP.noalias() = dOh * cache.v.block(r0, c0, T, dh).transpose();    // O = P V'      -> dP = dO V'^T
+    Mat<S> dS(T, T);
+    ops::softmax_rows_backward<S>(P, dP, dS);                         // P = softmax(S)
+    dS *= scale;                                                      // S = Qr Kr^T * scale
+    HeadMat dq(T, dh), dk(T, dh);
+    dq.noalias() = dS * cache.kr.block(r0, c0, T, dh);                // -> dQr = dS Kr
+    dk.noalias() = dS.transpose() * cache.qr.block(r0, c0, T, dh);    // -> dKr = dS^T Qr
+    ops::rope_backward(rope_, 0, dq);                                 // Qr = RoPE(Qn)
+    ops::rope_backward(rope_, 0, dk);                                 // Kr = RoPE(Kn)
+    if (opt_.use_qk_norm) {                                           // Qn = RMSNorm(Q') .* gamma_q
+      ops::rms_norm_backward<S>(dq, cache.qhat.block(r0, c0, T, dh), cache.q_rstd.data() + bh * T, gq,
+                                dgq.data() + bh * dh, GQ.block(r0, c0, T, dh));
+      ops::rms_norm_backward<S>(dk, cache.khat.block(r0, c0, T, dh), cache.k_rstd.data() + bh * T, gk,
+                                dgk.data() + bh * dh, GK.block(r0, c0, T, dh));
+    } else {
+      GQ.block(r0, c0, T, dh) = dq;
+      GK.block(r0, c0, T, dh) = dk;
+    }
+  });
+  if (opt_.use_qk_norm)  // the gains are shared by all pairs: reduce the partials in pair order
+    for (Index bh = 0; bh < B * H; ++bh) {
+      q_norm_.grad += dgq.row(bh).transpose();
+      k_norm_.grad += dgk.row(bh).transpose();
+    }
+
+  // Shared projections (Q' = x W_q^T + alpha dQ: the projection sees the full G^Q).
+  Mat<S> dx, tmp;
+  ops::linear_backward<S>(GQ, cache.x, q_proj_.mat(), q_proj_.grad_mat(), nullptr, &dx);   // dW_q += G^Q^T x
+  ops::linear_backward<S>(GK, cache.x, k_proj_.mat(), k_proj_.grad_mat(), nullptr, &tmp);  // dW_k += G^K^T x
+  dx += tmp;
+  ops::linear_backward<S>(GV, cache.x, v_proj_.mat(), v_proj_.grad_mat(), nullptr, &tmp);  // dW_v += G^V^T x
+  dx += tmp;
+  if (cache.routed) routed_backward_(GQ, GV, cache, dx);
+  return dx;
+}
+
+template <class S, int Heads, int DHead>
+auto TokenRoutedAttention<S, Heads, DHead>::forward_cached(const Mat<S>& x, Index batch,
+                                                          const Tensor<std::int64_t>& token_ids, KVCache& kv) -> Mat<S> {
+  AttnContext<S> ctx;
+  validate_input_(x, batch, ctx);
+  const Index Sn = x.rows() / batch, D = D_, H = H_, dh = dh_;
+  validate_ids_(token_ids, batch, Sn);
+  if (kv.length == 0) {
+    kv.batch = batch;
+    kv.k.assign(static_cast<std::size_t>(batch), Mat<S>());
+    kv.v.assign(static_cast<std::size_t>(batch), Mat<S>());
+  }
+  check(kv.batch == batch, "TokenRoutedAttention::forward_cached: batch expected ", kv.batch,
+        " (the KV cache's), got ", batch);
+  Cache c;
+  project_(x, batch, &token_ids, c);
+  telemetry_ = c.telemetry;
+  const Index P0 = kv.length, L = P0 + Sn;
+  rope_.reserve(L);
+  for (Index b = 0; b < batch; ++b) {
+    kv.k[static_cast<std::size_t>(b)].conservativeResize(L, D);
+    kv.v[static_cast<std::size_t>(b)].conservativeResize(L, D);
+    kv.v[static_cast<std::size_t>(b)].bottomRows(Sn) = c.v.middleRows(b * Sn, Sn);
+  }
+  const S scale = S(1) / std::sqrt(static_cast<S>(dh));
+  const S eps = static_cast<S>(opt_.qk_norm_eps);
+  Mat<S> O(batch * Sn, D);
+  // Pass 1: new keys into the cache (each pair owns its column block of its row's cache).
+  parallel_for(batch * H, [&](Index bh) {
+    const Index b = bh / H, h = bh % H;
+    HeadMat kn = c.k.block(b * Sn, h * dh, Sn, dh);
+    if (opt_.use_qk_norm) {
+      HeadMat scratch(Sn, dh);
+      Vec<S> rs(Sn);
+      ops::rms_norm_forward<S>(kn, k_norm_.value.data(), eps, kn, scratch, rs.data());
+    }
+    ops::rope_forward(rope_, P0, kn);
+    kv.k[static_cast<std::size_t>(b)].block(P0, h * dh, Sn, dh) = kn;
+  });
+  // Pass 2: queries against every cached key.
+  parallel_for(batch * H, [&](Index bh) {
+    const Index b = bh / H, h = bh % H;
+    HeadMat qn = c.q.block(b * Sn, h * dh, Sn, dh);
+    if (opt_.use_qk_norm) {
+      HeadMat scratch(Sn, dh);
+      Vec<S> rs(Sn);
+      ops::rms_norm_forward<S>(qn, q_norm_.value.data(), eps, qn, scratch, rs.data());
+    }
+    ops::rope_forward(rope_, P0, qn);
+    const auto& Kc = kv.k[static_cast<std::size_t>(b)];
+    const auto& Vc = kv.v[static_cast<std::size_t>(b)];
+    Mat<S> sc(Sn, L);
+    sc.noalias() = (qn * Kc.middleCols(h * dh, dh).transpose()) * scale;
+    for (Index i = 0; i < Sn; ++i)  // causal: query i (absolute P0 + i) sees keys j <= P0 + i
+      for (Index j = P0 + i + 1; j < L; ++j) sc(i, j) = -std::numeric_limits<S>::infinity();
+    ops::masked_softmax_rows<S>(sc, nullptr, sc);
+    O.block(b * Sn, h * dh, Sn, dh).noalias() = sc * Vc.middleCols(h * dh, dh);
+  });
+  kv.length = L;
+  Mat<S> y;
+  ops::linear_forward<S>(O, o_proj_.mat(), nullptr, y);
+  return y;
+}
+
+// The project's own programs and tests compile these two instances once (cmake/instances.cmake).
+#ifdef DEA_EXTERN_TEMPLATES
+extern template class TokenRoutedAttention<float>;
+extern template class TokenRoutedAttention<double>;
+#endif
 
 }  // namespace dea
