@@ -587,24 +587,50 @@ TEST_CASE("DEA bad input: each is a dea::Error naming the argument, expected and
   REQUIRE_THROWS_WITH(layer.backward(x, empty), Catch::Contains("no forward"));
 }
 
-TEST_CASE("DEA fixed sizes give the same results as dynamic sizes", "[dea]") {
+/// Runs a layer with compile-time sizes and the dynamic-size layer (same seed, same options) on the same input and
+/// oracle, forward with gamma 0.5 (training with its own, equally seeded dropout RNG when dropout > 0), task and
+/// gate backward; requires the outputs, input gradients, every parameter gradient and the gate loss to agree.
+template <class Fixed>
+void require_fixed_matches_dynamic(Index D, Index H, Index T, double dropout, DeaKernel kernel) {
+  typename Fixed::Options of;
+  DualExpertAttention<double>::Options od;
+  of.dropout = od.dropout = dropout;
+  of.kernel = od.kernel = kernel;
   Rng r1(3), r2(3);
-  DualExpertAttention<double, 4, 8> fixed(32, 4, r1);
-  DualExpertAttention<double> dyn(32, 4, r2);
+  Fixed fixed(D, H, r1, of);
+  DualExpertAttention<double> dyn(D, H, r2, od);
   Rng rng(8);
-  Mat<double> x(2 * 7, 32);
+  Mat<double> x(2 * T, D);
   init::normal(x, rng, 0, 1);
-  Tensor<double> oracle({2, 7, 7}, 0.3);
+  Tensor<double> oracle({2, T, T}, 0.3);
   AttnContext<double> ctx;
   ctx.alpha_oracle = &oracle;
   ctx.gamma_mix = 0.5;
-  DualExpertAttention<double, 4, 8>::Cache cf;
+  ctx.training = dropout > 0;
+  Rng d1(21), d2(21);
+  typename Fixed::Cache cf;
   DualExpertAttention<double>::Cache cd;
-  const Mat<double> yf = fixed.forward(x, 2, ctx, cf), yd = dyn.forward(x, 2, ctx, cd);
+  ctx.rng = &d1;
+  const Mat<double> yf = fixed.forward(x, 2, ctx, cf);
+  ctx.rng = &d2;
+  const Mat<double> yd = dyn.forward(x, 2, ctx, cd);
+  REQUIRE(yf.allFinite());
   REQUIRE((yf - yd).cwiseAbs().maxCoeff() < 1e-13);
   const Mat<double> gf = fixed.backward(yf, cf), gd = dyn.backward(yd, cd);
   REQUIRE((gf - gd).cwiseAbs().maxCoeff() < 1e-12);
+  fixed.backward_gate(cf);
+  dyn.backward_gate(cd);
   REQUIRE(cf.loss_gate == Approx(cd.loss_gate).epsilon(1e-13));
+  const auto pf = fixed.parameters(), pd = dyn.parameters();
+  REQUIRE(pf.size() == pd.size());
+  for (std::size_t k = 0; k < pf.size(); ++k) {
+    INFO(pf[k]->name);
+    REQUIRE((pf[k]->grad - pd[k]->grad).cwiseAbs().maxCoeff() < 1e-12);
+  }
+}
+
+TEST_CASE("DEA fixed sizes give the same results as dynamic sizes", "[dea]") {
+  require_fixed_matches_dynamic<DualExpertAttention<double, 4, 8>>(32, 4, 7, 0.0, DeaKernel::reference);
 }
 
 TEST_CASE("DEA one-dimensional heads at fixed size (DHead = 1) match dynamic sizes, with dropout", "[dea]") {
@@ -612,40 +638,6 @@ TEST_CASE("DEA one-dimensional heads at fixed size (DHead = 1) match dynamic siz
   // agree with the dynamic-size layer, dropout masks included (same seed, same counter-based mask).
   for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
     CAPTURE(kernel == DeaKernel::tiled ? "tiled" : "reference");
-    DualExpertAttention<double, 2, 1>::Options of;
-    DualExpertAttention<double>::Options od;
-    of.dropout = od.dropout = 0.3;
-    of.kernel = od.kernel = kernel;
-    Rng r1(3), r2(3);
-    DualExpertAttention<double, 2, 1> fixed(2, 2, r1, of);
-    DualExpertAttention<double> dyn(2, 2, r2, od);
-    Rng rng(8);
-    Mat<double> x(2 * 6, 2);
-    init::normal(x, rng, 0, 1);
-    Tensor<double> oracle({2, 6, 6}, 0.3);
-    AttnContext<double> ctx;
-    ctx.alpha_oracle = &oracle;
-    ctx.gamma_mix = 0.5;
-    ctx.training = true;
-    Rng d1(21), d2(21);
-    DualExpertAttention<double, 2, 1>::Cache cf;
-    DualExpertAttention<double>::Cache cd;
-    ctx.rng = &d1;
-    const Mat<double> yf = fixed.forward(x, 2, ctx, cf);
-    ctx.rng = &d2;
-    const Mat<double> yd = dyn.forward(x, 2, ctx, cd);
-    REQUIRE(yf.allFinite());
-    REQUIRE((yf - yd).cwiseAbs().maxCoeff() < 1e-13);
-    const Mat<double> gf = fixed.backward(yf, cf), gd = dyn.backward(yd, cd);
-    REQUIRE((gf - gd).cwiseAbs().maxCoeff() < 1e-12);
-    fixed.backward_gate(cf);
-    dyn.backward_gate(cd);
-    REQUIRE(cf.loss_gate == Approx(cd.loss_gate).epsilon(1e-13));
-    const auto pf = fixed.parameters(), pd = dyn.parameters();
-    REQUIRE(pf.size() == pd.size());
-    for (std::size_t k = 0; k < pf.size(); ++k) {
-      INFO(pf[k]->name);
-      REQUIRE((pf[k]->grad - pd[k]->grad).cwiseAbs().maxCoeff() < 1e-12);
-    }
+    require_fixed_matches_dynamic<DualExpertAttention<double, 2, 1>>(2, 2, 6, 0.3, kernel);
   }
 }
