@@ -377,6 +377,17 @@ private:
                        Cache& cache);
 
   /// K, Q', V' of x (with the routed deltas when ids is non-null) into cache.k/q/v, plus the routing state.
+  /// Cached inference: one head's new query or key rows, RMS-normalised with `gain` (when use_qk_norm) and rotated
+  /// from absolute position p0, in place.
+  void norm_rotate_(HeadMat& z, const Param<S>& gain, Index p0) const {
+    if (opt_.use_qk_norm) {
+      HeadMat scratch(z.rows(), z.cols());
+      Vec<S> rs(z.rows());
+      ops::rms_norm_forward<S>(z, gain.value.data(), static_cast<S>(opt_.qk_norm_eps), z, scratch, rs.data());
+    }
+    ops::rope_forward(rope_, p0, z);
+  }
+
   void project_(const Mat<S>& x, Index batch, const Tensor<std::int64_t>* ids, Cache& cache) {
     cache.x = x;
     cache.routed = ids != nullptr;
@@ -757,30 +768,19 @@ auto TokenRoutedAttention<S, Heads, DHead>::forward_cached(const Mat<S>& x, Inde
     kv.v[static_cast<std::size_t>(b)].bottomRows(Sn) = c.v.middleRows(b * Sn, Sn);
   }
   const S scale = S(1) / std::sqrt(static_cast<S>(dh));
-  const S eps = static_cast<S>(opt_.qk_norm_eps);
   Mat<S> O(batch * Sn, D);
   // Pass 1: new keys into the cache (each pair owns its column block of its row's cache).
   parallel_for(batch * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H;
     HeadMat kn = c.k.block(b * Sn, h * dh, Sn, dh);
-    if (opt_.use_qk_norm) {
-      HeadMat scratch(Sn, dh);
-      Vec<S> rs(Sn);
-      ops::rms_norm_forward<S>(kn, k_norm_.value.data(), eps, kn, scratch, rs.data());
-    }
-    ops::rope_forward(rope_, P0, kn);
+    norm_rotate_(kn, k_norm_, P0);
     kv.k[static_cast<std::size_t>(b)].block(P0, h * dh, Sn, dh) = kn;
   });
   // Pass 2: queries against every cached key.
   parallel_for(batch * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H;
     HeadMat qn = c.q.block(b * Sn, h * dh, Sn, dh);
-    if (opt_.use_qk_norm) {
-      HeadMat scratch(Sn, dh);
-      Vec<S> rs(Sn);
-      ops::rms_norm_forward<S>(qn, q_norm_.value.data(), eps, qn, scratch, rs.data());
-    }
-    ops::rope_forward(rope_, P0, qn);
+    norm_rotate_(qn, q_norm_, P0);
     const auto& Kc = kv.k[static_cast<std::size_t>(b)];
     const auto& Vc = kv.v[static_cast<std::size_t>(b)];
     Mat<S> sc(Sn, L);
