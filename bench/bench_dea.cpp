@@ -13,7 +13,8 @@
 // than --max-ref-gb GB at a shape (1x8192x512x8 needs ~30 GB) it is refused there with a message on stderr, and the
 // check runs at the same D and H with B = 1, T = 1024 instead (check_T says which).
 // For each shape the tiled kernel runs first, so its peak_rss_mb is not raised by the reference kernel's maps;
-// for clean per-shape peaks run one shape and one kernel per process (see bench/README section in the notes).
+// for clean per-shape peaks run one shape and one kernel per process (README, "Speed and memory of the attention
+// layer").
 // When both kernels are timed, a "dea_kernel_ratio" line gives reference_ms / tiled_ms.
 //
 // Measurements:

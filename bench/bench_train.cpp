@@ -30,8 +30,10 @@
 // --dump-batches FILE writes the batches of steps 1..warmup+steps of each configuration as JSON lines (one header
 // line {"config", "vocab_size", ...}, then one line per step with input_ids, token_type_ids, attention_mask,
 // labels and the oracle blocks [row, q0, q1, k0, k1, alpha]) so that bench/torch_train.py trains on exactly the
-// same batches (torch_train.py reads a file of one configuration). --dump-only writes the file and measures nothing.
+// same batches (torch_train.py reads a file of one configuration); the file is rewritten atomically after each
+// configuration, so it never holds half of one. --dump-only writes the file and measures nothing.
 #include <dea/core/allocator.hpp>
+#include <dea/core/atomic_file.hpp>
 #include <dea/io/pipeline.hpp>
 
 #include <fmt/core.h>
@@ -156,7 +158,16 @@ double cpu_seconds() {
   return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
 }
 
-void run_config(const BenchConfig& bc, const Options& opt, std::ofstream* dump) {
+/// --dump-batches: the lines of every configuration dumped so far. After each configuration the whole file is
+/// written again atomically, so it is always complete (never a half-written configuration) and there early.
+struct BatchDump {
+  std::string path, text;
+  void save() const {
+    write_file_atomic_with(path, [&](auto&& write) { write(text.data(), text.size()); }, "--dump-batches: ");
+  }
+};
+
+void run_config(const BenchConfig& bc, const Options& opt, BatchDump* dump) {
   pipeline::TrainConfig cfg;
   cfg.d_model = bc.d_model;
   cfg.n_heads = bc.n_heads;
@@ -187,7 +198,7 @@ void run_config(const BenchConfig& bc, const Options& opt, std::ofstream* dump) 
     h["dropout"] = cfg.dropout;
     h["n_classes"] = 2;
     h["steps"] = total;
-    *dump << h.dump() << '\n';
+    dump->text += h.dump() + '\n';
     pipeline::BatchOrder order(d.size(pipeline::Split::train), static_cast<std::size_t>(bc.batch), opt.seed);
     for (int s = 1; s <= total; ++s) {
       const pipeline::Batch b = pipeline::make_batch(d, pipeline::Split::train, order.at(s), cfg.max_len, nullptr);
@@ -200,9 +211,9 @@ void run_config(const BenchConfig& bc, const Options& opt, std::ofstream* dump) 
       j["attention_mask"] = flat(b.attention_mask);
       j["labels"] = flat(b.labels);
       j["oracle_blocks"] = oracle_blocks(b);
-      *dump << j.dump() << '\n';
+      dump->text += j.dump() + '\n';
     }
-    dump->flush();
+    dump->save();
   }
   if (opt.dump_only) return;
 
@@ -354,11 +365,7 @@ int main(int argc, char** argv) {
   }
   if (opt.dump_only && opt.dump.empty()) usage("--dump-only needs --dump-batches FILE");
   try {
-    std::ofstream dump;
-    if (!opt.dump.empty()) {
-      dump.open(opt.dump);
-      check(static_cast<bool>(dump), "--dump-batches: cannot open '", opt.dump, "' for writing");
-    }
+    BatchDump dump{opt.dump, {}};
     for (const auto& name : opt.configs)
       for (const auto& bc : kConfigs)
         if (bc.name == name) run_config(bc, opt, opt.dump.empty() ? nullptr : &dump);

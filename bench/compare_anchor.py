@@ -2,7 +2,7 @@
 """Runs bench_dea and the PyTorch anchor (bench/torch_dea.py) side by side and prints the ratios.
 
     bench/compare_anchor.py --bench build/release/bench/bench_dea [--shape 32x128x512x8 ...] [--threads 2]
-                            [--rounds 2] [--reps 3]
+                            [--rounds 2] [--reps 3] [--kernel tiled|reference]
 
 Each (shape, threads) pair runs in fresh processes, alternating dea and torch for --rounds rounds, so both see
 the same machine state; the best time of each side is kept (as the anchor reports its best of --reps). Output:

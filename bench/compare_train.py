@@ -11,7 +11,7 @@ so both see the same machine state and each peak RSS is that of one configuratio
 median s/step and CPU s/step over the rounds and the largest peak RSS. Output: one JSON line per (configuration,
 threads) with both sides, the 1-minute load averages seen, and the ratios torch / dea (above 1: dea is faster or
 smaller); then one line per configuration with each side's two-thread speed-up when --threads has 1 and 2. The
-reference's own s/step as recorded in shared/anchors/README.md (quick 0.194 s on 2 threads, mid 0.876 s and
+reference's own s/step as recorded with the reference implementation (quick 0.194 s on 2 threads, mid 0.876 s and
 paper 7.4 s on 1 thread, on an idle machine) is printed next to dea's figure for that thread count.
 
 Needs Debian's python3-torch (and libopenblas0-pthread, or torch runs on a slow reference BLAS); run with
@@ -28,7 +28,7 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# the reference's train.py, s/step and peak RSS (GB), shared/anchors/README.md: (threads, s/step, GB)
+# the reference's train.py, s/step and peak RSS (GB) as recorded with the reference: (threads, s/step, GB)
 REFERENCE = {"quick": (2, 0.194, 0.47), "mid": (1, 0.876, 1.68), "paper": (1, 7.4, 4.4)}
 
 

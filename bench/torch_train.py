@@ -1,4 +1,4 @@
-"""PyTorch re-creation of the reference's transformer training step (shared/spec/dual_expert_attention.md sections
+"""PyTorch re-creation of the reference's transformer training step (the Dual-Expert Attention specification, sections
 2-5), the side-by-side anchor for bench_train: the same model, loss, clipping and optimiser as the reference's
 transformer.py / train.py, run the way a PyTorch user runs them (eager mode, autograd, CPU).
 

@@ -52,14 +52,24 @@ def write_safetensors(path, tensors):
     header["__metadata__"] = {"format": "reference-state-dict"}
     h = json.dumps(header).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h)
-        for b in blobs:
-            f.write(b)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, [struct.pack("<Q", len(h)) + h] + blobs)
+
+
+def write_atomic(path, pieces):
+    """Writes the byte strings `pieces` to `path` through a temporary file, fsync and rename: a crash leaves the
+    old file or the new one, never half of it."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            for b in pieces:
+                f.write(b)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
 
 
 def main():
@@ -87,11 +97,8 @@ def main():
     write_safetensors(os.path.join(out, "checkpoint.safetensors"), sd)
     cfg = {k: v for k, v in cfg.items() if isinstance(v, (int, float, str, bool, list, type(None)))}
     cfg.pop("resume", None)
-    with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(cfg, f, indent=2)
-    with open(os.path.join(out, "tokenizer.txt"), "w") as f:
-        for t in vocabulary(tok):
-            f.write(t + "\n")
+    write_atomic(os.path.join(out, "config.json"), [json.dumps(cfg, indent=2).encode()])
+    write_atomic(os.path.join(out, "tokenizer.txt"), ["".join(t + "\n" for t in vocabulary(tok)).encode()])
     print(f"wrote {out}/checkpoint.safetensors ({len(sd)} tensors), config.json, tokenizer.txt; step {ck.get('step')}")
 
 

@@ -3,7 +3,7 @@
 //   dea_interop CASE.safetensors [--out RESULT.safetensors] [--compare] [--float] [--pe TABLE.safetensors]
 //               [--threads N]
 //
-// The case's metadata `kind` selects what runs (golden/FORMAT.md):
+// The case's metadata `kind` selects what runs (tests/data/golden/README.md):
 //   dea_layer     one DualExpertAttention: forward on the training graph with dropout 0, backward of
 //                 sum(out.output * in.grad_output) + loss_gate;
 //   dea_model     a TransformerModel: objective task_loss + loss_gate; --pe gives the positional table the
@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
       const int n = std::atoi(argv[i]);
       if (n < 1) usage(fmt::format("--threads expects a positive integer, got '{}'", argv[i]));
       set_num_threads(n);
-    } else if (a == "-h" || a == "--help") usage("runs a golden case (golden/FORMAT.md) through dea");
+    } else if (a == "-h" || a == "--help") usage("runs a golden case (tests/data/golden/README.md) through dea");
     else if (!a.empty() && a[0] == '-') usage("unknown flag " + a);
     else if (case_path.empty()) case_path = a;
     else usage("more than one case file given");

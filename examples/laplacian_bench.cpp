@@ -17,7 +17,7 @@
 //   laplacian_bench [--task sequence|sequence_recall] [--seeds 0-7] [--sweep-seeds 0-3]
 //                   [--lr-grid 0.0015,0.003,0.006] [--sigma-grid 0.35,0.7,1.4] [--epochs 12] [--batch 128]
 //                   [--n-train 400] [--n-test 200] [--threads 2] [--out bench_report.json]
-//                   [--anchor anchors/laplacian/anchor_data_sequence.safetensors] [--no-mechanism] [--hist]
+//                   [--anchor examples/laplacian_bench/anchor/anchor_data_sequence.safetensors] [--no-mechanism] [--hist]
 //                   [--plot_dir DIR (default: the directory of --out)] [--no-plots]
 //
 // --threads N runs N trainings at once, each on one thread (results do not depend on N).

@@ -812,7 +812,7 @@ TEST_CASE("a query whose keys are all masked gives zeros, never NaN", "[token_ro
 }
 
 // =====================================================================================================================
-// Golden cases of the reference (tests/data/golden/tr_mha, FORMAT.md)
+// Golden cases of the reference (tests/data/golden/tr_mha, described in tests/data/golden/README.md)
 // =====================================================================================================================
 
 TEST_CASE("golden tr_mha cases reproduce the reference", "[token_routed][golden]") {

@@ -1,4 +1,5 @@
-// dea/io/dea_case.hpp: runs a reference case file (golden/FORMAT.md) through the library and compares results.
+// dea/io/dea_case.hpp: runs a reference case file (tests/data/golden/README.md) through the library and compares
+// results.
 //
 // A `kind = dea_layer` case holds the inputs (`in.*`), the parameters under their state_dict names, and the
 // reference's forward values (`out.*`) and gradients (`grad.*`) of L = sum(out.output * in.grad_output) +

@@ -1,4 +1,5 @@
-// dea/io/model_case.hpp: runs a `kind = dea_model` reference case (golden/FORMAT.md) through nn::TransformerModel.
+// dea/io/model_case.hpp: runs a `kind = dea_model` reference case (tests/data/golden/README.md) through
+// nn::TransformerModel.
 //
 // The case holds the model sizes in its metadata, the parameters under their state_dict names, the inputs
 // (`in.input_ids`, `in.attention_mask`, `in.token_type_ids`, `in.alpha_oracle`, optional `in.target_idx`,

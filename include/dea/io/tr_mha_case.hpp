@@ -1,4 +1,4 @@
-// dea/io/tr_mha_case.hpp: runs one `kind = tr_mha_layer` interop case (golden/tr_mha/FORMAT.md) and compares.
+// dea/io/tr_mha_case.hpp: runs one `kind = tr_mha_layer` interop case (tests/data/golden/README.md) and compares.
 //
 // A case file holds one call of one token-routed MHA layer of the reference: inputs `in.x` [B,S,D],
 // `in.token_ids` [B,S], `in.grad_output` [B,S,D], the parameters under their state_dict names, the expected
