@@ -7,6 +7,7 @@
 // Also writes alpha_hist_<split>.svg (alpha-hat against the oracle alpha on the split's labelled cells) into
 // --plot_dir (default: the checkpoint directory); --no-plots skips it.
 // Exit status: 0 done, 1 error (missing or corrupt files), 2 bad command line.
+#include <dea/io/cli.hpp>
 #include <dea/io/pipeline.hpp>
 
 #include <fmt/core.h>
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <new>
 #include <string>
 
 using namespace dea;
@@ -44,20 +46,19 @@ int main(int argc, char** argv) {
       if (eq != std::string::npos) {
         v = a.substr(eq + 1);
         a = a.substr(0, eq);
-      } else {
-        check(i + 1 < argc, a, ": missing value");
+      }
+      // an unknown flag is reported as such, not as a missing value
+      check(a == "--ckpt" || a == "--plot_dir" || a == "--split" || a == "--threads",
+            a.compare(0, 1, "-") == 0 ? "unknown flag " : "unexpected argument ", a);
+      if (eq == std::string::npos) {
+        check(i + 1 < argc && std::string(argv[i + 1]).compare(0, 2, "--") != 0, a, ": missing value");
         v = argv[++i];
       }
       if (a == "--ckpt") dir = v;
       else if (a == "--plot_dir") plot_dir = v;
       else if (a == "--split") split_s = v;
-      else if (a == "--threads") {
-        char* end = nullptr;
-        const long x = std::strtol(v.c_str(), &end, 10);
-        check(!v.empty() && end && !*end && x >= 0, "--threads: expected a non-negative integer, got '", v, "'");
-        threads = static_cast<int>(x);
-      } else
-        ::dea::detail::raise("unknown flag " + a);
+      else if (a == "--threads")
+        threads = static_cast<int>(cli::parse_int("--threads", v, 0, cli::kMaxThreads));
     }
     check(!dir.empty(), "--ckpt DIR is required");
     split = pipeline::parse_split(split_s);
@@ -82,6 +83,9 @@ int main(int argc, char** argv) {
       fmt::print("plot: {}\n", path);
     }
     pipeline::print_paris_probe(probe);
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "eval: out of memory evaluating the run in '{}' (see its config.json for the sizes)\n", dir);
+    return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "eval: {}\n", e.what());
     return 1;

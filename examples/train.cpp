@@ -7,7 +7,7 @@
 //         [--steps 12000] [--gamma_steps 10000] [--log_every 50] [--eval_every 1000] [--seed 42]
 //         [--out_dir runs/dea] [--data_source dalpha|text] [--text FILE] [--oracle mock|FILE.jsonl]
 //         [--n_per_source 2000] [--supervise_layers all|i,j,...] [--eval_batches 50] [--threads N] [--resume]
-//         [--plot_dir DIR] [--no-plots]
+//         [--plot_dir DIR] [--no-plots] [--overwrite]
 //
 // Plots (SVG, into --plot_dir, default out_dir; --no-plots turns them off): at each evaluation
 // alpha_hist_train_step<N>.svg and alpha_hist_val_step<N>.svg (alpha-hat against the oracle alpha) and
@@ -15,6 +15,8 @@
 // --quick sets D=128 H=4 2 layers d_ff 256 batch 32 300 steps gamma_steps 200 eval_every 150 log_every 25
 // n_per_source 500, except for flags given explicitly. With --resume, the run continues from out_dir's checkpoint
 // with the saved configuration; only --steps, --log_every, --eval_every, --eval_batches and --threads may change.
+// A fresh run refuses an out_dir that holds another run's files (checkpoint, config, log, ...) unless --overwrite,
+// which deletes them first. config.json records --text and --oracle files by absolute path.
 // Exit status: 0 done, 1 error (bad input, failed isolation check, non-finite loss), 2 bad command line.
 #include <dea/core/allocator.hpp>
 #include <dea/io/pipeline.hpp>
@@ -22,6 +24,9 @@
 #include <fmt/core.h>
 
 #include <exception>
+#include <filesystem>
+#include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,30 +34,55 @@ using namespace dea;
 
 namespace {
 
+/// --text and --oracle by absolute path (eval and --resume then find them from any working directory).
+void absolute_data_paths(pipeline::TrainConfig& c) {
+  if (!c.text.empty()) c.text = std::filesystem::absolute(c.text).lexically_normal().string();
+  if (c.oracle != "mock") c.oracle = std::filesystem::absolute(c.oracle).lexically_normal().string();
+}
+
 const char* kUsage =
     "usage: train [--quick] [--d_model N] [--n_heads N] [--n_layers N] [--d_ff N] [--dropout P] [--max_len N]\n"
     "             [--batch_size N] [--lr_main X] [--lr_gate X] [--weight_decay X] [--grad_clip X] [--steps N]\n"
     "             [--gamma_steps N] [--log_every N] [--eval_every N] [--seed N] [--out_dir DIR]\n"
     "             [--data_source dalpha|text] [--text FILE] [--oracle mock|FILE.jsonl] [--n_per_source N]\n"
     "             [--supervise_layers all|i,j,...] [--eval_batches N] [--threads N] [--resume]\n"
-    "             [--plot_dir DIR (default: out_dir)] [--no-plots]\n";
+    "             [--plot_dir DIR (default: out_dir)] [--no-plots] [--overwrite]\n";
 
 }  // namespace
 
 int main(int argc, char** argv) {
   dea::retain_freed_memory();  // reuse freed activations instead of faulting pages in every step
-  // --no-plots and --plot_dir DIR are not part of the run's configuration (config.json): taken out here
+  // --no-plots, --plot_dir DIR and --overwrite are not part of the run's configuration (config.json): taken out here
   std::vector<std::string> args;
   std::string plot_dir;
-  bool plots = true;
+  bool plots = true, overwrite = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--no-plots") plots = false;
+    else if (a == "--overwrite") overwrite = true;
     else if (a.compare(0, 11, "--plot_dir=") == 0) plot_dir = a.substr(11);
-    else if (a == "--plot_dir" && i + 1 < argc) plot_dir = argv[++i];
-    else args.push_back(a);
+    else if (a == "--plot_dir") {
+      if (i + 1 >= argc || std::string(argv[i + 1]).compare(0, 2, "--") == 0) {
+        fmt::print(stderr, "train: --plot_dir: missing value\n{}", kUsage);
+        return 2;
+      }
+      plot_dir = argv[++i];
+    } else args.push_back(a);
   }
   pipeline::TrainConfig cfg;
+  std::optional<pipeline::TrainConfig> saved;
+  try {  // a resumed run's saved configuration: a bad file is bad input (1), not a bad command line (2)
+    const pipeline::ParsedArgs p = pipeline::parse_args(args);
+    if (p.config.resume && !p.help) saved = pipeline::read_config(pipeline::config_path(p.config.out_dir));
+  } catch (const dea::Error& e) {
+    const std::string m = e.what();
+    if (m.find("config.json") != std::string::npos) {
+      fmt::print(stderr, "train: --resume: {}\n", m);
+      return 1;
+    }
+  } catch (const std::exception&) {
+    // the command line itself is bad: reported below
+  }
   try {
     pipeline::ParsedArgs p = pipeline::parse_args(args);
     if (p.help) {
@@ -61,11 +91,13 @@ int main(int argc, char** argv) {
     }
     cfg = p.config;
     if (cfg.resume) {
-      const pipeline::TrainConfig saved = pipeline::read_config(pipeline::config_path(cfg.out_dir));
-      pipeline::TrainConfig merged = pipeline::parse_args(args, saved, false).config;
+      pipeline::TrainConfig merged = pipeline::parse_args(args, *saved, false).config;
       merged.out_dir = cfg.out_dir;
       merged.resume = true;
-      const nlohmann::json a = pipeline::to_json(saved), b = pipeline::to_json(merged);
+      absolute_data_paths(merged);
+      pipeline::TrainConfig saved_abs = *saved;
+      absolute_data_paths(saved_abs);
+      const nlohmann::json a = pipeline::to_json(saved_abs), b = pipeline::to_json(merged);
       for (auto it = a.begin(); it != a.end(); ++it) {
         const std::string& k = it.key();
         if (k == "steps" || k == "log_every" || k == "eval_every" || k == "eval_batches" || k == "threads" ||
@@ -77,17 +109,27 @@ int main(int argc, char** argv) {
       cfg = merged;
     }
     pipeline::validate(cfg);
+    if (!cfg.resume) {
+      pipeline::check_fresh_run_dir(cfg.out_dir, overwrite);
+      absolute_data_paths(cfg);
+    }
   } catch (const std::exception& e) {
     fmt::print(stderr, "train: {}\n{}", e.what(), kUsage);
     return 2;
   }
   try {
     pipeline::TrainOptions opts;
+    opts.overwrite = overwrite;
     if (plots) opts.plot_dir = plot_dir.empty() ? cfg.out_dir : plot_dir;
     const pipeline::TrainResult r = pipeline::run_training(cfg, opts);
     if (r.last_eval)
       fmt::print("final val: {}\n", pipeline::to_json(*r.last_eval).dump());
     fmt::print("checkpoint: {}\n", pipeline::checkpoint_path(cfg.out_dir));
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "train: out of memory (--d_model {} --d_ff {} --n_layers {} --batch_size {} --max_len {} "
+                       "--n_per_source {}): choose smaller sizes\n",
+               cfg.d_model, cfg.d_ff, cfg.n_layers, cfg.batch_size, cfg.max_len, cfg.n_per_source);
+    return 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "train: {}\n", e.what());
     return 1;

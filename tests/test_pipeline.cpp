@@ -117,6 +117,24 @@ TEST_CASE("pipeline: flags, --quick preset and explicit overrides", "[pipeline]"
   CHECK_THROWS_AS(parse_args(argv_of({"--steps"})), dea::Error);
   CHECK_THROWS_AS(parse_args(argv_of({"--supervise_layers", "1,x"})), dea::Error);
   CHECK_THROWS_AS(validate(parse_args(argv_of({"--d_model", "10", "--n_heads", "4"})).config), dea::Error);
+
+  // an unknown flag is named as unknown, also at the end of the line; a flag is never taken as another's value
+  CHECK_THROWS_WITH(parse_args(argv_of({"--steps", "3", "--bogus"})), Catch::Contains("unknown flag --bogus"));
+  CHECK_THROWS_WITH(parse_args(argv_of({"--steps", "--out_dir", "x"})),
+                    Catch::Contains("--steps: missing value") && Catch::Contains("'--out_dir'"));
+  // --threads is range-checked before it is narrowed (2^32 + 1 would otherwise become 1)
+  CHECK_THROWS_WITH(parse_args(argv_of({"--threads", "4294967297"})), Catch::Contains("--threads"));
+  CHECK_THROWS_WITH(parse_args(argv_of({"--threads", "99999999999"})), Catch::Contains("99999999999"));
+  CHECK(parse_args(argv_of({"--threads", "4096"})).config.threads == 4096);
+  // --text without --data_source text would be ignored: refused
+  CHECK_THROWS_WITH(validate(parse_args(argv_of({"--text", "corpus.txt"})).config),
+                    Catch::Contains("--text 'corpus.txt'") && Catch::Contains("--data_source"));
+  // a model whose parameters and optimiser state alone exceed the machine's memory is refused before allocating
+  CHECK_THROWS_WITH(validate(parse_args(argv_of({"--d_model", "65536", "--n_heads", "1", "--d_ff", "1048576",
+                                                 "--n_layers", "4"})).config),
+                    Catch::Contains("GB") && Catch::Contains("--d_model 65536"));
+  CHECK_THROWS_WITH(validate(parse_args(argv_of({"--n_per_source", "1073741824"})).config),
+                    Catch::Contains("--n_per_source"));
 }
 
 TEST_CASE("pipeline: config JSON round trip", "[pipeline]") {
@@ -316,6 +334,41 @@ TEST_CASE("pipeline: evaluation of a checkpoint and the Paris probe", "[pipeline
   const ParisProbe p3 = paris_probe(model, data::SimpleTokenizer());
   CHECK_FALSE(p3.ok);
   CHECK_FALSE(p3.error.empty());
+  // a model whose max_len is shorter than the probe sentence (7 tokens) skips it with a message, no error
+  TrainConfig shortc = c;
+  shortc.max_len = 5;
+  Rng rng5(1);
+  Model short_model(model_config(shortc, tok.vocab_size(), d.task), rng5);
+  const ParisProbe p4 = paris_probe(short_model, tok);
+  CHECK_FALSE(p4.ok);
+  CHECK_THAT(p4.error, Catch::Contains("max_len 5"));
+}
+
+TEST_CASE("pipeline: a fresh run refuses a directory holding another run unless overwrite", "[pipeline]") {
+  const std::string dir = temp_dir("fresh");
+  TrainConfig c = tiny(dir);
+  c.steps = 2;
+  c.eval_every = 2;
+  run_training(c, quiet());
+  const std::string before = io::SafeTensors::load(checkpoint_path(dir)).names().front();
+  const auto log_size = fs::file_size(fs::path(dir) / "train_log.jsonl");
+  // refused: nothing in the directory is touched (the log is not truncated, the checkpoint stays)
+  TrainConfig again = c;
+  again.lr_main = 1e-2;
+  CHECK_THROWS_WITH(run_training(again, quiet()), Catch::Contains("already holds a run") &&
+                                                      Catch::Contains("--overwrite") && Catch::Contains(dir));
+  CHECK(fs::file_size(fs::path(dir) / "train_log.jsonl") == log_size);
+  CHECK(read_config(config_path(dir)).lr_main == c.lr_main);
+  // with overwrite the old files go first: a run that fails before its first checkpoint leaves none behind
+  TrainOptions o = quiet();
+  o.overwrite = true;
+  o.on_step = [](std::int64_t, double, double, Model&) { ::dea::detail::raise("stopped by the test"); };
+  CHECK_THROWS_WITH(run_training(again, o), Catch::Contains("stopped by the test"));
+  CHECK_FALSE(fs::exists(checkpoint_path(dir)));
+  o.on_step = nullptr;
+  run_training(again, o);
+  CHECK(read_config(config_path(dir)).lr_main == again.lr_main);
+  CHECK(io::SafeTensors::load(checkpoint_path(dir)).names().front() == before);
 }
 
 TEST_CASE("pipeline: a non-finite loss stops the run and keeps the last good checkpoint", "[pipeline]") {

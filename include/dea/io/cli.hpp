@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,13 @@ constexpr std::int64_t kMaxThreads = 4096;
 
 [[noreturn]] inline void bad_value(const std::string& flag, const std::string& value, const std::string& expected) {
   ::dea::detail::raise(::dea::detail::concat(flag, ": expected ", expected, ", got '", value, "'"));
+}
+
+/// "[lo, hi]" or "(lo, hi]" with 6 significant digits (the bounds are round numbers: 1e+09, not 1000000000.0000001).
+inline std::string range_text(double lo, double hi, bool lo_open) {
+  std::ostringstream os;
+  os << (lo_open ? "(" : "[") << lo << ", " << hi << "]";
+  return os.str();
 }
 
 /// An integer in [lo, hi], all of `v`.
@@ -48,7 +56,7 @@ inline double parse_double(const std::string& flag, const std::string& v, double
   errno = 0;
   const double x = std::strtod(v.c_str(), &end);
   if (v.empty() || !end || *end || !std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
-    bad_value(flag, v, ::dea::detail::concat("a number in ", lo_open ? "(" : "[", lo, ", ", hi, "]"));
+    bad_value(flag, v, "a number in " + range_text(lo, hi, lo_open));
   return x;
 }
 
@@ -87,8 +95,7 @@ inline std::vector<double> parse_double_list(const std::string& flag, const std:
     char* end = nullptr;
     const double x = std::strtod(item.c_str(), &end);
     if (item.empty() || !end || *end || !std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
-      bad_value(flag, v,
-                ::dea::detail::concat("a comma-separated list of numbers in ", lo_open ? "(" : "[", lo, ", ", hi, "]"));
+      bad_value(flag, v, "a comma-separated list of numbers in " + range_text(lo, hi, lo_open));
     out.push_back(x);
   }
   return out;

@@ -18,7 +18,8 @@
 //                           consistency check) and metadata {format, step}
 //   config.json             every flag of the run
 //   tokenizer.txt           the vocabulary (one token per line)
-// Each file is written to a temporary file and renamed.
+// Each file is written to a temporary file and renamed. A fresh run refuses a directory that holds another run's
+// files unless TrainOptions::overwrite (train --overwrite), which deletes them first: a directory never mixes runs.
 #pragma once
 
 #include "../core/error.hpp"
@@ -164,6 +165,39 @@ inline std::vector<Index> parse_layer_list(const std::string& flag, const std::s
 
 inline bool is_switch(const std::string& flag) { return flag == "quick" || flag == "resume"; }
 
+/// Runs f(); a dea::Error it throws is thrown again with `context` before its message (the file a flag named).
+template <class F>
+auto with_context(const std::string& context, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    std::string m = e.what();
+    if (m.compare(0, 5, "dea: ") == 0) m = m.substr(5);
+    if (m.find(context) != std::string::npos) throw;  // the message names the file already
+    ::dea::detail::raise(context + m);
+  }
+}
+
+/// The machine's physical memory in GB (0 where it cannot be read).
+inline double physical_memory_gb() {
+#if defined(_SC_PHYS_PAGES) && defined(_SC_PAGE_SIZE)
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0) return double(pages) * double(page) / 1e9;
+#endif
+  return 0;
+}
+
+/// The flags of set_flag (each takes a value).
+inline bool is_value_flag(const std::string& flag) {
+  static const char* const kFlags[] = {
+      "d_model", "n_heads", "n_layers", "d_ff", "dropout", "max_len", "batch_size", "lr_main", "lr_gate",
+      "weight_decay", "grad_clip", "steps", "gamma_steps", "log_every", "eval_every", "seed", "out_dir",
+      "data_source", "text", "oracle", "n_per_source", "supervise_layers", "threads", "eval_batches"};
+  for (const char* f : kFlags)
+    if (flag == f) return true;
+  return false;
+}
+
 }  // namespace detail
 
 /// The result of parsing a command line: the configuration and the flags given explicitly.
@@ -207,7 +241,11 @@ inline void set_flag(TrainConfig& c, const std::string& f, const std::string& v)
   else if (f == "supervise_layers") {
     if (v == "all") c.supervise_layers.reset();
     else c.supervise_layers = detail::parse_layer_list(f, v);
-  } else if (f == "threads") c.threads = static_cast<int>(parse_int(f, v, 0));
+  } else if (f == "threads") {
+    const std::int64_t n = parse_int(f, v, 0);  // checked before narrowing: 2^32 + 1 must not become 1
+    if (n > 4096) detail::bad_flag(f, v, "an integer in [0, 4096]");
+    c.threads = static_cast<int>(n);
+  }
   else if (f == "eval_batches") c.eval_batches = parse_int(f, v, 1);
   else ::dea::detail::raise("unknown flag --" + f);
 }
@@ -241,7 +279,10 @@ inline ParsedArgs parse_args(const std::vector<std::string>& args, const TrainCo
       continue;
     }
     if (!has_eq) {
-      check(i + 1 < args.size(), "--", f, ": missing value");
+      // an unknown flag is reported as such, not as "missing value" at the end of the line
+      check(detail::is_value_flag(f), "unknown flag --", f);
+      check(i + 1 < args.size() && args[i + 1].compare(0, 2, "--") != 0, "--", f, ": missing value",
+            i + 1 < args.size() ? ::dea::detail::concat(" (the next argument is the flag '", args[i + 1], "')") : "");
       v = args[++i];
     }
     kv.emplace_back(f, v);
@@ -260,7 +301,7 @@ struct ConfigLimits {
   static constexpr Index max_layers = 1024;
   static constexpr Index max_len = Index(1) << 16;
   static constexpr Index max_batch = Index(1) << 20;
-  static constexpr std::int64_t max_n_per_source = std::int64_t(1) << 30;
+  static constexpr std::int64_t max_n_per_source = 1000000;  // 5 sources x 2 (negatives): 10 million pairs
   static constexpr int max_threads = 4096;
 };
 
@@ -300,6 +341,17 @@ inline void validate(const TrainConfig& c) {
         "--supervise_layers: given for a model without layers (--n_layers 0)");
   check(c.d_model % c.n_heads == 0, "--d_model (", c.d_model, ") must be a multiple of --n_heads (", c.n_heads, ")");
   check(c.data_source != "text" || !c.text.empty(), "--data_source text needs --text FILE");
+  check(c.data_source == "text" || c.text.empty(), "--text '", c.text,
+        "' is given, but --data_source is 'dalpha' (add --data_source text to train on the corpus)");
+  // the parameters, their gradients and AdamW's two moments (float): refuse a model this machine cannot hold
+  // before allocating any of it (the embeddings, which need the vocabulary, are left out of the estimate)
+  const double params = double(c.n_layers) * (4.0 * double(c.d_model) * double(c.d_model) +
+                                              2.0 * double(c.d_model) * double(c.d_ff)) +
+                        double(c.d_model) * double(c.d_model);
+  const double need_gb = params * 4.0 * sizeof(float) / 1e9, have_gb = detail::physical_memory_gb();
+  check(have_gb <= 0 || need_gb <= have_gb, "--d_model ", c.d_model, " --d_ff ", c.d_ff, " --n_layers ", c.n_layers,
+        ": the model's parameters, gradients and optimiser state alone need about ", fmt::format("{:.1f}", need_gb),
+        " GB, more than this machine's ", fmt::format("{:.1f}", have_gb), " GB of memory");
   check(c.data_source == "dalpha" || c.oracle == "mock", "--oracle '", c.oracle,
         "': an alpha cache applies only to --data_source dalpha");
 }
@@ -530,8 +582,10 @@ inline RunData build_data(const TrainConfig& c, const data::SimpleTokenizer* tok
     if (c.oracle == "mock") {
       data::attach_mock_oracle(all, c.seed);
     } else {
-      const data::AlphaCache cache = io::read_alpha_cache(c.oracle);
-      cache.attach(all, true);
+      detail::with_context("--oracle '" + c.oracle + "': ", [&] {
+        const data::AlphaCache cache = io::read_alpha_cache(c.oracle);
+        cache.attach(all, true);
+      });
     }
     d.recs = data::split_records(all);
     d.task = nn::Task::cls;
@@ -547,7 +601,9 @@ inline RunData build_data(const TrainConfig& c, const data::SimpleTokenizer* tok
       d.tok = data::SimpleTokenizer::from_texts(texts);
     }
   } else {
-    data::TextSplits ts = data::split_texts(data::read_text_corpus(c.text), c.seed);
+    data::TextSplits ts = detail::with_context("--text '" + c.text + "': ", [&] {
+      return data::split_texts(data::read_text_corpus(c.text), c.seed);
+    });
     d.task = nn::Task::mlm;
     d.tok = tok ? *tok : data::SimpleTokenizer::from_texts(ts.train);
     d.chunks[0] = data::make_mlm_chunks(ts.train, d.tok, c.max_len);
@@ -743,6 +799,11 @@ inline ParisProbe paris_probe(Model& model, const data::SimpleTokenizer& tok) {
     return p;
   }
   const Index T = e.size();
+  if (T > model.config().max_len) {
+    p.error = ::dea::detail::concat("the probe sentence has ", T, " tokens, more than the model's max_len ",
+                                    model.config().max_len);
+    return p;
+  }
   Batch b;
   b.input_ids = Tensor<std::int64_t>({1, T});
   for (Index t = 0; t < T; ++t) b.input_ids[t] = e.input_ids[static_cast<std::size_t>(t)];
@@ -907,6 +968,9 @@ struct TrainOptions {
   /// oracle on up to 4,000 labelled cells of the last layer per step since the previous evaluation),
   /// alpha_hist_val_step<N>.svg and training_curves.svg (from train_log.jsonl).
   std::string plot_dir;
+  /// A fresh run (not cfg.resume) into an out_dir that holds another run's files (run_files): false refuses it
+  /// (dea::Error, nothing touched), true deletes those files first, so the directory never mixes two runs.
+  bool overwrite = false;
   /// Called after every optimiser step with (step, task_loss, loss_gate, model) (progress hooks, tests).
   std::function<void(std::int64_t, double, double, Model&)> on_step;
 };
@@ -945,12 +1009,38 @@ inline nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x
 
 }  // namespace detail
 
+/// The files of a run in its out_dir that a fresh run would replace: checkpoint, config, tokenizer, log and the
+/// evaluation results.
+inline std::vector<std::filesystem::path> run_files(const std::string& out_dir) {
+  std::vector<std::filesystem::path> found;
+  std::error_code ec;
+  for (const char* f : {"checkpoint.safetensors", "config.json", "tokenizer.txt", "train_log.jsonl", "eval_train.json",
+                        "eval_val.json", "eval_test.json"}) {
+    const std::filesystem::path p = std::filesystem::path(out_dir) / f;
+    if (std::filesystem::exists(p, ec)) found.push_back(p);
+  }
+  return found;
+}
+
+/// Refuses (dea::Error naming the directory and a file) a fresh run into a directory holding another run's files,
+/// unless `overwrite`.
+inline void check_fresh_run_dir(const std::string& out_dir, bool overwrite) {
+  const auto old = run_files(out_dir);
+  check(old.empty() || overwrite, "--out_dir '", out_dir, "' already holds a run (",
+        old.empty() ? std::string() : old.front().filename().string(),
+        "): pass --resume to continue it, --overwrite to replace it with a new run, or another --out_dir");
+}
+
 /// train.py's loop (see the file comment for the seed streams). With cfg.resume, the checkpoint in cfg.out_dir is
 /// loaded (its tokenizer too) and the run continues from its step. Throws dea::Error on bad input, on a failed
 /// isolation check and on a non-finite loss or gradient (after printing a message; the last good checkpoint on
 /// disk is left as it was).
 inline TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o = {}) {
   validate(cfg);
+  if (!cfg.resume && (o.write_log || o.checkpoint || o.evaluate)) {
+    check_fresh_run_dir(cfg.out_dir, o.overwrite);
+    for (const auto& p : run_files(cfg.out_dir)) std::filesystem::remove(p);
+  }
   if (cfg.threads > 0) set_num_threads(cfg.threads);
   const auto t_start = std::chrono::steady_clock::now();
   TrainResult res;
@@ -1179,7 +1269,8 @@ inline TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o = 
 inline EvalResult evaluate_checkpoint(const std::string& dir, Split split, ParisProbe* probe = nullptr) {
   const TrainConfig cfg = read_config(config_path(dir));
   const data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
-  const RunData d = build_data(cfg, &tok);
+  // a data file the run's config.json names (--text, --oracle) is reported with that origin
+  const RunData d = detail::with_context(config_path(dir) + ": ", [&] { return build_data(cfg, &tok); });
   Rng init_rng(cfg.seed);
   Model model(model_config(cfg, tok.vocab_size(), d.task), init_rng);
   load_checkpoint(dir, model, nullptr);
