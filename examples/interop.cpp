@@ -13,6 +13,7 @@
 // --out writes every computed `out.*` and `grad.*` tensor (F64). --compare prints, per expected tensor,
 // max |got - expected| / max(max |expected|, 1e-12) and exits 1 when any exceeds 1e-9 (1e-4 with --float);
 // integer tensors must match exactly. Exit 2 on bad arguments or a bad file.
+#include <dea/io/cli.hpp>
 #include <dea/io/dea_case.hpp>
 #include <dea/io/model_case.hpp>
 #include <dea/io/tr_mha_case.hpp>
@@ -20,6 +21,8 @@
 #include <fmt/core.h>
 
 #include <cstdlib>
+#include <exception>
+#include <new>
 #include <string>
 
 using namespace dea;
@@ -42,16 +45,18 @@ int main(int argc, char** argv) {
     if (a == "--compare") compare = true;
     else if (a == "--float") use_float = true;
     else if (a == "--out") {
-      if (++i >= argc) usage("--out needs a file name");
+      if (++i >= argc || argv[i][0] == '\0') usage("--out needs a file name");
       out_path = argv[i];
     } else if (a == "--pe") {
       if (++i >= argc) usage("--pe needs a file name");
       pe_path = argv[i];
     } else if (a == "--threads") {
       if (++i >= argc) usage("--threads needs a number");
-      const int n = std::atoi(argv[i]);
-      if (n < 1) usage(fmt::format("--threads expects a positive integer, got '{}'", argv[i]));
-      set_num_threads(n);
+      try {
+        set_num_threads(static_cast<int>(cli::parse_int("--threads", argv[i], 1, cli::kMaxThreads)));
+      } catch (const Error& e) {
+        usage(e.what());
+      }
     } else if (a == "-h" || a == "--help") usage("runs a golden case (tests/data/golden/README.md) through dea");
     else if (!a.empty() && a[0] == '-') usage("unknown flag " + a);
     else if (case_path.empty()) case_path = a;
@@ -92,6 +97,8 @@ int main(int argc, char** argv) {
       fmt::print("wrote {} tensors to {}\n", got.size(), out_path);
     }
     if (!compare) return 0;
+    const char* main_out = kind == "dea_layer" ? "out.output" : "out.logits";
+    check(cs.has(main_out), case_path, ": the case holds no expected '", main_out, "': nothing to compare against");
     const double tol = use_float ? 1e-4 : 1e-9;
     const auto cmp = io::compare_case(cs, got, tol);
     bool ok = true;
@@ -107,7 +114,10 @@ int main(int argc, char** argv) {
     fmt::print("{}: {} tensors, worst relative error {:.3e} (tolerance {:.0e}, {}): {}\n", case_path, cmp.size(), worst,
                tol, use_float ? "float" : "double", ok ? "PASS" : "FAIL");
     return ok ? 0 : 1;
-  } catch (const Error& e) {
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "dea_interop: {}: out of memory running the case (are its sizes right?)\n", case_path);
+    return 2;
+  } catch (const std::exception& e) {
     fmt::print(stderr, "dea_interop: {}\n", e.what());
     return 2;
   }

@@ -91,3 +91,27 @@ TEST_CASE("dea_model case runner rejects a wrong kind and a tampered tied head",
   bad.put("ln_f.bias", Tensor<double>({31}, 0.0), io::DType::F64);
   REQUIRE_THROWS_AS(io::run_dea_model_case<double>(bad), Error);
 }
+
+TEST_CASE("case runners check the metadata sizes against the stored tensors and refuse non-finite parameters",
+          "[golden][model]") {
+  // sizes that disagree with the file's tensors are an Error before the model allocates anything from them
+  for (const char* key : {"vocab_size", "d_model", "d_ff", "n_heads", "n_classes", "n_layers", "max_len"}) {
+    io::SafeTensors cs = io::SafeTensors::load(golden("model_cls.safetensors"));
+    cs.set_metadata(key, "1000000000000");
+    CHECK_THROWS_WITH(io::run_dea_model_case<double>(cs), Catch::Contains(std::string("'") + key + "'"));
+  }
+  io::SafeTensors two = io::SafeTensors::load(golden("model_cls.safetensors"));
+  two.set_metadata("n_layers", "1");  // the file stores two layers
+  CHECK_THROWS_WITH(io::run_dea_model_case<double>(two), Catch::Contains("n_layers") && Catch::Contains("disagrees"));
+  // a NaN parameter is a bad file, named with its index (otherwise every output would be NaN: a "mismatch")
+  io::SafeTensors layer = io::SafeTensors::load(golden("layer_basic.safetensors"));
+  Tensor<double> wg = layer.get<double>("W_gate");
+  wg[5] = std::nan("");
+  layer.put("W_gate", wg, io::DType::F64);
+  CHECK_THROWS_WITH(io::run_dea_layer_case<double>(layer), Catch::Contains("'W_gate'") && Catch::Contains("index 5"));
+  io::SafeTensors model = io::SafeTensors::load(golden("model_cls.safetensors"));
+  Tensor<double> lnb = model.get<double>("ln_f.bias");
+  lnb[0] = INFINITY;
+  model.put("ln_f.bias", lnb, io::DType::F64);
+  CHECK_THROWS_WITH(io::run_dea_model_case<double>(model), Catch::Contains("'ln_f.bias'") && Catch::Contains("non-finite"));
+}

@@ -58,6 +58,15 @@ Tensor<S> matrix_tensor(const Mat<S>& m, const Shape& shape) {
   return t;
 }
 
+/// A case's parameters must be finite (a NaN weight makes every output NaN: a bad file, not a mismatch).
+template <class S>
+void check_finite_parameters(const ParamList<S>& params, const std::string& source) {
+  for (const auto* p : params)
+    for (Index k = 0; k < p->numel(); ++k)
+      check(std::isfinite(p->value[k]), source, ": parameter '", p->name, "' has a non-finite value at flat index ",
+            k);
+}
+
 }  // namespace detail
 
 /// Runs a `kind = dea_layer` case in precision S; returns the computed `out.*` and `grad.*` tensors (stored as
@@ -83,6 +92,7 @@ SafeTensors run_dea_layer_case(const SafeTensors& cs) {
   opt.bias = cs.has("W_q.bias");
   DualExpertAttention<S> layer(D, H, rng, opt);
   load_parameters(layer.parameters(), cs, true, {"in.", "out.", "grad."});
+  detail::check_finite_parameters(layer.parameters(), cs.source());
 
   Tensor<std::uint8_t> km;
   Tensor<S> oracle;

@@ -59,6 +59,34 @@ inline nn::ModelConfig model_case_config(const SafeTensors& cs) {
   cfg.n_classes = md.count("n_classes") ? detail::metadata_int(cs, "n_classes") : 2;
   cfg.pad_id = md.count("pad_id") ? detail::metadata_int(cs, "pad_id") : 0;
   cfg.dropout = 0;
+  // The sizes must agree with the tensors the file stores, checked before the model allocates anything from them
+  // (a corrupt or hostile vocab_size = 10^12 is an Error, not an attempt to allocate terabytes).
+  const std::string& src = cs.source();
+  auto extent = [&](const std::string& name, std::size_t k) -> Index {
+    check(cs.has(name), src, ": tensor '", name, "' is missing");
+    const Shape& sh = cs.shape(name);
+    check(sh.size() > k, src, ": tensor '", name, "': expected at least ", k + 1, " dimensions, got ", shape_str(sh));
+    return sh[k];
+  };
+  auto agree = [&](const char* key, Index v, const std::string& name, std::size_t k) {
+    const Index e = extent(name, k);
+    check(v == e, src, ": metadata '", key, "' = ", v, " disagrees with tensor '", name, "' ",
+          shape_str(cs.shape(name)));
+  };
+  agree("vocab_size", cfg.vocab_size, "tok_emb.weight", 0);
+  agree("d_model", cfg.d_model, "tok_emb.weight", 1);
+  check(cfg.n_layers >= 0 && cfg.n_layers <= 1024, src, ": metadata 'n_layers' = ", cfg.n_layers,
+        " is outside [0, 1024]");
+  if (cfg.n_layers > 0) {
+    agree("n_heads", cfg.n_heads, "layers.0.attn.W_rel", 0);
+    agree("d_ff", cfg.d_ff, "layers.0.ff.0.weight", 0);
+    check(cs.has("layers." + std::to_string(cfg.n_layers - 1) + ".attn.W_rel") &&
+              !cs.has("layers." + std::to_string(cfg.n_layers) + ".attn.W_rel"),
+          src, ": metadata 'n_layers' = ", cfg.n_layers, " disagrees with the layers the file stores");
+  }
+  if (cfg.task == nn::Task::cls) agree("n_classes", cfg.n_classes, "cls_head.3.weight", 0);
+  check(cfg.max_len >= 1 && cfg.max_len <= (Index(1) << 16), src, ": metadata 'max_len' = ", cfg.max_len,
+        " is outside [1, 65536]");
   const auto sup = md.find("supervise_layers");
   if (sup != md.end() && sup->second != "None" && sup->second != "null")
     cfg.supervise_layers = detail::parse_index_list(sup->second, cs.source(), "supervise_layers");
@@ -75,6 +103,7 @@ SafeTensors run_dea_model_case(const SafeTensors& cs, const Mat<double>* pe_tabl
   Rng rng(0);
   nn::TransformerModel<S> model(cfg, rng);
   load_parameters(model.parameters(), cs, true, {"in.", "out.", "grad.", "mlm_head.weight"});
+  detail::check_finite_parameters(model.parameters(), cs.source());
   if (pe_table) model.positional().set_table(pe_table->cast<S>());
   if (cs.has("mlm_head.weight")) {
     const Tensor<double> tied = cs.get<double>("mlm_head.weight"), emb = cs.get<double>("tok_emb.weight");
