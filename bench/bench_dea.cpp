@@ -26,7 +26,15 @@
 // B H (6 T^2 Dh + 2 T Dh^2) forward; a training step is three times the forward.
 // Each line carries the median of --reps runs (after one warm-up), GFLOP/s, the fraction of the yardstick with
 // the same thread count, and the process's peak RSS so far (run one shape per process for a clean figure).
+//
+// Values: --shape BxTxDxH with B in [1, 2^20], T in [2, 2^20], D in [1, 65536], H dividing D, B*T*D <= 2^48 and
+// B*H*T*T <= 2^60 (so no size computation can overflow); --threads integers in [1, 4096]; --reps 1..100000;
+// --mode a list of forward, train; --sizes of fixed, dynamic; --kernel of tiled, reference; --block-q 0..2^20
+// (0: the layer's default); --max-ref-gb a number in [0, 1e6].
+// Exit status: 0 done; 1 a failure, e.g. out of memory (the message names the shape, kernel and thread count);
+// 2 bad command line; 3 the kernels disagree (or the check process crashed).
 #include <dea/attention/dual_expert.hpp>
+#include <dea/io/cli.hpp>
 
 #include <fmt/core.h>
 
@@ -35,8 +43,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
-#include <sstream>
+#include <exception>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -51,7 +61,6 @@
 using namespace dea;
 
 using bench_util::peak_rss_mb;
-using bench_util::split;
 
 namespace {
 
@@ -232,18 +241,54 @@ void run_shape(const Shape4& s, DeaKernel kernel, Index block_q, int threads, in
   }
 }
 
-[[noreturn]] void usage(const std::string& why) {
-  fmt::print(stderr,
-             "bench_dea: {}\nusage: bench_dea [--shape BxTxDxH ...] [--threads 1,2] [--reps 5] [--mode forward,train] "
-             "[--sizes fixed,dynamic] [--kernel tiled,reference] [--block-q N] [--oracle dense|none] [--no-check] "
-             "[--max-ref-gb 6] [--no-yardstick]\n",
-             why);
-  std::exit(2);
+constexpr const char* kUsage =
+    "usage: bench_dea [--shape BxTxDxH ...] [--threads 1,2] [--reps 5] [--mode forward,train] [--sizes fixed,dynamic] "
+    "[--kernel tiled,reference] [--block-q N] [--oracle dense|none] [--no-check] [--max-ref-gb 6] [--no-yardstick]\n";
+
+/// The largest sizes --shape takes, and the largest products: every index the layer computes (up to B H T T)
+/// fits in 64 bits with room to spare, so a large shape fails by running out of memory, never by overflowing.
+constexpr std::int64_t kMaxB = 1 << 20, kMaxT = 1 << 20, kMaxD = 1 << 16;
+constexpr double kMaxBTD = 1LL << 48, kMaxBHTT = 1LL << 60;
+
+/// --shape BxTxDxH: four integers, T >= 2, H dividing D, within the bounds above.
+Shape4 parse_shape(const std::string& v) {
+  const std::string expected = fmt::format(
+      "BxTxDxH with B in [1, {}], T in [2, {}], D in [1, {}], H dividing D, B*T*D <= 2^48 and B*H*T*T <= 2^60", kMaxB,
+      kMaxT, kMaxD);
+  const std::vector<std::string> p = cli::split(v, 'x');
+  if (p.size() != 4) cli::bad_value("--shape", v, expected);
+  const std::int64_t lo[4] = {1, 2, 1, 1}, hi[4] = {kMaxB, kMaxT, kMaxD, kMaxD};
+  std::int64_t n[4];
+  for (int k = 0; k < 4; ++k) {
+    try {
+      n[k] = cli::parse_int("--shape", p[static_cast<std::size_t>(k)], lo[k], hi[k]);
+    } catch (const Error&) {
+      cli::bad_value("--shape", v, expected);
+    }
+  }
+  const Shape4 s{n[0], n[1], n[2], n[3]};
+  if (s.D % s.H != 0 || double(s.B) * double(s.T) * double(s.D) > kMaxBTD ||
+      double(s.B) * double(s.H) * double(s.T) * double(s.T) > kMaxBHTT)
+    cli::bad_value("--shape", v, expected);
+  return s;
 }
+
+/// A comma-separated list of words from `allowed` (at least one); `pick(word)` is called for each.
+template <class F>
+void parse_words(const std::string& flag, const std::string& v, const std::vector<std::string>& allowed, F&& pick) {
+  std::string expected = "a comma-separated list of";
+  for (std::size_t k = 0; k < allowed.size(); ++k) expected += (k ? ", " : " ") + allowed[k];
+  for (const std::string& w : cli::split(v, ',')) {
+    if (std::find(allowed.begin(), allowed.end(), w) == allowed.end()) cli::bad_value(flag, v, expected);
+    pick(w);
+  }
+}
+
+std::string shape_text(const Shape4& s) { return fmt::format("{}x{}x{}x{}", s.B, s.T, s.D, s.H); }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   std::vector<Shape4> shapes;
   std::vector<int> threads = {1, 2};
   int reps = 5;
@@ -251,52 +296,58 @@ int main(int argc, char** argv) {
   std::vector<DeaKernel> kernels = {DeaKernel::tiled, DeaKernel::reference};
   Index block_q = 0;
   double max_ref_gb = 6.0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) usage("missing value after " + a);
-      return argv[++i];
-    };
-    if (a == "--shape") {
-      const auto p = split(next(), 'x');
-      if (p.size() != 4) usage("--shape expects BxTxDxH");
-      Shape4 s{std::atol(p[0].c_str()), std::atol(p[1].c_str()), std::atol(p[2].c_str()), std::atol(p[3].c_str())};
-      if (s.B < 1 || s.T < 2 || s.D < 1 || s.H < 1 || s.D % s.H) usage("--shape: bad sizes " + a);
-      shapes.push_back(s);
-    } else if (a == "--threads") {
-      threads.clear();
-      for (const auto& t : split(next(), ',')) threads.push_back(std::max(1, std::atoi(t.c_str())));
-    } else if (a == "--reps") {
-      reps = std::max(1, std::atoi(next().c_str()));
-    } else if (a == "--mode") {
-      const std::string m = next();
-      fwd = m.find("forward") != std::string::npos;
-      train = m.find("train") != std::string::npos;
-    } else if (a == "--sizes") {
-      const std::string m = next();
-      fixed = m.find("fixed") != std::string::npos;
-      dynamic = m.find("dynamic") != std::string::npos;
-    } else if (a == "--no-yardstick") {
-      yard = false;
-    } else if (a == "--kernel") {
-      const std::string m = next();
-      kernels.clear();
-      if (m.find("tiled") != std::string::npos) kernels.push_back(DeaKernel::tiled);  // tiled first: clean peak RSS
-      if (m.find("reference") != std::string::npos) kernels.push_back(DeaKernel::reference);
-      if (kernels.empty()) usage("--kernel expects tiled, reference or both");
-    } else if (a == "--block-q") {
-      block_q = std::max(0, std::atoi(next().c_str()));
-    } else if (a == "--oracle") {
-      const std::string m = next();
-      if (m != "dense" && m != "none") usage("--oracle expects dense or none");
-      oracle_on = m == "dense";
-    } else if (a == "--no-check") {
-      check = false;
-    } else if (a == "--max-ref-gb") {
-      max_ref_gb = std::atof(next().c_str());
-    } else {
-      usage("unknown flag " + a);
+  try {
+    cli::Args args(argc, argv);
+    while (args.next()) {
+      if (args.is("-h") || args.is("--help")) {
+        fmt::print("{}", kUsage);
+        return 0;
+      }
+      if (args.is("--shape")) {
+        shapes.push_back(parse_shape(args.value()));
+      } else if (args.is("--threads")) {
+        threads.clear();
+        for (const std::int64_t t : cli::parse_int_list("--threads", args.value(), 1, cli::kMaxThreads))
+          threads.push_back(static_cast<int>(t));
+      } else if (args.is("--reps")) {
+        reps = static_cast<int>(args.int_value(1, 100000));
+      } else if (args.is("--mode")) {
+        fwd = train = false;
+        parse_words("--mode", args.value(), {"forward", "train"}, [&](const std::string& w) {
+          (w == "forward" ? fwd : train) = true;
+        });
+      } else if (args.is("--sizes")) {
+        fixed = dynamic = false;
+        parse_words("--sizes", args.value(), {"fixed", "dynamic"}, [&](const std::string& w) {
+          (w == "fixed" ? fixed : dynamic) = true;
+        });
+      } else if (args.is("--no-yardstick")) {
+        yard = false;
+      } else if (args.is("--kernel")) {
+        bool tiled = false, reference = false;
+        parse_words("--kernel", args.value(), {"tiled", "reference"}, [&](const std::string& w) {
+          (w == "tiled" ? tiled : reference) = true;
+        });
+        kernels.clear();
+        if (tiled) kernels.push_back(DeaKernel::tiled);  // tiled first: clean peak RSS
+        if (reference) kernels.push_back(DeaKernel::reference);
+      } else if (args.is("--block-q")) {
+        block_q = static_cast<Index>(args.int_value(0, kMaxT));
+      } else if (args.is("--oracle")) {
+        const std::string m = args.value();
+        if (m != "dense" && m != "none") cli::bad_value("--oracle", m, "dense or none");
+        oracle_on = m == "dense";
+      } else if (args.is("--no-check")) {
+        check = false;
+      } else if (args.is("--max-ref-gb")) {
+        max_ref_gb = args.double_value(0, 1e6);
+      } else {
+        args.unknown();
+      }
     }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_dea: {}\n{}", e.what(), kUsage);
+    return 2;
   }
   if (shapes.empty()) shapes.push_back({32, 128, 512, 8});
   auto ref_ok = [&](const Shape4& s) { return reference_bytes(s, sizeof(float)) <= max_ref_gb * 1e9; };
@@ -315,8 +366,19 @@ int main(int argc, char** argv) {
       if (pid == 0) {
         set_num_threads(threads.empty() ? 1 : *std::max_element(threads.begin(), threads.end()));
         const bool fx = fixed && cs.D == 512 && cs.H == 8;
-        const double d = fx ? kernel_agreement<DualExpertAttention<float, 8, 64>>(cs, block_q)
-                            : kernel_agreement<DualExpertAttention<float>>(cs, block_q);
+        double d = 0;
+        try {
+          d = fx ? kernel_agreement<DualExpertAttention<float, 8, 64>>(cs, block_q)
+                 : kernel_agreement<DualExpertAttention<float>>(cs, block_q);
+        } catch (const std::bad_alloc&) {
+          fmt::print(stderr, "bench_dea: out of memory in the kernel check at shape {}\n", shape_text(cs));
+          std::fflush(stderr);
+          _exit(1);
+        } catch (const std::exception& e) {
+          fmt::print(stderr, "bench_dea: the kernel check at shape {} failed: {}\n", shape_text(cs), e.what());
+          std::fflush(stderr);
+          _exit(1);
+        }
         const double bound = 1e-3;
         fmt::print("{{\"bench\": \"dea_kernel_check\", \"B\": {}, \"T\": {}, \"D\": {}, \"H\": {}, \"check_B\": {}, "
                    "\"check_T\": {}, \"sizes\": \"{}\", \"max_rel_diff\": {:.3e}, \"bound\": {:.0e}, \"ok\": {}}}\n",
@@ -326,6 +388,7 @@ int main(int argc, char** argv) {
       }
       int status = 0;
       waitpid(pid, &status, 0);
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 1) return 1;  // the child said why: nothing was compared
       if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         fmt::print(stderr, "bench_dea: FAILED: the tiled and reference kernels disagree (or the check crashed) at "
                    "{}x{}x{}x{}; nothing was timed\n", s.B, s.T, s.D, s.H);
@@ -349,10 +412,17 @@ int main(int argc, char** argv) {
             continue;
           }
           double* out = ms[k == DeaKernel::tiled ? 1 : 0];
-          if (fx)
-            run_shape<DualExpertAttention<float, 8, 64>>(s, k, block_q, t, reps, fwd, train, oracle_on, "fixed", y, out);
-          else
-            run_shape<DualExpertAttention<float>>(s, k, block_q, t, reps, fwd, train, oracle_on, "dynamic", y, out);
+          try {
+            if (fx)
+              run_shape<DualExpertAttention<float, 8, 64>>(s, k, block_q, t, reps, fwd, train, oracle_on, "fixed", y,
+                                                           out);
+            else
+              run_shape<DualExpertAttention<float>>(s, k, block_q, t, reps, fwd, train, oracle_on, "dynamic", y, out);
+          } catch (const std::bad_alloc&) {
+            fmt::print(stderr, "bench_dea: out of memory at shape {} ({} kernel, {} sizes, {} threads)\n",
+                       shape_text(s), kernel_name(k), fx ? "fixed" : "dynamic", t);
+            return 1;
+          }
         }
         for (int m = 0; m < 2; ++m)
           if (ms[0][m] > 0 && ms[1][m] > 0)
@@ -366,4 +436,10 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+} catch (const std::bad_alloc&) {
+  fmt::print(stderr, "bench_dea: out of memory\n");
+  return 1;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "bench_dea: {}\n", e.what());
+  return 1;
 }

@@ -4,7 +4,7 @@
 // loader that binds the arrays to a dea::nn::InferenceModel without copying (Eigen Maps over the arrays).
 //
 //   dea_export_c CHECKPOINT.safetensors OUT.hpp [--namespace NAME] [--type float|double] [--all]
-//                [--max_len N] [--task cls|mlm] [--n_heads N]
+//                [--max_len N (1..2^20)] [--task cls|mlm] [--n_heads N (1..65536)]
 //
 // Default: the parameters of a model checkpoint (the AdamW state "optim.*", "train.*" and the tied
 // "mlm_head.weight" are left out), as float. The model's sizes come from the tensor shapes; max_len and the task
@@ -13,8 +13,20 @@
 // int64_t / int32_t, U8 and BOOL as uint8_t. Values are written as hexadecimal floating literals, so the arrays
 // hold exactly the stored values (after the conversion to --type). The header is written atomically; its
 // contents have internal linkage, so include it in one translation unit.
+// Identifiers: --namespace must be a C++ identifier that is not a keyword, not reserved (starting with '_' and an
+// upper-case letter, or holding "__"), not std or dea, and not linux, unix or i386 (GCC's macros in its GNU modes).
+// Each tensor's array is named after its reference name, every character other than a letter, digit or '_'
+// replaced by '_' ("layers.0.attn.W_rel" -> layers_0_attn_W_rel); then a name that could not compile, or would
+// clash with the header's own names, gets changed: "t_" before a leading digit; 't' before a leading '_' and
+// upper-case letter or second '_' (__LINE__ -> t__LINE__); "t_" before a macro-style name of upper-case letters,
+// digits and '_' (NULL -> t_NULL, INT64_MAX -> t_INT64_MAX); '_' after a keyword (int -> int_), after a name of the
+// header's (TensorInfo, tensors, n_tensors, find, metadata, n_metadata, config, bind), after std, dea, linux, unix,
+// i386 and after the namespace's name. A name that an earlier tensor already has gets "_2", "_3", ... (so "a.b"
+// and "a_b" become a_b and a_b_2): every array has its own identifier. The table `tensors` and find(name) give
+// each tensor under its reference name, which these rules leave as it is.
 // Exit status: 0 written, 1 bad file or inconsistent model, 2 bad command line.
 #include <dea/data/files.hpp>
+#include <dea/io/cli.hpp>
 #include <dea/io/pipeline.hpp>
 #include <dea/io/safetensors.hpp>
 #include <dea/nn/inference.hpp>
@@ -44,13 +56,6 @@ namespace {
   std::exit(2);
 }
 
-Index positive_int(const std::string& flag, const std::string& v) {
-  char* end = nullptr;
-  const long long n = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || n <= 0 || n > (1LL << 40)) usage(flag + " expects a positive integer, got '" + v + "'");
-  return static_cast<Index>(n);
-}
-
 bool is_identifier(const std::string& s) {
   if (s.empty() || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
   for (char c : s)
@@ -58,13 +63,61 @@ bool is_identifier(const std::string& s) {
   return true;
 }
 
-/// A C identifier for a tensor name: every character other than a letter, digit or '_' becomes '_'.
-std::string identifier(const std::string& name, std::set<std::string>& used) {
+/// C++ keywords and alternative tokens (C++20's included, so that a header stays valid in newer modes), and the
+/// lower-case macros GCC predefines in its GNU modes.
+bool is_keyword(const std::string& s) {
+  static const std::set<std::string> words = {
+      "alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool", "break", "case", "catch",
+      "char", "char8_t", "char16_t", "char32_t", "class", "compl", "concept", "const", "consteval", "constexpr",
+      "constinit", "const_cast", "continue", "co_await", "co_return", "co_yield", "decltype", "default", "delete",
+      "do", "double", "dynamic_cast", "else", "enum", "explicit", "export", "extern", "false", "float", "for",
+      "friend", "goto", "if", "inline", "int", "long", "mutable", "namespace", "new", "noexcept", "not", "not_eq",
+      "nullptr", "operator", "or", "or_eq", "private", "protected", "public", "register", "reinterpret_cast",
+      "requires", "return", "short", "signed", "sizeof", "static", "static_assert", "static_cast", "struct",
+      "switch", "template", "this", "thread_local", "throw", "true", "try", "typedef", "typeid", "typename",
+      "union", "unsigned", "using", "virtual", "void", "volatile", "wchar_t", "while", "xor", "xor_eq",
+      "linux", "unix", "i386"};
+  return words.count(s) > 0;
+}
+
+/// Reserved for the implementation: starting with '_' and an upper-case letter, or holding "__" (__LINE__).
+bool is_reserved(const std::string& s) {
+  return (s.size() >= 2 && s[0] == '_' && std::isupper(static_cast<unsigned char>(s[1]))) ||
+         s.find("__") != std::string::npos;
+}
+
+/// Upper-case letters, digits and '_' only, two characters or more: the names of macros (<cstdint>'s INT64_MAX,
+/// NULL, Eigen's EIGEN_...), which the preprocessor would replace.
+bool is_macro_style(const std::string& s) {
+  bool upper = false;
+  for (char c : s) {
+    if (std::islower(static_cast<unsigned char>(c))) return false;
+    upper = upper || std::isupper(static_cast<unsigned char>(c));
+  }
+  return upper && s.size() >= 2;
+}
+
+/// `id` (a C identifier) made safe for an array of the header (the rules in the file comment).
+std::string safe_identifier(std::string id, const std::string& ns) {
+  static const std::set<std::string> header = {"TensorInfo", "tensors", "n_tensors", "find", "metadata",
+                                               "n_metadata", "config",  "bind",      "std",  "dea"};
+  if (id.empty() || std::isdigit(static_cast<unsigned char>(id[0]))) id = "t_" + id;
+  if (id[0] == '_' && id.size() >= 2 && (id[1] == '_' || std::isupper(static_cast<unsigned char>(id[1]))))
+    id = "t" + id;  // "__LINE__" -> "t__LINE__", "_W" -> "t_W"
+  if (is_macro_style(id)) id = "t_" + id;  // "NULL" -> "t_NULL": appending '_' would still be upper case
+  if (is_keyword(id) || header.count(id) || id == ns) id += '_';  // "int" -> "int_", "tensors" -> "tensors_"
+  return id;
+}
+
+/// The array's identifier for a tensor name: every character other than a letter, digit or '_' becomes '_', then
+/// safe_identifier; distinct from every name in `used` (a repeat gets "_2", "_3", ...).
+std::string identifier(const std::string& name, const std::string& ns, std::set<std::string>& used) {
   std::string id;
   for (char c : name) id += std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
-  if (id.empty() || std::isdigit(static_cast<unsigned char>(id[0]))) id = "t_" + id;
+  id = safe_identifier(id, ns);
   std::string out = id;
-  for (int k = 2; used.count(out); ++k) out = id + "_" + std::to_string(k);
+  for (int k = 2; used.count(out); ++k)
+    out = safe_identifier(id + (id.back() == '_' ? "" : "_") + std::to_string(k), ns);
   used.insert(out);
   return out;
 }
@@ -114,9 +167,14 @@ ModelInfo infer_model(const io::SafeTensors& st, const std::string& ckpt, Index 
   std::set<Index> layer_ids;
   for (const std::string& n : st.names())
     if (n.rfind("layers.", 0) == 0) {
+      // "layers.<i>.<rest>" with i a decimal layer index (at most 6 digits: no model has a million layers)
       const std::size_t dot = n.find('.', 7);
-      check(dot != std::string::npos, ckpt, ": malformed layer tensor name '", n, "'");
-      layer_ids.insert(static_cast<Index>(std::stoll(n.substr(7, dot - 7))));
+      const std::string idx = dot == std::string::npos ? std::string() : n.substr(7, dot - 7);
+      const bool digits = !idx.empty() && idx.size() <= 6 &&
+                          idx.find_first_not_of("0123456789") == std::string::npos;
+      check(digits, ckpt, ": tensor '", n, "': expected a layer tensor name 'layers.<index>.<name>' with a decimal "
+            "index of at most 6 digits, got '", idx, "'");
+      layer_ids.insert(static_cast<Index>(std::stol(idx)));
     }
   c.n_layers = static_cast<Index>(layer_ids.size());
   check(layer_ids.empty() || *layer_ids.rbegin() == c.n_layers - 1, ckpt, ": the layer indices are not 0..",
@@ -127,12 +185,19 @@ ModelInfo infer_model(const io::SafeTensors& st, const std::string& ckpt, Index 
     c.n_heads = wr[0];
     check(n_heads_flag == 0 || n_heads_flag == c.n_heads, "--n_heads ", n_heads_flag, " differs from the checkpoint's ",
           c.n_heads);
-    c.d_ff = st.shape("layers.0.ff.0.weight").at(0);
+    const Shape& ff = st.shape("layers.0.ff.0.weight");
+    check(ff.size() == 2, ckpt, ": layers.0.ff.0.weight: expected shape [d_ff, D], got ", shape_str(ff));
+    c.d_ff = ff[0];
   } else {
     c.n_heads = n_heads_flag > 0 ? n_heads_flag : 1;
     c.d_ff = 1;
   }
-  c.n_classes = st.has("cls_head.3.weight") ? st.shape("cls_head.3.weight").at(0) : 2;
+  c.n_classes = 2;
+  if (st.has("cls_head.3.weight")) {
+    const Shape& ch = st.shape("cls_head.3.weight");
+    check(ch.size() == 2, ckpt, ": cls_head.3.weight: expected shape [C, D], got ", shape_str(ch));
+    c.n_classes = ch[0];
+  }
 
   const std::string cfg_path = pipeline::config_path(std::filesystem::path(ckpt).parent_path().string());
   const bool have_cfg = std::filesystem::exists(cfg_path);
@@ -160,26 +225,28 @@ int main(int argc, char** argv) {
   std::string in_path, out_path, ns = "dea_weights", type = "float", task;
   bool all = false;
   Index max_len = 0, n_heads = 0;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* flag) -> std::string {
-      if (++i >= argc) usage(std::string(flag) + " needs a value");
-      return argv[i];
-    };
-    if (a == "--namespace") ns = value("--namespace");
-    else if (a == "--type") type = value("--type");
-    else if (a == "--all") all = true;
-    else if (a == "--max_len") max_len = positive_int("--max_len", value("--max_len"));
-    else if (a == "--task") task = value("--task");
-    else if (a == "--n_heads") n_heads = positive_int("--n_heads", value("--n_heads"));
-    else if (a == "-h" || a == "--help") usage("writes a safetensors file's tensors as a C++ header");
-    else if (!a.empty() && a[0] == '-') usage("unknown flag " + a);
-    else if (in_path.empty()) in_path = a;
-    else if (out_path.empty()) out_path = a;
-    else usage("more than two file names given");
+  try {
+    cli::Args args(argc, argv);
+    while (args.next()) {
+      if (args.is("--namespace")) ns = args.value();
+      else if (args.is("--type")) type = args.value();
+      else if (args.is("--all")) all = true;
+      else if (args.is("--max_len")) max_len = static_cast<Index>(args.int_value(1, 1 << 20));
+      else if (args.is("--task")) task = args.value();
+      else if (args.is("--n_heads")) n_heads = static_cast<Index>(args.int_value(1, 1 << 16));
+      else if (args.is("-h") || args.is("--help")) usage("writes a safetensors file's tensors as a C++ header");
+      else if (args.arg().compare(0, 1, "-") == 0) args.unknown();
+      else if (in_path.empty()) in_path = args.arg();
+      else if (out_path.empty()) out_path = args.arg();
+      else usage("more than two file names given");
+    }
+  } catch (const std::exception& e) {
+    usage(e.what());
   }
   if (in_path.empty() || out_path.empty()) usage("expected CHECKPOINT.safetensors and OUT.hpp");
-  if (!is_identifier(ns)) usage("--namespace expects a C++ identifier, got '" + ns + "'");
+  if (!is_identifier(ns) || is_keyword(ns) || is_reserved(ns) || ns == "std" || ns == "dea")
+    usage("--namespace expects a C++ identifier that is not a keyword, not reserved ('_' and an upper-case letter, "
+          "or \"__\"), not std or dea, got '" + ns + "'");
   if (type != "float" && type != "double") usage("--type expects float or double, got '" + type + "'");
   if (!task.empty() && task != "cls" && task != "mlm") usage("--task expects cls or mlm, got '" + task + "'");
   const bool as_float = type == "float";
@@ -235,7 +302,7 @@ int main(int argc, char** argv) {
     for (const std::string& n : names) {
       const Shape& shp = st.shape(n);
       check(shp.size() <= 8, in_path, ": ", n, ": rank ", shp.size(), " is more than the header's 8");
-      const std::string id = identifier(n, used);
+      const std::string id = identifier(n, ns, used);
       const io::DType dt = st.dtype(n);
       const Index numel = st.numel(n);
       const Index len = numel > 0 ? numel : 1;  // a zero-length C array is not allowed

@@ -25,6 +25,12 @@
 // record that history; the metric is the final epoch's test MSE either way).
 // --anchor uses the PyTorch re-creation's exact data for every seed, and for seed 0 its initial weights and
 // epoch shuffles; it also trains seed 0 at the anchor's configuration and compares with its recorded MSE.
+// Accepted values: --seeds / --sweep-seeds integers >= 0 and ranges a-b, at most 1000 seeds in a list (--seeds at
+// least 2); --lr-grid numbers in (0, 1000], --sigma-grid in (0, 1e6]; --epochs 1..100000, --batch 1..2^20,
+// --n-train 2..10^7, --n-test 1..10^7, --threads 1..4096. Where the results go is checked before any training: the
+// directory of --out must exist and take a new file, and --plot_dir (unless --no-plots) is created and checked.
+// Exit status: 0 done; 1 a failure (a bad --anchor file, a failed training, out of memory, a write error);
+// 2 bad command line (including an --out or --plot_dir that cannot be written).
 #include "laplacian_bench/model.hpp"
 #include "laplacian_bench/plots.hpp"
 #include "laplacian_bench/tasks.hpp"
@@ -32,6 +38,7 @@
 #include <dea/core/parallel.hpp>
 #include <dea/data/files.hpp>
 #include <dea/eval/stats.hpp>
+#include <dea/io/cli.hpp>
 #include <dea/io/safetensors.hpp>
 
 #include <fmt/core.h>
@@ -40,15 +47,20 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cerrno>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <memory>
+#include <new>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -58,6 +70,7 @@
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
+#include <unistd.h>
 
 using namespace lapbench;
 using json = nlohmann::json;
@@ -84,89 +97,79 @@ struct Args {
   std::string plot_dir;  ///< empty: the directory of --out
 };
 
-std::vector<std::uint64_t> parse_seeds(const std::string& s, const char* flag) {
+/// Most seeds one list may name: each is a training (or several), so more is a typo ("0-1000000").
+constexpr std::size_t kMaxSeeds = 1000;
+
+std::vector<std::uint64_t> parse_seeds(const std::string& flag, const std::string& v) {
   std::vector<std::uint64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    const auto dash = item.find('-');
-    unsigned long long a = 0, b = 0;
-    try {
-      a = std::stoull(item.substr(0, dash));
-      b = dash != std::string::npos ? std::stoull(item.substr(dash + 1)) : a;
-    } catch (const std::logic_error&) {
-      dea::detail::raise(std::string(flag) + ": expected seeds like 0-7 or 0,1,2, got '" + s + "'");
-    }
-    dea::check(a <= b, flag, ": empty range '", item, "'");
-    for (auto k = a; k <= b; ++k) out.push_back(k);
-  }
-  dea::check(!out.empty(), flag, ": no seeds in '", s, "'");
+  for (const std::int64_t x :
+       dea::cli::parse_int_ranges(flag, v, 0, std::numeric_limits<std::int64_t>::max(), kMaxSeeds))
+    out.push_back(static_cast<std::uint64_t>(x));
   return out;
 }
 
-std::vector<double> parse_list(const std::string& s, const char* flag) {
-  std::vector<double> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    try {
-      out.push_back(std::stod(item));
-    } catch (const std::logic_error&) {
-      dea::detail::raise(std::string(flag) + ": expected numbers separated by commas, got '" + s + "'");
-    }
-    dea::check(std::isfinite(out.back()) && out.back() > 0, flag, ": values must be finite and > 0, got ", item);
-  }
-  dea::check(!out.empty(), flag, ": empty list");
-  return out;
+/// Checks at start-up, before minutes of training, that `dir` (the directory of --out, or --plot_dir) exists, is a
+/// directory and takes a new file: a probe file is created exclusively and removed again.
+void check_writable_dir(const std::string& flag, const std::string& value, const std::filesystem::path& dir) {
+  const std::filesystem::path d = dir.empty() ? std::filesystem::path(".") : dir;
+  std::error_code ec;
+  dea::check(std::filesystem::is_directory(d, ec), flag, " '", value, "': the directory '", d.string(),
+             std::filesystem::exists(d, ec) ? "' is not a directory" : "' does not exist");
+  const std::filesystem::path probe =
+      d / fmt::format(".laplacian_bench.probe.{}.{}", static_cast<long>(::getpid()),
+                      std::chrono::steady_clock::now().time_since_epoch().count());
+  std::FILE* f = std::fopen(probe.c_str(), "wx");  // "x": exclusive, never touches an existing file
+  dea::check(f != nullptr, flag, " '", value, "': cannot write into the directory '", d.string(), "': ",
+             std::strerror(errno));
+  std::fclose(f);
+  std::filesystem::remove(probe, ec);
 }
 
 Args parse_args(int argc, char** argv) {
   Args a;
-  auto need = [&](int& i) -> std::string {
-    dea::check(i + 1 < argc, argv[i], ": missing value");
-    return argv[++i];
-  };
-  auto to_int = [&](const std::string& v, const char* flag, long lo) {
-    long x = 0;
-    try {
-      x = std::stol(v);
-    } catch (const std::logic_error&) {
-      dea::detail::raise(std::string(flag) + ": expected an integer, got '" + v + "'");
-    }
-    dea::check(x >= lo, flag, ": expected >= ", lo, ", got ", x);
-    return x;
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (f == "--task") a.task = need(i);
-    else if (f == "--seeds") a.seeds = parse_seeds(need(i), "--seeds");
-    else if (f == "--sweep-seeds") a.sweep_seeds = parse_seeds(need(i), "--sweep-seeds");
-    else if (f == "--lr-grid") a.lr_grid = parse_list(need(i), "--lr-grid");
-    else if (f == "--sigma-grid") a.sigma_grid = parse_list(need(i), "--sigma-grid");
-    else if (f == "--epochs") a.epochs = int(to_int(need(i), "--epochs", 1));
-    else if (f == "--batch") a.batch = to_int(need(i), "--batch", 1);
-    else if (f == "--n-train") a.n_train = to_int(need(i), "--n-train", 2);
-    else if (f == "--n-test") a.n_test = to_int(need(i), "--n-test", 1);
-    else if (f == "--threads") a.threads = int(to_int(need(i), "--threads", 1));
-    else if (f == "--out") a.out = need(i);
-    else if (f == "--anchor") a.anchor = need(i);
-    else if (f == "--no-mechanism") a.mechanism = false;
-    else if (f == "--hist") a.hist = true;
-    else if (f == "--no-plots") a.plots = false;
-    else if (f == "--plot_dir") a.plot_dir = need(i);
-    else if (f == "--help" || f == "-h") {
+  dea::cli::Args args(argc, argv);
+  while (args.next()) {
+    if (args.is("--task")) a.task = args.value();
+    else if (args.is("--seeds")) a.seeds = parse_seeds("--seeds", args.value());
+    else if (args.is("--sweep-seeds")) a.sweep_seeds = parse_seeds("--sweep-seeds", args.value());
+    else if (args.is("--lr-grid")) a.lr_grid = dea::cli::parse_double_list("--lr-grid", args.value(), 0, 1e3, true);
+    else if (args.is("--sigma-grid"))
+      a.sigma_grid = dea::cli::parse_double_list("--sigma-grid", args.value(), 0, 1e6, true);
+    else if (args.is("--epochs")) a.epochs = int(args.int_value(1, 100000));
+    else if (args.is("--batch")) a.batch = args.int_value(1, 1 << 20);
+    else if (args.is("--n-train")) a.n_train = args.int_value(2, 10000000);
+    else if (args.is("--n-test")) a.n_test = args.int_value(1, 10000000);
+    else if (args.is("--threads")) a.threads = args.threads_value();
+    else if (args.is("--out")) a.out = args.value();
+    else if (args.is("--anchor")) a.anchor = args.value();
+    else if (args.is("--no-mechanism")) a.mechanism = false;
+    else if (args.is("--hist")) a.hist = true;
+    else if (args.is("--no-plots")) a.plots = false;
+    else if (args.is("--plot_dir")) a.plot_dir = args.value();
+    else if (args.is("--help") || args.is("-h")) {
       std::cout << "usage: laplacian_bench [--task sequence|sequence_recall] [--seeds 0-7] [--sweep-seeds 0-3]\n"
                    "       [--lr-grid 0.0015,0.003,0.006] [--sigma-grid 0.35,0.7,1.4] [--epochs 12] [--batch 128]\n"
                    "       [--n-train 400] [--n-test 200] [--threads 2] [--out bench_report.json]\n"
                    "       [--anchor FILE.safetensors] [--no-mechanism] [--hist] [--plot_dir DIR] [--no-plots]\n";
       std::exit(0);
     } else {
-      dea::detail::raise("unknown argument '" + f + "' (see --help)");
+      args.unknown();
     }
   }
   dea::check(a.task == "sequence" || a.task == "sequence_recall", "--task: expected 'sequence' or 'sequence_recall', got '",
              a.task, "'");
   dea::check(a.seeds.size() >= 2, "--seeds: the paired statistics need at least 2 seeds");
+  // where the results go, checked now rather than after the trainings: the report's directory must exist (the
+  // report is written there atomically), the plot directory is created as at the end
+  dea::check(!a.out.empty(), "--out: expected a file name");
+  std::error_code ec;
+  dea::check(!std::filesystem::is_directory(a.out, ec), "--out '", a.out, "': is a directory, expected a file name");
+  check_writable_dir("--out", a.out, std::filesystem::path(a.out).parent_path());
+  if (a.plots && !a.plot_dir.empty()) {
+    std::filesystem::create_directories(a.plot_dir, ec);
+    dea::check(!ec, "--plot_dir '", a.plot_dir, "': cannot create the directory: ", ec.message());
+    check_writable_dir("--plot_dir", a.plot_dir, a.plot_dir);
+  }
   return a;
 }
 
@@ -188,6 +191,7 @@ struct Context {
   std::map<std::uint64_t, TaskData> data;
   std::unique_ptr<dea::io::SafeTensors> anchor;
   std::vector<std::vector<Index>> anchor_perms;
+  double anchor_lr = 0, anchor_sigma0 = 0, anchor_dot_mse = 0, anchor_lap_mse = 0;  ///< the anchor's metadata
   int trainings = 0;
 };
 
@@ -490,7 +494,12 @@ int main(int argc, char** argv) try {
   mallopt(M_ARENA_MAX, 1);  // one heap for the training threads (per-thread arenas map and unmap 64 MB heaps)
 #endif
   Context C;
-  C.args = parse_args(argc, argv);
+  try {
+    C.args = parse_args(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "laplacian_bench: %s (see --help)\n", e.what());
+    return 2;
+  }
   const Args& A = C.args;
   dea::set_num_threads(1);  // each training runs on one thread; --threads trainings run at once
 
@@ -503,6 +512,17 @@ int main(int argc, char** argv) try {
     const auto it = md.find("task");
     dea::check(it != md.end() && it->second == A.task, "--anchor ", A.anchor, ": holds task '",
                it == md.end() ? std::string("?") : it->second, "', but --task is '", A.task, "'");
+    // the numbers the side-by-side at the end needs, read now: a bad file fails before the trainings
+    auto number = [&](const char* key) {
+      const auto m = md.find(key);
+      dea::check(m != md.end(), "--anchor ", A.anchor, ": no metadata '", key, "'");
+      return dea::cli::parse_double(dea::detail::concat("--anchor ", A.anchor, ": metadata '", key, "'"), m->second,
+                                    0, 1e9, /*lo_open=*/true);
+    };
+    C.anchor_lr = number("best_lr");
+    C.anchor_sigma0 = number("sigma0_lap");
+    C.anchor_dot_mse = number("dot_seed0_final_test_mse");
+    C.anchor_lap_mse = number("lap_seed0_final_test_mse");
     const dea::Tensor<std::int64_t> perm = C.anchor->get<std::int64_t>("perm/s0");
     dea::check(perm.dim() == 2, "--anchor: perm/s0: expected [epochs, n_train]");
     for (Index e = 0; e < perm.size(0); ++e)
@@ -836,18 +856,16 @@ int main(int argc, char** argv) try {
   // ---- anchor side-by-side (seed 0 at the anchor's configuration) -----------------------------------------------
   json anchor_check;
   if (C.anchor) {
-    const auto& md = C.anchor->metadata();
     TrainConfig c = base_cfg;
     c.record_hist = true;
-    c.lr = std::stod(md.at("best_lr"));
-    c.sigma0 = std::stod(md.at("sigma0_lap"));
+    c.lr = C.anchor_lr;
+    c.sigma0 = C.anchor_sigma0;
     std::vector<std::unique_ptr<Run>> tmp;
     std::vector<Run*> rs = make_runs(tmp, "dot", c, {0}, false);
     auto rl = make_runs(tmp, "lap", c, {0}, false);
     rs.insert(rs.end(), rl.begin(), rl.end());
     run_all(C, rs);
-    const double ref_dot = std::stod(md.at("dot_seed0_final_test_mse"));
-    const double ref_lap = std::stod(md.at("lap_seed0_final_test_mse"));
+    const double ref_dot = C.anchor_dot_mse, ref_lap = C.anchor_lap_mse;
     anchor_check = {{"config", {{"lr", c.lr}, {"sigma", c.sigma0}}},
                     {"dot", {{"ours", rs[0]->res.metric}, {"pytorch", ref_dot},
                              {"relative_difference", (rs[0]->res.metric - ref_dot) / ref_dot},
@@ -987,6 +1005,10 @@ int main(int argc, char** argv) try {
               int(store.size()), A.threads, total_seconds, A.out.c_str());
   for (const std::string& f : plot_files) std::printf("plot: %s\n", f.c_str());
   return 0;
+} catch (const std::bad_alloc&) {
+  std::fprintf(stderr, "laplacian_bench: out of memory (std::bad_alloc); smaller --n-train, --n-test or --batch, or "
+                       "fewer --threads, need less\n");
+  return 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "laplacian_bench: %s\n", e.what());
   return 1;

@@ -4,18 +4,25 @@
 // alpha(paris -> france) = 0.90 and alpha(paris -> is) = alpha(paris -> of) = 0.02, target "france" on the
 // "paris" row. Only the gate (W_gate, c_gate) is fitted, with Adam on the gate loss alone at gamma = 1; then
 // the gate's alpha-hat, the photo-finish points and the attention row are printed, and the gradient-isolation
-// check runs. Exit status 1 when gradient isolation fails; 0 otherwise (the fit's targets are reported).
+// check runs, before the fit and after it. The check needs gradients to look at: when every gate cell sits at
+// the 0.95 cap after the fit (a large --lr), the gate loss passes no gradient to W_gate, c_gate, and that run
+// can show no violation but cannot confirm the gate moves either; it is reported as inconclusive, and the check
+// before the fit decides. Exit status: 0 done (the fit's targets are reported, not required); 1 when gradient
+// isolation is violated (a task gradient reaches the gate or a gate gradient reaches another parameter) or on an
+// error; 2 bad command line.
 //
-//   paris_demo [--steps 300] [--lr 0.01] [--seed 1] [--threads N]
+//   paris_demo [--steps 300 (0..10000000)] [--lr 0.01 (> 0, <= 1000)] [--seed 1 (>= 0)] [--threads N (1..4096)]
 #include <dea/attention/dual_expert.hpp>
+#include <dea/io/cli.hpp>
 #include <dea/optim/adamw.hpp>
 
 #include <fmt/core.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
-#include <cstring>
+#include <exception>
 #include <limits>
 #include <string>
 #include <vector>
@@ -25,38 +32,49 @@ using Layer = DualExpertAttention<double>;
 
 namespace {
 
-[[noreturn]] void usage(const std::string& why) {
-  fmt::print(stderr, "paris_demo: {}\nusage: paris_demo [--steps N (300)] [--lr X (0.01)] [--seed N (1)] [--threads N]\n",
-             why);
-  std::exit(2);
-}
+constexpr const char* kUsage =
+    "usage: paris_demo [--steps N (300, 0..10000000)] [--lr X (0.01, > 0 and <= 1000)] [--seed N (1)] "
+    "[--threads N (1..4096)]\n";
 
-long parse_int(const char* flag, const char* v) {
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (!end || *end || x < 0) usage(fmt::format("{} expects a non-negative integer, got '{}'", flag, v));
-  return x;
+using Iso = Layer::IsolationReport;
+
+/// A violation: a task gradient in the gate, or a gate-loss gradient outside it (each must be exactly 0).
+bool violated(const Iso& r) { return r.task_gate_grad != 0 || r.gate_main_grad != 0; }
+/// The check could see both directions: the task reached W_rel and the gate loss reached the gate.
+bool conclusive(const Iso& r) { return r.task_rel_grad > 0 && r.gate_gate_grad > 0; }
+
+void print_iso(const char* when, const Iso& r) {
+  fmt::print("isolation {}: task -> |grad W_gate, c_gate| = {:g}, |grad W_rel| = {:.3e}; gate -> |grad main| = {:g}, "
+             "|grad W_gate, c_gate| = {:.3e}{}\n",
+             when, r.task_gate_grad, r.task_rel_grad, r.gate_main_grad, r.gate_gate_grad,
+             violated(r) ? "  VIOLATED" : conclusive(r) ? "" : "  (inconclusive: a gradient vanished)");
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  long steps = 300, seed = 1, threads = 0;
+int main(int argc, char** argv) try {
+  long steps = 300;
+  std::int64_t seed = 1;
+  int threads = 0;
   double lr = 1e-2;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-h" || a == "--help") usage("prints the DEA module demo");
-    if (i + 1 >= argc) usage("missing value after " + a);
-    if (a == "--steps") steps = parse_int("--steps", argv[++i]);
-    else if (a == "--seed") seed = parse_int("--seed", argv[++i]);
-    else if (a == "--threads") threads = parse_int("--threads", argv[++i]);
-    else if (a == "--lr") {
-      char* end = nullptr;
-      lr = std::strtod(argv[++i], &end);
-      if (!end || *end || !(lr > 0)) usage(fmt::format("--lr expects a positive number, got '{}'", argv[i]));
-    } else usage("unknown flag " + a);
+  try {
+    dea::cli::Args args(argc, argv);
+    while (args.next()) {
+      if (args.is("-h") || args.is("--help")) {
+        fmt::print("paris_demo: prints the DEA module demo\n{}", kUsage);
+        return 0;
+      }
+      if (args.is("--steps")) steps = static_cast<long>(args.int_value(0, 10000000));
+      else if (args.is("--seed")) seed = args.int_value(0, std::numeric_limits<std::int64_t>::max());
+      else if (args.is("--threads")) threads = args.threads_value();
+      else if (args.is("--lr")) lr = args.double_value(0, 1e3, /*lo_open=*/true);  // AdamW refuses inf and NaN
+      else args.unknown();
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "paris_demo: {}\n{}", e.what(), kUsage);
+    return 2;
   }
-  if (threads > 0) set_num_threads(static_cast<int>(threads));
+  if (threads > 0) set_num_threads(threads);
   const auto t0 = std::chrono::steady_clock::now();
 
   const std::vector<std::string> tokens = {"[CLS]", "paris", "is", "capital", "of", "france", "[SEP]"};
@@ -96,6 +114,11 @@ int main(int argc, char** argv) {
   fmt::print("alpha_hat(paris->is) at init, per head:");
   for (Index h = 0; h < H; ++h) fmt::print(" {:.3f}", alpha(h, 2));
   fmt::print("\n");
+
+  // isolation before the fit, where no gate cell sits at the 0.95 cap yet and both gradients are non-zero
+  ctx.gamma_mix = 0.5;
+  const Iso iso_init = layer.verify_gradient_isolation(x, 1, ctx);
+  ctx.gamma_mix = 1.0;
 
   // fit only the gate: Adam on [W_gate, c_gate], gamma = 1, the gate loss alone
   ParamList<double> gate = {&layer.W_gate(), &layer.c_gate()};
@@ -141,15 +164,31 @@ int main(int argc, char** argv) {
   for (Index j = 0; j < T; ++j) fmt::print(" {:.3f}", cache.attn[static_cast<std::size_t>(cache.cell(0, 0, qi, j, H))]);
   fmt::print("\n");
 
-  // isolation: task stand-in mean(output^2) reaches W_rel and never W_gate; the gate loss the reverse
+  // isolation: task stand-in mean(output^2) reaches W_rel and never W_gate; the gate loss the reverse (checked
+  // before the fit above and here after it)
   ctx.gamma_mix = 0.5;
-  const auto iso = layer.verify_gradient_isolation(x, 1, ctx);
-  fmt::print("\nisolation: task -> |grad W_gate, c_gate| = {:g}, |grad W_rel| = {:.3e}; gate -> |grad main| = {:g}, "
-             "|grad W_gate, c_gate| = {:.3e}\n",
-             iso.task_gate_grad, iso.task_rel_grad, iso.gate_main_grad, iso.gate_gate_grad);
+  const Iso iso = layer.verify_gradient_isolation(x, 1, ctx);
+  fmt::print("\n");
+  print_iso("before the fit", iso_init);
+  print_iso("after the fit ", iso);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (iso.ok) fmt::print("gradient isolation: OK\n");
-  else fmt::print("gradient isolation: FAILED\n");
+  const bool iso_violated = violated(iso_init) || violated(iso);
+  if (iso_violated) {
+    fmt::print("gradient isolation: FAILED\n");
+  } else if (conclusive(iso) && conclusive(iso_init)) {
+    fmt::print("gradient isolation: OK\n");
+  } else if (conclusive(iso_init) || conclusive(iso)) {
+    // e.g. after a fit whose gate cells all sit at the 0.95 cap: the gate loss passes no gradient, nothing to see
+    const bool init_ok = conclusive(iso_init);
+    const Iso& blind = init_ok ? iso : iso_init;
+    fmt::print("gradient isolation: OK {} (the check {} is inconclusive: {})\n", init_ok ? "before the fit" : "after it",
+               init_ok ? "after the fit" : "before it",
+               blind.gate_gate_grad == 0 ? "the gate gradient vanished; gate cells held at the 0.95 cap pass none"
+                                         : "the task gradient of W_rel vanished");
+  } else {
+    fmt::print("gradient isolation: inconclusive (no violation, but the gate or W_rel gradient vanished in both "
+               "checks)\n");
+  }
   const bool reached = mean_france >= 0.85 && mean_is <= 0.10;
   fmt::print("fit: mean alpha_hat(paris->france) {:.4f} (target >= 0.85), alpha_hat(paris->is) {:.4f} (target <= 0.10): {}\n",
              mean_france, mean_is, reached ? "reached" : "NOT reached");
@@ -162,5 +201,8 @@ int main(int argc, char** argv) {
     fmt::print("\n");
   }
   fmt::print("done in {:.2f} s\n", secs);
-  return iso.ok ? 0 : 1;
+  return iso_violated ? 1 : 0;
+} catch (const std::exception& e) {
+  fmt::print(stderr, "paris_demo: {}\n", e.what());
+  return 1;
 }

@@ -1,7 +1,7 @@
 // tr_mha_demo: the token-routed MHA adapters (tr_mha = v1, tr_mha_v2 = v2) at a glance.
 //
-//   tr_mha_demo [--seed N] [--threads N] [--steps N] [--case file.safetensors ...] [--plot_dir tr_mha_plots]
-//               [--no-plots]
+//   tr_mha_demo [--seed N (0; 0..2^63-1)] [--threads N (2; 1..4096)] [--steps N (30; 0..100000)]
+//               [--case file.safetensors ...] [--plot_dir tr_mha_plots] [--no-plots]
 //
 // 1. Builds v1 and v2 layers with the reference's defaults (D = 64, H = 4, E = 4; v1 r = 8, v2 r = 4, targets qv)
 //    and prints their telemetry on a batch of RMSNorm-like inputs.
@@ -13,14 +13,19 @@
 // 5. Writes two SVG plots into --plot_dir (default tr_mha_plots/; --no-plots skips them): route_shares.svg (each
 //    expert's share of the route weight, v1 and v2 at init and v2 after training) and route_weights.svg (the
 //    distribution of the per-token route weights w of the selected experts).
+// Exit status: 0 done, 1 a golden case failed or an error, 2 bad command line (a value that is not an integer in
+// its range, an unknown flag, a missing value).
 #include <dea/attention/token_routed.hpp>
+#include <dea/io/cli.hpp>
 #include <dea/io/svg.hpp>
 #include <dea/io/tr_mha_case.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -111,6 +116,11 @@ void write_plots(const std::string& dir, const std::vector<RouteSnapshot>& snaps
   }
 }
 
+constexpr std::int64_t kMaxSeed = std::numeric_limits<std::int64_t>::max();
+constexpr const char* kUsage =
+    "usage: tr_mha_demo [--seed N (0)] [--threads N (2, 1..4096)] [--steps N (30, 0..100000)]\n"
+    "                   [--case file.safetensors ...] [--plot_dir tr_mha_plots] [--no-plots]\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -119,26 +129,24 @@ int main(int argc, char** argv) {
   std::vector<std::string> cases;
   std::string plot_dir = "tr_mha_plots";
   bool plots = true;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "tr_mha_demo: %s needs a value\n", a.c_str());
-        std::exit(2);
+  try {
+    dea::cli::Args args(argc, argv);
+    while (args.next()) {
+      if (args.is("-h") || args.is("--help")) {
+        std::printf("%s", kUsage);
+        return 0;
       }
-      return argv[++i];
-    };
-    if (a == "--seed") seed = std::strtoull(next(), nullptr, 10);
-    else if (a == "--threads") threads = std::atoi(next());
-    else if (a == "--steps") steps = std::atoi(next());
-    else if (a == "--case") cases.push_back(next());
-    else if (a == "--plot_dir") plot_dir = next();
-    else if (a == "--no-plots") plots = false;
-    else {
-      std::fprintf(stderr, "usage: tr_mha_demo [--seed N] [--threads N] [--steps N] [--case file.safetensors ...]\n"
-                           "                   [--plot_dir tr_mha_plots] [--no-plots]\n");
-      return 2;
+      if (args.is("--seed")) seed = static_cast<std::uint64_t>(args.int_value(0, kMaxSeed));
+      else if (args.is("--threads")) threads = args.threads_value();
+      else if (args.is("--steps")) steps = static_cast<int>(args.int_value(0, 100000));  // 30 take well under a second
+      else if (args.is("--case")) cases.push_back(args.value());
+      else if (args.is("--plot_dir")) plot_dir = args.value();
+      else if (args.is("--no-plots")) plots = false;
+      else args.unknown();
     }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tr_mha_demo: %s\n%s", e.what(), kUsage);
+    return 2;
   }
   set_num_threads(threads);
 

@@ -27,7 +27,14 @@
 //
 // --pairs FILE: one pair per line, "sentence<TAB>query word<TAB>key word<TAB>oracle alpha" ('|' may separate the
 // fields instead of tabs); blank lines and lines starting with '#' are skipped. Default: the reference's five
-// demo pairs. Exit status: 0 done, 1 error, 2 bad command line.
+// demo pairs. <slug> is the sentence in lower case, every run of characters other than [a-z0-9] replaced by '_'
+// (the reference's file names); a slug longer than 60 bytes is cut to at most 51 and ends in '_' and 8 hex digits
+// of a hash of the whole slug (whole sentences made names too long for the file system); a second sentence with
+// the same slug gets "_2", a third "_3", ...; summary.json records each pair's slug.
+// Values: --warmup_steps 0..10^7, --threads 1..4096, --seed 0..2^63-1, --layer and --head -10^6..10^6 (a negative
+// --layer counts from the last layer, --head is taken modulo the head count); "--flag=value" also works.
+// Exit status: 0 done, 1 error, 2 bad command line.
+#include <dea/io/cli.hpp>
 #include <dea/io/pipeline.hpp>
 #include <dea/io/plots.hpp>
 #include <dea/io/svg.hpp>
@@ -39,12 +46,14 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <iterator>
 #include <limits>
-#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -75,21 +84,17 @@ std::vector<Pair> demo_pairs() {
 
 struct Args {
   std::string ckpt, out_dir = "attention_analysis", pairs;
-  long layer = -1, head = 0;
-  std::optional<long> warmup_steps;
+  std::int64_t layer = -1, head = 0;
+  std::optional<std::int64_t> warmup_steps;
   std::uint64_t seed = 42;
-  int threads = 0;
+  int threads = 1;
 };
-
-long to_long(const std::string& flag, const std::string& v, long lo) {
-  char* end = nullptr;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  check(!v.empty() && end && !*end && x >= lo, flag, ": expected an integer >= ", lo, ", got '", v, "'");
-  return x;
-}
 
 Args parse_args(int argc, char** argv) {
   Args a;
+  constexpr std::int64_t kMaxSeed = std::numeric_limits<std::int64_t>::max();
+  const std::string known[] = {"--ckpt", "--out_dir",      "--pairs", "--layer",
+                               "--head", "--warmup_steps", "--seed",  "--threads"};
   for (int i = 1; i < argc; ++i) {
     std::string f = argv[i], v;
     if (f == "-h" || f == "--help") {
@@ -97,9 +102,12 @@ Args parse_args(int argc, char** argv) {
       std::exit(0);
     }
     const auto eq = f.find('=');
+    if (eq != std::string::npos) f = f.substr(0, eq);
+    // an unknown flag is named as such, even as the last argument (not "missing value")
+    if (std::find(std::begin(known), std::end(known), f) == std::end(known))
+      ::dea::detail::raise(f.compare(0, 1, "-") == 0 ? "unknown flag '" + f + "'" : "unexpected argument '" + f + "'");
     if (eq != std::string::npos) {
-      v = f.substr(eq + 1);
-      f = f.substr(0, eq);
+      v = std::string(argv[i]).substr(eq + 1);
     } else {
       check(i + 1 < argc, f, ": missing value");
       v = argv[++i];
@@ -109,12 +117,11 @@ Args parse_args(int argc, char** argv) {
       check(!v.empty(), "--out_dir: expected a directory");
       a.out_dir = v;
     } else if (f == "--pairs") a.pairs = v;
-    else if (f == "--layer") a.layer = to_long(f, v, std::numeric_limits<long>::min());
-    else if (f == "--head") a.head = to_long(f, v, std::numeric_limits<long>::min());
-    else if (f == "--warmup_steps") a.warmup_steps = to_long(f, v, 0);
-    else if (f == "--seed") a.seed = static_cast<std::uint64_t>(to_long(f, v, 0));
-    else if (f == "--threads") a.threads = static_cast<int>(to_long(f, v, 0));
-    else ::dea::detail::raise("unknown flag " + f);
+    else if (f == "--layer") a.layer = cli::parse_int(f, v, -1000000, 1000000);  // negative: from the last layer
+    else if (f == "--head") a.head = cli::parse_int(f, v, -1000000, 1000000);    // taken modulo the head count
+    else if (f == "--warmup_steps") a.warmup_steps = cli::parse_int(f, v, 0, 10000000);
+    else if (f == "--seed") a.seed = static_cast<std::uint64_t>(cli::parse_int(f, v, 0, kMaxSeed));
+    else if (f == "--threads") a.threads = static_cast<int>(cli::parse_int(f, v, 1, cli::kMaxThreads));
   }
   return a;
 }
@@ -165,6 +172,28 @@ std::string slug(const std::string& s) {
   return out;
 }
 
+/// The longest slug a file name gets: the names add at most "heatmap_E0tilde_" and ".svg", and a whole sentence
+/// as a name went past the file system's 255-byte limit ("File name too long").
+constexpr std::size_t kMaxSlug = 60;
+
+/// The slug as a file-name stem: unchanged up to kMaxSlug bytes; a longer one keeps its start (cut at a UTF-8
+/// character boundary, without a trailing '_') and ends in '_' and 8 hex digits of a hash (FNV-1a) of the whole
+/// slug, so long sentences that share their start still get different names.
+std::string file_stem(const std::string& full) {
+  if (full.size() <= kMaxSlug) return full;
+  std::uint32_t h = 2166136261u;
+  for (unsigned char c : full) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  const std::string tag = fmt::format("_{:08x}", h);
+  std::size_t n = kMaxSlug - tag.size();
+  while (n > 0 && (static_cast<unsigned char>(full[n]) & 0xC0) == 0x80) --n;  // not inside a UTF-8 character
+  std::string out = full.substr(0, n);
+  while (!out.empty() && out.back() == '_') out.pop_back();
+  return out + tag;
+}
+
 struct Meta {
   Pair pair;
   std::vector<std::string> tokens;
@@ -192,7 +221,7 @@ std::string join(const std::vector<std::string>& v) {
 /// target_idx[qi] = ki. Right-padded to the longest sentence.
 pipeline::Batch build_batch(const data::SimpleTokenizer& tok, const std::vector<Pair>& pairs, Index max_len,
                             std::vector<Meta>& meta) {
-  std::map<std::string, int> seen;
+  std::set<std::string> used;
   for (std::size_t n = 0; n < pairs.size(); ++n) {
     const Pair& p = pairs[n];
     const data::Encoding e = tok.encode(p.text, 32);
@@ -210,10 +239,12 @@ pipeline::Batch build_batch(const data::SimpleTokenizer& tok, const std::vector<
     m.L = e.size();
     m.qi = qs + static_cast<Index>(qt.size()) - 1;
     m.ki = ks;
-    m.slug = slug(p.text);
+    m.slug = file_stem(slug(p.text));
     if (m.slug.empty()) m.slug = "pair" + std::to_string(n + 1);
-    const int k = ++seen[m.slug];
-    if (k > 1) m.slug += "_" + std::to_string(k);  // two sentences with one slug keep both sets of files
+    // two sentences with one slug keep both sets of files: the second gets "_2", the next "_3", ... (skipping a
+    // name another pair already has)
+    const std::string base = m.slug;
+    for (int k = 2; !used.insert(m.slug).second; ++k) m.slug = base + "_" + std::to_string(k);
     meta.push_back(std::move(m));
   }
   Index T = 0;
@@ -566,7 +597,7 @@ int main(int argc, char** argv) {
   try {
     const auto t0 = std::chrono::steady_clock::now();
     // one thread by default: the batch is a few dozen tokens, and a second thread only waits at each barrier
-    set_num_threads(args.threads > 0 ? args.threads : 1);
+    set_num_threads(args.threads);
     std::optional<data::SimpleTokenizer> tok;
     std::optional<Model> model;
     long warm = 0;

@@ -290,7 +290,20 @@ DEMO = [("Paris is capital of France", "paris", "france", 0.90), ("car→wheel",
 
 
 def slug(s):
-    return re.sub(r"[^a-z0-9]+", "_", s.lower()).strip("_")
+    """The file-name stem visualize gives a sentence: the reference's slug, and one longer than 60 bytes cut to
+    its start (at most 51 bytes, at a character boundary, no trailing '_') plus '_' and the FNV-1a hash of the
+    whole slug in 8 hex digits."""
+    full = re.sub(r"[^a-z0-9]+", "_", s.lower()).strip("_")
+    b = full.encode()
+    if len(b) <= 60:
+        return full
+    h = 2166136261
+    for c in b:
+        h = ((h ^ c) * 16777619) & 0xFFFFFFFF
+    n = 51
+    while n > 0 and (b[n] & 0xC0) == 0x80:
+        n -= 1
+    return b[:n].decode().rstrip("_") + f"_{h:08x}"
 
 
 def check_heatmap(path, entry, heads):

@@ -1,2 +1,166 @@
 # Command-line programs given bad flags and bad files (included by tests/CMakeLists.txt). Each test runs a program
 # as a user would and requires its documented exit status and a message that names the bad flag or file.
+
+# dea_cli_sh(NAME PROGRAM STATUS REGEX SCRIPT [ARG...]): runs the sh script SCRIPT, in which "$0" is the program's
+# path and "$@" the ARGs. It passes when the output (stdout and stderr together) matches REGEX and the exit status
+# of the script's last command (the program, unless the script goes on) is exactly STATUS; an uncaught exception
+# never passes, nor does a run that takes more than 30 s (each takes well under a second: a check that came after
+# the work would time out).
+function(dea_cli_sh name program status regex script)
+  add_test(NAME ${name} COMMAND sh -c "exec 2>&1; ${script}; echo \"[exit status $?]\"" $<TARGET_FILE:${program}>
+                                ${ARGN})
+  set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${regex}.*\\[exit status ${status}\\]"
+                       FAIL_REGULAR_EXPRESSION "terminate called|std::bad_alloc" TIMEOUT 30)
+endfunction()
+# dea_cli_test(NAME PROGRAM STATUS REGEX ARG...): the program run with the ARGs (as dea_cli_sh).
+function(dea_cli_test name program status regex)
+  dea_cli_sh(${name} ${program} ${status} "${regex}" "\"$0\" \"$@\"" ${ARGN})
+endfunction()
+
+# paris_demo: bad values exit 2 naming the flag; at a large --lr every gate cell saturates at the 0.95 cap, the gate
+# gradient vanishes after the fit and the isolation check there cannot tell: reported as such, exit 0 (the check
+# before the fit holds)
+if(TARGET paris_demo)
+  dea_cli_test(paris_demo_rejects_inf_lr paris_demo 2 "--lr: expected a number in \\(0, 1000\\], got 'inf'" --lr inf)
+  dea_cli_test(paris_demo_rejects_huge_steps paris_demo 2
+               "--steps: expected an integer in .*got '99999999999999999999'" --steps 99999999999999999999)
+  dea_cli_sh(paris_demo_rejects_empty_steps paris_demo 2 "--steps: expected an integer in .*got ''"
+             "\"$0\" --steps ''")
+  dea_cli_test(paris_demo_rejects_huge_threads paris_demo 2
+               "--threads: expected an integer in \\[1, 4096\\], got '99999999999'" --threads 99999999999)
+  dea_cli_test(paris_demo_unknown_flag_last paris_demo 2 "unknown flag '--bogus'" --seed 1 --bogus)
+  dea_cli_test(paris_demo_isolation_saturated paris_demo 0 "isolation after the fit : .*inconclusive.*\
+gradient isolation: OK before the fit \\(the check after the fit is inconclusive: the gate gradient vanished"
+               --lr 1 --steps 30 --threads 1)
+  set_tests_properties(paris_demo_isolation_saturated PROPERTIES
+                       FAIL_REGULAR_EXPRESSION "FAILED|VIOLATED|terminate called")
+endif()
+
+# tr_mha_demo: --steps and --threads are integers in range (a huge --steps used to hang)
+if(TARGET tr_mha_demo)
+  foreach(bad 2147483647 99999999999 abc -5)
+    dea_cli_test(tr_mha_demo_rejects_steps_${bad} tr_mha_demo 2
+                 "--steps: expected an integer in \\[0, 100000\\], got '${bad}'" --steps ${bad} --no-plots)
+  endforeach()
+  dea_cli_test(tr_mha_demo_rejects_threads tr_mha_demo 2 "--threads: expected an integer in \\[1, 4096\\], got 'abc'"
+               --threads abc --no-plots)
+endif()
+
+# laplacian_bench: strict lists and ranges (a range to 2^64 used to fill the memory), and where the results go is
+# checked before any training (the default protocol takes minutes: the 30 s limit catches a late check)
+if(TARGET laplacian_bench)
+  set(dea_lap_out ${CMAKE_CURRENT_BINARY_DIR}/laplacian_cli.json)
+  foreach(bad "1--1" "0-18446744073709551615" "0-1000000" "0-1,3abc")
+    string(MAKE_C_IDENTIFIER "${bad}" id)
+    dea_cli_test(laplacian_bench_rejects_seeds_${id} laplacian_bench 2
+                 "--seeds: expected .*at most 1000 values, got '${bad}'" --seeds ${bad} --out ${dea_lap_out})
+  endforeach()
+  dea_cli_test(laplacian_bench_rejects_epochs laplacian_bench 2
+               "--epochs: expected an integer in \\[1, 100000\\], got '2abc'" --epochs 2abc --out ${dea_lap_out})
+  dea_cli_test(laplacian_bench_rejects_lr_grid laplacian_bench 2 "--lr-grid: expected .*got '0.003abc'"
+               --lr-grid 0.003abc --out ${dea_lap_out})
+  dea_cli_test(laplacian_bench_out_dir_missing laplacian_bench 2
+               "--out '[^']*/no_such_dir/report.json': the directory '[^']*/no_such_dir' does not exist"
+               --out ${CMAKE_CURRENT_BINARY_DIR}/no_such_dir/report.json)
+  dea_cli_test(laplacian_bench_out_dir_is_file laplacian_bench 2
+               "--out '[^']*': the directory '[^']*CMakeLists.txt' is not a directory"
+               --out ${CMAKE_CURRENT_SOURCE_DIR}/CMakeLists.txt/report.json)
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux")  # /proc takes no new files, not even from root
+    dea_cli_test(laplacian_bench_out_dir_unwritable laplacian_bench 2
+                 "--out '/proc/dea_report.json': cannot write into the directory '/proc'" --out /proc/dea_report.json)
+    dea_cli_test(laplacian_bench_plot_dir_unwritable laplacian_bench 2
+                 "--plot_dir '/proc/dea_plots': cannot create the directory" --plot_dir /proc/dea_plots
+                 --out ${dea_lap_out})
+  endif()
+endif()
+
+# visualize: a --threads typo is refused; sentences of long words give capped file names (a stem of at most 60 bytes
+# ending in a hash, so two long sentences that share their start keep both sets of files) and a short one keeps its
+# name (they used to fail with "File name too long")
+if(TARGET visualize)
+  dea_cli_test(visualize_rejects_huge_threads visualize 2
+               "--threads: expected an integer in \\[1, 4096\\], got '99999999999'" --threads 99999999999)
+  set(dea_vis_dir ${CMAKE_CURRENT_BINARY_DIR}/visualize_long_pairs)
+  set(dea_long "extraordinarily incomprehensible characteristically unquestionably overwhelmingly misunderstanding \
+institutionalization counterrevolutionaries internationalization disproportionately uncharacteristically \
+indistinguishable electroencephalographically telecommunications")
+  set(dea_hash "[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]")
+  dea_cli_sh(visualize_long_pairs visualize 0
+             "wrote 15 SVGs.*heatmap_S_tilde_extraordinarily_incomprehensible_characteristically_${dea_hash}\\.svg.*\
+photo_finish_paris_and_france\\.svg.*photo_finish files: 3"
+             "rm -rf '${dea_vis_dir}' && mkdir -p '${dea_vis_dir}' && printf '%s paris france\\tparis\\tfrance\\t0.9\\n\
+%s paris is in france\\tparis\\tfrance\\t0.5\\nparis and france\\tparis\\tfrance\\t0.3\\n' '${dea_long}' '${dea_long}' \
+>'${dea_vis_dir}.tsv' && \"$0\" --warmup_steps 0 --pairs '${dea_vis_dir}.tsv' --out_dir '${dea_vis_dir}' && \
+ls '${dea_vis_dir}' && echo \"photo_finish files: $(ls '${dea_vis_dir}' | grep -c '^photo_finish_')\"")
+endif()
+
+# dea_export_c: --namespace must be an identifier that is not a keyword; the header test_export writes from tensors
+# named like the header's own declarations, keywords and macros compiles (in GNU mode, where `linux` is a macro)
+if(TARGET dea_export_c)
+  dea_cli_test(dea_export_c_rejects_keyword_namespace dea_export_c 2
+               "--namespace expects a C\\+\\+ identifier.*got 'int'"
+               ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/layer_basic.safetensors
+               ${CMAKE_CURRENT_BINARY_DIR}/export_ns_int.hpp --all --namespace int)
+  if(TARGET test_export AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    set_tests_properties(test_export PROPERTIES FIXTURES_SETUP dea_export_names)
+    set(dea_export_dir ${CMAKE_CURRENT_BINARY_DIR}/export_test_names)
+    add_test(NAME dea_export_c_names_compile
+             COMMAND sh -c "printf '#include \"names.hpp\"\\nint main() { return !names_ns::find(\"int\"); }\\n' \
+| \"$0\" -std=gnu++17 -fsyntax-only -I '${dea_export_dir}' -x c++ - && echo compiled" ${CMAKE_CXX_COMPILER})
+    set_tests_properties(dea_export_c_names_compile PROPERTIES FIXTURES_REQUIRED dea_export_names
+                         PASS_REGULAR_EXPRESSION "compiled" TIMEOUT 60)
+  endif()
+endif()
+
+# bench_dea (bench/ is added after tests/: the target is not defined yet, $<TARGET_FILE:bench_dea> resolves at
+# generation): strict values; out of memory is a message and exit 1, not an abort (under a 2 GB address-space limit,
+# so that the allocation fails at once whatever the machine has)
+if(DEA_BUILD_BENCH AND EXISTS ${PROJECT_SOURCE_DIR}/bench/bench_dea.cpp)
+  dea_cli_test(bench_dea_rejects_reps bench_dea 2 "--reps: expected an integer in \\[1, 100000\\], got 'abc'"
+               --reps abc)
+  dea_cli_test(bench_dea_rejects_threads bench_dea 2 "--threads: expected .*got 'abc'" --threads abc)
+  dea_cli_test(bench_dea_rejects_mode bench_dea 2
+               "--mode: expected a comma-separated list of forward, train, got 'bogus'" --mode bogus)
+  dea_cli_test(bench_dea_rejects_sizes bench_dea 2 "--sizes: expected .*got 'fixed,bogus'" --sizes fixed,bogus)
+  dea_cli_test(bench_dea_rejects_kernel bench_dea 2 "--kernel: expected .*got 'tiles'" --kernel tiles)
+  dea_cli_test(bench_dea_rejects_huge_shape bench_dea 2 "--shape: expected BxTxDxH .*got '99999999999999999999x16x32x4'"
+               --shape 99999999999999999999x16x32x4 --no-check)
+  if(NOT DEA_SANITIZE AND CMAKE_SYSTEM_NAME STREQUAL "Linux")
+    dea_cli_sh(bench_dea_out_of_memory bench_dea 1 "out of memory at shape 1024x1024x1024x8 \\(tiled kernel"
+               "ulimit -v 2000000 && \"$0\" \"$@\"" --shape 1024x1024x1024x8 --kernel tiled --threads 1 --reps 1
+               --no-yardstick --mode forward --sizes dynamic --no-check)
+    dea_cli_sh(bench_dea_out_of_memory_in_check bench_dea 1 "out of memory in the kernel check at shape 1x2x65536x8"
+               "ulimit -v 2000000 && \"$0\" \"$@\"" --shape 1x2x65536x8 --kernel tiled --threads 1 --reps 1
+               --no-yardstick --mode forward --sizes dynamic)
+  endif()
+endif()
+
+# train and eval: a fresh run refuses the directory of another run (nothing touched; --overwrite replaces it),
+# bad flags name themselves, a bad saved configuration is bad input (exit 1), an impossible model is refused
+# before anything is allocated, interop refuses a case whose sizes disagree with its tensors
+if(TARGET train AND TARGET eval)
+  dea_cli_test(train_refuses_existing_run train 2 "--out_dir '.*train_smoke' already holds a run.*--overwrite"
+               --d_model 16 --n_heads 2 --n_layers 1 --d_ff 32 --steps 2 --out_dir ${DEA_TRAIN_SMOKE_DIR})
+  set_tests_properties(train_refuses_existing_run PROPERTIES FIXTURES_REQUIRED trained_smoke)
+  dea_cli_test(train_unknown_flag_last train 2 "unknown flag --bogus" --steps 2 --bogus)
+  dea_cli_test(train_flag_as_value train 2 "--steps: missing value \\(the next argument is the flag '--out_dir'\\)"
+               --steps --out_dir x)
+  dea_cli_test(train_threads_before_narrowing train 2 "--threads: expected an integer in \\[0, 4096\\], got '4294967297'"
+               --threads 4294967297)
+  dea_cli_test(train_model_beyond_memory train 2 "--d_model 65536 --d_ff 1048576 --n_layers 4: .* GB, more than"
+               --d_model 65536 --n_heads 1 --d_ff 1048576 --n_layers 4 --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_big)
+  dea_cli_test(train_text_without_source train 2 "--text 'c.txt' is given, but --data_source is 'dalpha'" --text c.txt)
+  dea_cli_sh(train_resume_bad_config train 1 "--resume: .*config.json: invalid JSON"
+             "d=${CMAKE_CURRENT_BINARY_DIR}/cli_bad_config; rm -rf \"$d\"; mkdir -p \"$d\"; echo '{' > \"$d/config.json\"; \
+\"$0\" --resume --out_dir \"$d\"")
+  dea_cli_test(eval_unknown_flag_last eval 2 "unknown flag --bogus" --ckpt x --bogus)
+  dea_cli_test(eval_rejects_huge_threads eval 2 "--threads: expected an integer in \\[0, 4096\\], got '99999999999'"
+               --ckpt x --threads 99999999999)
+endif()
+if(TARGET interop AND Python3_Interpreter_FOUND)
+  dea_cli_sh(interop_rejects_model_sizes interop 2 "metadata 'vocab_size' = 1000000000000 disagrees with tensor 'tok_emb.weight'"
+             "python3 -c \"import json,struct,sys;b=open(sys.argv[1],'rb').read();n=struct.unpack('<Q',b[:8])[0];h=json.loads(b[8:8+n]);\
+h['__metadata__']['vocab_size']='1000000000000';s=json.dumps(h).encode();open(sys.argv[2],'wb').write(struct.pack('<Q',len(s))+s+b[8+n:])\" \
+${CMAKE_CURRENT_SOURCE_DIR}/data/golden/model_cls.safetensors ${CMAKE_CURRENT_BINARY_DIR}/cli_vocab.safetensors && \
+\"$0\" ${CMAKE_CURRENT_BINARY_DIR}/cli_vocab.safetensors")
+endif()

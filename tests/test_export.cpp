@@ -19,9 +19,9 @@ using namespace dea;
 
 namespace {
 
-/// Runs dea_export_c with `args`; returns its exit status.
-int run_export(const std::string& args) {
-  const std::string cmd = std::string(DEA_EXPORT_C_EXE) + " " + args + " >/dev/null 2>&1";
+/// Runs dea_export_c with `args`; returns its exit status. Its messages go to `err_file` (default: discarded).
+int run_export(const std::string& args, const std::string& err_file = "/dev/null") {
+  const std::string cmd = std::string(DEA_EXPORT_C_EXE) + " " + args + " >/dev/null 2>" + err_file;
   const int r = std::system(cmd.c_str());
   return WIFEXITED(r) ? WEXITSTATUS(r) : -1;
 }
@@ -135,4 +135,57 @@ TEST_CASE("dea_export_c --all writes any file's tensors and metadata; bad input 
   CHECK(run_export(golden + " " + (dir / "z.hpp").string() + " --all --namespace 1abc") == 2);
   CHECK(run_export(golden) == 2);
   CHECK_FALSE(std::filesystem::exists(dir / "x.hpp"));
+}
+
+TEST_CASE("dea_export_c gives every array an identifier that compiles; bad names and namespaces are refused",
+          "[export]") {
+  const std::filesystem::path dir = fresh_dir("export_test_names");
+  // names that, copied as they were, would clash with the header's own declarations (tensors, find, n_tensors,
+  // TensorInfo, ...), with keywords (int), with the namespaces it uses (std, dea) or its own, with macros (NULL,
+  // INT64_MAX, __LINE__, GCC's linux), or with each other once '.' becomes '_' (a.b, a_b). (ctest entry
+  // dea_export_c_names_compile compiles the header.)
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"tensors", "tensors_"},   {"find", "find_"},         {"n_tensors", "n_tensors_"}, {"TensorInfo", "TensorInfo_"},
+      {"int", "int_"},           {"int_", "int_2"},         {"metadata", "metadata_"},   {"n_metadata", "n_metadata_"},
+      {"config", "config_"},     {"bind", "bind_"},         {"std", "std_"},             {"dea", "dea_"},
+      {"names_ns", "names_ns_"}, {"NULL", "t_NULL"},        {"INT64_MAX", "t_INT64_MAX"}, {"__LINE__", "t__LINE__"},
+      {"linux", "linux_"},       {"a.b", "a_b"},            {"a_b", "a_b_2"},            {"9lives", "t_9lives"},
+      {"W_q.weight", "W_q_weight"}};
+  io::SafeTensors st;
+  Tensor<float> v({2}, 0.25f);
+  for (const auto& [name, id] : expected) st.put(name, v, io::DType::F32);
+  st.save((dir / "names.safetensors").string());
+  const std::string out = (dir / "names.hpp").string();
+  REQUIRE(run_export((dir / "names.safetensors").string() + " " + out + " --all --namespace names_ns") == 0);
+  const std::string text = data::read_file(out);
+  for (const auto& [name, id] : expected) {
+    INFO(name << " -> " << id);
+    // the array under its identifier, listed in the table by its reference name
+    CHECK(text.find("\n/// \"" + name + "\" [2]\nalignas(64) constexpr float " + id + "[2] = {") != std::string::npos);
+    CHECK(text.find("{\"" + name + "\", " + id + ", 'f',") != std::string::npos);
+  }
+  // the header's own declarations are still there, once each
+  CHECK(text.find("constexpr TensorInfo tensors[] = {") != std::string::npos);
+  CHECK(text.find("constexpr int n_tensors = 21;") != std::string::npos);
+
+  // the namespace must be an identifier that is not a keyword, reserved, std or dea
+  for (const char* ns : {"int", "std", "dea", "_Weights", "a__b", "linux"}) {
+    INFO(ns);
+    CHECK(run_export((dir / "names.safetensors").string() + " " + (dir / "ns.hpp").string() + " --all --namespace " +
+                     ns) == 2);
+  }
+  CHECK_FALSE(std::filesystem::exists(dir / "ns.hpp"));
+
+  // a model checkpoint whose layer tensor has no decimal index: a bad file (1), the message names file and tensor
+  io::SafeTensors bad;
+  bad.put("tok_emb.weight", Tensor<float>({4, 2}, 0.5f), io::DType::F32);
+  bad.put("layers.abc.x", v, io::DType::F32);
+  const std::string bad_path = (dir / "bad_layer.safetensors").string();
+  bad.save(bad_path);
+  const std::string err = (dir / "bad_layer.err").string();
+  CHECK(run_export(bad_path + " " + (dir / "bad.hpp").string() + " --max_len 4", err) == 1);
+  const std::string msg = data::read_file(err);
+  CHECK(msg.find("bad_layer.safetensors") != std::string::npos);
+  CHECK(msg.find("'layers.abc.x'") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(dir / "bad.hpp"));
 }
