@@ -315,6 +315,15 @@ TEST_CASE("pipeline: evaluation of a checkpoint and the Paris probe", "[pipeline
   const EvalResult r2 = evaluate_checkpoint(dir, Split::test);
   CHECK(r2.accuracy == r.accuracy);
   CHECK(r2.task_loss == r.task_loss);
+  // a config.json whose seed is not the run's would evaluate other splits: refused
+  {
+    TrainConfig other = read_config(config_path(dir));
+    other.seed += 1;
+    write_config(config_path(dir), other);
+    CHECK_THROWS_WITH(evaluate_checkpoint(dir, Split::test), Catch::Contains("does not match seed"));
+    other.seed -= 1;
+    write_config(config_path(dir), other);
+  }
 
   REQUIRE(probe.ok);
   CHECK(probe.qi == 1);

@@ -1273,7 +1273,8 @@ inline EvalResult evaluate_checkpoint(const std::string& dir, Split split, Paris
   const RunData d = detail::with_context(config_path(dir) + ": ", [&] { return build_data(cfg, &tok); });
   Rng init_rng(cfg.seed);
   Model model(model_config(cfg, tok.vocab_size(), d.task), init_rng);
-  load_checkpoint(dir, model, nullptr);
+  // with the seed: a config.json whose seed is not the run's (its splits would differ) is refused
+  load_checkpoint(dir, model, nullptr, cfg.seed);
   EvalResult r = evaluate(model, d, split, cfg.batch_size, cfg.max_len, cfg.seed, 0);
   if (probe) *probe = paris_probe(model, tok);
   return r;
