@@ -34,6 +34,7 @@
 // configuration, so it never holds half of one. --dump-only writes the file and measures nothing.
 #include <dea/core/allocator.hpp>
 #include <dea/core/atomic_file.hpp>
+#include <dea/io/cli.hpp>
 #include <dea/io/pipeline.hpp>
 
 #include <fmt/core.h>
@@ -44,6 +45,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -56,7 +58,6 @@
 using namespace dea;
 
 using bench_util::peak_rss_mb;
-using bench_util::split;
 
 namespace {
 
@@ -93,14 +94,6 @@ double median(std::vector<double> v) {
              "[--dump-batches FILE] [--dump-only]\n",
              why);
   std::exit(2);
-}
-
-int parse_int(const std::string& flag, const std::string& v, int lo) {
-  char* end = nullptr;
-  const long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end || x < lo || x > 1000000)
-    usage(flag + ": expected an integer in [" + std::to_string(lo) + ", 1000000], got '" + v + "'");
-  return static_cast<int>(x);
 }
 
 /// The oracle of a D_alpha batch as blocks [row, q0, q1, k0, k1, alpha]: each row's labelled cells form one
@@ -315,53 +308,46 @@ void run_config(const BenchConfig& bc, const Options& opt, BatchDump* dump) {
 int main(int argc, char** argv) {
   dea::retain_freed_memory();  // reuse freed activations instead of faulting pages in every step
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) usage("missing value after " + a);
-      return argv[++i];
-    };
-    if (a == "--config") {
-      opt.configs = split(next(), ',');
-      for (const auto& c : opt.configs)
-        if (std::none_of(kConfigs.begin(), kConfigs.end(), [&](const BenchConfig& k) { return k.name == c; }))
-          usage("--config: unknown configuration '" + c + "' (expected quick, mid or paper)");
-      if (opt.configs.empty()) usage("--config: empty list");
-    } else if (a == "--threads") {
-      opt.threads.clear();
-      for (const auto& t : split(next(), ',')) opt.threads.push_back(parse_int("--threads", t, 1));
-      if (opt.threads.empty()) usage("--threads: empty list");
-    } else if (a == "--steps") {
-      opt.steps = parse_int(a, next(), 1);
-    } else if (a == "--warmup") {
-      opt.warmup = parse_int(a, next(), 0);
-    } else if (a == "--gamma") {
-      const std::string v = next();
-      char* end = nullptr;
-      opt.gamma = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end || !(opt.gamma >= 0 && opt.gamma <= 1))
-        usage("--gamma: expected a number in [0, 1], got '" + v + "'");
-    } else if (a == "--kernel") {
-      const std::string v = next();
-      if (v == "tiled")
-        opt.kernel = dea::DeaKernel::tiled;
-      else if (v == "reference")
-        opt.kernel = dea::DeaKernel::reference;
-      else
-        usage("--kernel: expected tiled or reference, got '" + v + "'");
-    } else if (a == "--n_per_source") {
-      opt.n_per_source = parse_int(a, next(), 1);
-    } else if (a == "--seed") {
-      opt.seed = static_cast<std::uint64_t>(parse_int(a, next(), 0));
-    } else if (a == "--dump-batches") {
-      opt.dump = next();
-    } else if (a == "--dump-only") {
-      opt.dump_only = true;
-    } else if (a == "-h" || a == "--help") {
-      usage("help");
-    } else {
-      usage("unknown flag " + a);
+  try {
+    cli::Args args(argc, argv);
+    while (args.next()) {
+      if (args.is("-h") || args.is("--help")) usage("help");
+      if (args.is("--config")) {
+        const std::string v = args.value();
+        opt.configs = cli::split(v, ',');
+        for (const auto& c : opt.configs)
+          if (std::none_of(kConfigs.begin(), kConfigs.end(), [&](const BenchConfig& k) { return k.name == c; }))
+            cli::bad_value("--config", v, "a comma-separated list of quick, mid, paper");
+      } else if (args.is("--threads")) {
+        opt.threads.clear();
+        for (const std::int64_t t : cli::parse_int_list("--threads", args.value(), 1, cli::kMaxThreads))
+          opt.threads.push_back(static_cast<int>(t));
+      } else if (args.is("--steps")) {
+        opt.steps = static_cast<int>(args.int_value(1, 1000000));
+      } else if (args.is("--warmup")) {
+        opt.warmup = static_cast<int>(args.int_value(0, 1000000));
+      } else if (args.is("--gamma")) {
+        opt.gamma = args.double_value(0, 1);
+      } else if (args.is("--kernel")) {
+        const std::string v = args.value();
+        if (v == "tiled") opt.kernel = dea::DeaKernel::tiled;
+        else if (v == "reference") opt.kernel = dea::DeaKernel::reference;
+        else cli::bad_value("--kernel", v, "tiled or reference");
+      } else if (args.is("--n_per_source")) {  // 0: the configuration's own
+        opt.n_per_source = args.int_value(0, pipeline::ConfigLimits::max_n_per_source);
+      } else if (args.is("--seed")) {
+        opt.seed = static_cast<std::uint64_t>(args.int_value(0, std::numeric_limits<std::int64_t>::max()));
+      } else if (args.is("--dump-batches")) {
+        opt.dump = args.value();
+        if (opt.dump.empty()) cli::bad_value("--dump-batches", opt.dump, "a file path");
+      } else if (args.is("--dump-only")) {
+        opt.dump_only = true;
+      } else {
+        args.unknown();
+      }
     }
+  } catch (const dea::Error& e) {
+    usage(e.what());
   }
   if (opt.dump_only && opt.dump.empty()) usage("--dump-only needs --dump-batches FILE");
   try {

@@ -211,10 +211,15 @@ ModelInfo infer_model(const io::SafeTensors& st, const std::string& ckpt, Index 
     c.max_len = tc.max_len;
     mi.source_note = "max_len from " + cfg_path;
   }
-  if (!task_flag.empty())
+  const nn::Task cfg_task = tc.data_source == "text" ? nn::Task::mlm : nn::Task::cls;
+  if (!task_flag.empty()) {
     c.task = nn::parse_task(task_flag);
-  else
-    c.task = have_cfg && tc.data_source == "text" ? nn::Task::mlm : nn::Task::cls;
+    check(!have_cfg || c.task == cfg_task, "--task ", task_flag, " differs from the run's task in ", cfg_path, " (",
+          cfg_task == nn::Task::mlm ? "mlm" : "cls", ")");
+  } else {
+    check(have_cfg, ckpt, ": no config.json beside the checkpoint: give --task (cls or mlm)");
+    c.task = cfg_task;
+  }
   c.validate();
   return mi;
 }
@@ -244,6 +249,11 @@ int main(int argc, char** argv) {
     usage(e.what());
   }
   if (in_path.empty() || out_path.empty()) usage("expected CHECKPOINT.safetensors and OUT.hpp");
+  {  // writing the header over its own input would destroy the checkpoint
+    std::error_code ec;
+    if (std::filesystem::equivalent(in_path, out_path, ec))
+      usage("OUT.hpp '" + out_path + "' is the input file itself");
+  }
   if (!is_identifier(ns) || is_keyword(ns) || is_reserved(ns) || ns == "std" || ns == "dea")
     usage("--namespace expects a C++ identifier that is not a keyword, not reserved ('_' and an upper-case letter, "
           "or \"__\"), not std or dea, got '" + ns + "'");

@@ -62,6 +62,12 @@ int main(int argc, char** argv) {
     }
     check(!dir.empty(), "--ckpt DIR is required");
     split = pipeline::parse_split(split_s);
+    if (plots && !plot_dir.empty()) {  // checked before the evaluation, not after it
+      std::error_code ec;
+      std::filesystem::create_directories(plot_dir, ec);
+      check(!ec && std::filesystem::is_directory(plot_dir), "--plot_dir: cannot create the directory '", plot_dir, "'",
+            ec ? ": " + ec.message() : std::string());
+    }
   } catch (const std::exception& e) {
     fmt::print(stderr, "eval: {}\n{}", e.what(), kUsage);
     return 2;

@@ -75,9 +75,18 @@ def write_atomic(path, pieces):
 def main():
     if len(sys.argv) != 3:
         fail("usage: import_reference_checkpoint.py CHECKPOINT.pt OUT_DIR")
-    import torch
+    try:
+        import torch
+    except ImportError:
+        fail("needs PyTorch to read a .pt checkpoint (Debian: apt-get install python3-torch)")
 
     src, out = sys.argv[1], sys.argv[2]
+    if os.path.exists(out) and not os.path.isdir(out):
+        fail(f"{out}: exists and is not a directory")
+    old = [f for f in ("checkpoint.safetensors", "config.json", "tokenizer.txt", "train_log.jsonl")
+           if os.path.exists(os.path.join(out, f))]
+    if old:
+        fail(f"{out}: already holds a run ({old[0]}); choose a new directory")
     try:
         ck = torch.load(src, map_location="cpu")
     except Exception as e:  # a missing or unreadable file: say which
@@ -93,12 +102,14 @@ def main():
     tok = ck.get("tokenizer") or ck.get("tokenizer_state")
     if tok is None:
         fail(f"{src}: no tokenizer state (keys: {sorted(ck)})")
-    os.makedirs(out, exist_ok=True)
-    write_safetensors(os.path.join(out, "checkpoint.safetensors"), sd)
+    # everything is read and checked before the first file is written
+    vocab = vocabulary(tok)
     cfg = {k: v for k, v in cfg.items() if isinstance(v, (int, float, str, bool, list, type(None)))}
     cfg.pop("resume", None)
+    os.makedirs(out, exist_ok=True)
+    write_safetensors(os.path.join(out, "checkpoint.safetensors"), sd)
     write_atomic(os.path.join(out, "config.json"), [json.dumps(cfg, indent=2).encode()])
-    write_atomic(os.path.join(out, "tokenizer.txt"), ["".join(t + "\n" for t in vocabulary(tok)).encode()])
+    write_atomic(os.path.join(out, "tokenizer.txt"), ["".join(t + "\n" for t in vocab).encode()])
     print(f"wrote {out}/checkpoint.safetensors ({len(sd)} tensors), config.json, tokenizer.txt; step {ck.get('step')}")
 
 

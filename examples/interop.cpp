@@ -22,6 +22,7 @@
 
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <new>
 #include <string>
 
@@ -63,12 +64,18 @@ int main(int argc, char** argv) {
     else usage("more than one case file given");
   }
   if (case_path.empty()) usage("no case file given");
+  {  // --out over the case itself would replace the reference's numbers with ours
+    std::error_code ec;
+    if (!out_path.empty() && std::filesystem::equivalent(case_path, out_path, ec))
+      usage("--out '" + out_path + "' is the case file itself");
+  }
   if (!compare && out_path.empty()) compare = true;  // nothing else to do: compare by default
 
   try {
     const io::SafeTensors cs = io::SafeTensors::load(case_path);
     const auto it = cs.metadata().find("kind");
     const std::string kind = it == cs.metadata().end() ? "" : it->second;
+    if (!pe_path.empty() && kind != "dea_model") usage("--pe applies only to dea_model cases (this is '" + kind + "')");
     if (kind == "tr_mha_layer") {
       if (!out_path.empty()) usage("--out is not available for tr_mha_layer cases");
       const auto r = use_float ? io::run_tr_mha_case<float>(case_path) : io::run_tr_mha_case<double>(case_path);

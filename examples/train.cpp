@@ -73,6 +73,11 @@ int main(int argc, char** argv) {
   std::optional<pipeline::TrainConfig> saved;
   try {  // a resumed run's saved configuration: a bad file is bad input (1), not a bad command line (2)
     const pipeline::ParsedArgs p = pipeline::parse_args(args);
+    if (p.config.resume && overwrite) {
+      fmt::print(stderr, "train: --resume and --overwrite contradict each other (continue the run, or replace it)\n{}",
+                 kUsage);
+      return 2;
+    }
     if (p.config.resume && !p.help) saved = pipeline::read_config(pipeline::config_path(p.config.out_dir));
   } catch (const dea::Error& e) {
     const std::string m = e.what();

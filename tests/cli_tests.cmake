@@ -164,3 +164,26 @@ h['__metadata__']['vocab_size']='1000000000000';s=json.dumps(h).encode();open(sy
 ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/model_cls.safetensors ${CMAKE_CURRENT_BINARY_DIR}/cli_vocab.safetensors && \
 \"$0\" ${CMAKE_CURRENT_BINARY_DIR}/cli_vocab.safetensors")
 endif()
+
+# the second review: contradictory flags, an output over its own input, plot directories checked before the work,
+# bench_train's thread count
+if(TARGET train)
+  dea_cli_test(train_resume_and_overwrite train 2 "--resume and --overwrite contradict each other"
+               --resume --overwrite --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_nothing)
+endif()
+if(TARGET eval)
+  dea_cli_sh(eval_plot_dir_checked_first eval 2 "--plot_dir: cannot create the directory"
+             "f=${CMAKE_CURRENT_BINARY_DIR}/cli_a_file; echo x > \"$f\"; \
+\"$0\" --ckpt ${CMAKE_CURRENT_BINARY_DIR}/cli_nothing --plot_dir \"$f/p\"")
+endif()
+if(TARGET interop)
+  dea_cli_sh(interop_out_is_the_case interop 2 "--out '.*' is the case file itself"
+             "c=${CMAKE_CURRENT_BINARY_DIR}/cli_case.safetensors; cp ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/layer_basic.safetensors \"$c\" && \
+\"$0\" \"$c\" --out \"$c\"; s=$?; cmp -s \"$c\" ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/layer_basic.safetensors && echo unchanged; (exit $s)")
+  set_tests_properties(interop_out_is_the_case PROPERTIES PASS_REGULAR_EXPRESSION
+                       "is the case file itself.*unchanged.*\\[exit status 2\\]")
+endif()
+if(DEA_BUILD_BENCH AND EXISTS ${PROJECT_SOURCE_DIR}/bench/bench_train.cpp)  # bench/ is added after tests/
+  dea_cli_test(bench_train_rejects_huge_threads bench_train 2 "--threads: expected a comma-separated list of integers in \\[1, 4096\\]"
+               --config quick --steps 1 --warmup 0 --threads 99999)
+endif()

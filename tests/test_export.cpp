@@ -79,7 +79,11 @@ TEST_CASE("dea_export_c writes every parameter exactly, under its name, with the
   st.save((dir / "checkpoint.safetensors").string());
 
   const std::string out = (dir / "weights.hpp").string();
-  REQUIRE(run_export((dir / "checkpoint.safetensors").string() + " " + out + " --max_len 10 --namespace my_weights") == 0);
+  // no config.json beside this checkpoint: the task must be given too (it used to be guessed as cls)
+  CHECK(run_export((dir / "checkpoint.safetensors").string() + " " + out + " --max_len 10") == 1);
+  CHECK_FALSE(std::filesystem::exists(out));
+  REQUIRE(run_export((dir / "checkpoint.safetensors").string() + " " + out +
+                     " --max_len 10 --task cls --namespace my_weights") == 0);
   const std::string text = data::read_file(out);
   CHECK(text.find("namespace my_weights {") != std::string::npos);
   CHECK(text.find("optim.") == std::string::npos);
@@ -105,6 +109,11 @@ TEST_CASE("dea_export_c writes every parameter exactly, under its name, with the
   // without --max_len and without a config.json beside the checkpoint the sequence length is unknown
   CHECK(run_export((dir / "checkpoint.safetensors").string() + " " + (dir / "other.hpp").string()) == 1);
   CHECK_FALSE(std::filesystem::exists(dir / "other.hpp"));
+  // the output must not be the input: the checkpoint would be replaced by its own header
+  const std::string before = data::read_file((dir / "checkpoint.safetensors").string());
+  CHECK(run_export((dir / "checkpoint.safetensors").string() + " " + (dir / "checkpoint.safetensors").string() +
+                   " --max_len 10 --task cls") == 2);
+  CHECK(data::read_file((dir / "checkpoint.safetensors").string()) == before);
 }
 
 TEST_CASE("dea_export_c --all writes any file's tensors and metadata; bad input is refused", "[export]") {

@@ -124,6 +124,12 @@ TEST_CASE("pipeline: flags, --quick preset and explicit overrides", "[pipeline]"
                     Catch::Contains("--steps: missing value") && Catch::Contains("'--out_dir'"));
   // --threads is range-checked before it is narrowed (2^32 + 1 would otherwise become 1)
   CHECK_THROWS_WITH(parse_args(argv_of({"--threads", "4294967297"})), Catch::Contains("--threads"));
+  CHECK_THROWS_WITH(parse_args(argv_of({"--supervise_layers", "99999999999999999999"})),
+                    Catch::Contains("--supervise_layers"));
+  std::string many = "0";
+  for (int k = 0; k < 1100; ++k) many += ",0";  // more entries than config.json may hold: the run could not be read
+  CHECK_THROWS_WITH(parse_args(argv_of({"--supervise_layers", many.c_str()})), Catch::Contains("at most 1024"));
+  CHECK(parse_args(argv_of({"--supervise_layers", "0,-1"})).config.supervise_layers->size() == 2);
   CHECK_THROWS_WITH(parse_args(argv_of({"--threads", "99999999999"})), Catch::Contains("99999999999"));
   CHECK(parse_args(argv_of({"--threads", "4096"})).config.threads == 4096);
   // --text without --data_source text would be ignored: refused
@@ -368,9 +374,15 @@ TEST_CASE("pipeline: a fresh run refuses a directory holding another run unless 
                                                       Catch::Contains("--overwrite") && Catch::Contains(dir));
   CHECK(fs::file_size(fs::path(dir) / "train_log.jsonl") == log_size);
   CHECK(read_config(config_path(dir)).lr_main == c.lr_main);
-  // with overwrite the old files go first: a run that fails before its first checkpoint leaves none behind
+  // with overwrite, a new run whose data cannot be read fails before anything of the old run is deleted
   TrainOptions o = quiet();
   o.overwrite = true;
+  TrainConfig no_data = again;
+  no_data.oracle = dir + "/missing_cache.jsonl";
+  CHECK_THROWS_WITH(run_training(no_data, o), Catch::Contains("missing_cache.jsonl"));
+  CHECK(fs::exists(checkpoint_path(dir)));
+  CHECK(fs::file_size(fs::path(dir) / "train_log.jsonl") == log_size);
+  // then the old files go before the new run starts: a run that fails before its first checkpoint leaves none
   o.on_step = [](std::int64_t, double, double, Model&) { ::dea::detail::raise("stopped by the test"); };
   CHECK_THROWS_WITH(run_training(again, o), Catch::Contains("stopped by the test"));
   CHECK_FALSE(fs::exists(checkpoint_path(dir)));

@@ -155,8 +155,11 @@ inline std::vector<Index> parse_layer_list(const std::string& flag, const std::s
     const std::size_t j = std::min(v.find(',', i), v.size());
     const std::string item = v.substr(i, j - i);
     char* end = nullptr;
+    errno = 0;
     const long long x = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || !end || *end) bad_flag(flag, v, "'all' or a comma-separated list of layer indices");
+    // |index| <= 1024 and at most 1024 entries: what config.json may hold (ConfigLimits::max_layers)
+    if (item.empty() || !end || *end || errno == ERANGE || x < -1024 || x > 1024 || out.size() >= 1024)
+      bad_flag(flag, v, "'all' or a comma-separated list of at most 1024 layer indices in [-1024, 1024]");
     out.push_back(static_cast<Index>(x));
     i = j + 1;
   }
@@ -1009,16 +1012,23 @@ inline nlohmann::json num(double x) { return std::isfinite(x) ? nlohmann::json(x
 
 }  // namespace detail
 
-/// The files of a run in its out_dir that a fresh run would replace: checkpoint, config, tokenizer, log and the
-/// evaluation results.
+/// The files of a run in its out_dir that a fresh run would replace: checkpoint, config, tokenizer, log, the
+/// evaluation results and the plots.
 inline std::vector<std::filesystem::path> run_files(const std::string& out_dir) {
   std::vector<std::filesystem::path> found;
   std::error_code ec;
   for (const char* f : {"checkpoint.safetensors", "config.json", "tokenizer.txt", "train_log.jsonl", "eval_train.json",
-                        "eval_val.json", "eval_test.json"}) {
+                        "eval_val.json", "eval_test.json", "training_curves.svg"}) {
     const std::filesystem::path p = std::filesystem::path(out_dir) / f;
     if (std::filesystem::exists(p, ec)) found.push_back(p);
   }
+  // the α̂ histograms of train (alpha_hist_<split>_step<N>.svg) and eval (alpha_hist_<split>.svg)
+  if (std::filesystem::is_directory(out_dir, ec))
+    for (const auto& e : std::filesystem::directory_iterator(out_dir, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("alpha_hist_", 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".svg") == 0)
+        found.push_back(e.path());
+    }
   return found;
 }
 
@@ -1037,10 +1047,8 @@ inline void check_fresh_run_dir(const std::string& out_dir, bool overwrite) {
 /// disk is left as it was).
 inline TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o = {}) {
   validate(cfg);
-  if (!cfg.resume && (o.write_log || o.checkpoint || o.evaluate)) {
-    check_fresh_run_dir(cfg.out_dir, o.overwrite);
-    for (const auto& p : run_files(cfg.out_dir)) std::filesystem::remove(p);
-  }
+  const bool fresh_dir = !cfg.resume && (o.write_log || o.checkpoint || o.evaluate);
+  if (fresh_dir) check_fresh_run_dir(cfg.out_dir, o.overwrite);
   if (cfg.threads > 0) set_num_threads(cfg.threads);
   const auto t_start = std::chrono::steady_clock::now();
   TrainResult res;
@@ -1055,6 +1063,12 @@ inline TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o = 
   Rng init_rng(cfg.seed);
   Model model(model_config(cfg, d.tok.vocab_size(), d.task), init_rng, attention_options(cfg));
   optim::AdamW<Scalar> opt = make_optimizer(model, cfg);
+  if (fresh_dir)  // --overwrite: the old run's files go only now that the new run's data and model exist
+    for (const auto& p : run_files(cfg.out_dir)) {
+      std::error_code ec;
+      std::filesystem::remove(p, ec);
+      check(!ec, "--overwrite: cannot delete '", p.string(), "': ", ec.message());
+    }
   std::int64_t step0 = 0;
   if (cfg.resume) {
     step0 = load_checkpoint(cfg.out_dir, model, &opt, cfg.seed);
