@@ -69,31 +69,33 @@ int main(int argc, char** argv) {
       plot_dir = argv[++i];
     } else args.push_back(a);
   }
-  pipeline::TrainConfig cfg;
+  pipeline::ParsedArgs p;
+  try {
+    p = pipeline::parse_args(args);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "train: {}\n{}", e.what(), kUsage);
+    return 2;
+  }
+  if (p.help) {
+    fmt::print("{}", kUsage);
+    return 0;
+  }
+  if (p.config.resume && overwrite) {
+    fmt::print(stderr, "train: --resume and --overwrite contradict each other (continue the run, or replace it)\n{}",
+               kUsage);
+    return 2;
+  }
   std::optional<pipeline::TrainConfig> saved;
-  try {  // a resumed run's saved configuration: a bad file is bad input (1), not a bad command line (2)
-    const pipeline::ParsedArgs p = pipeline::parse_args(args);
-    if (p.config.resume && overwrite) {
-      fmt::print(stderr, "train: --resume and --overwrite contradict each other (continue the run, or replace it)\n{}",
-                 kUsage);
-      return 2;
-    }
-    if (p.config.resume && !p.help) saved = pipeline::read_config(pipeline::config_path(p.config.out_dir));
-  } catch (const dea::Error& e) {
-    const std::string m = e.what();
-    if (m.find("config.json") != std::string::npos) {
-      fmt::print(stderr, "train: --resume: {}\n", m);
+  if (p.config.resume) {
+    try {  // the saved configuration: a bad file is bad input (1), not a bad command line (2)
+      saved = pipeline::read_config(pipeline::config_path(p.config.out_dir));
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "train: --resume: {}\n", e.what());
       return 1;
     }
-  } catch (const std::exception&) {
-    // the command line itself is bad: reported below
   }
+  pipeline::TrainConfig cfg;
   try {
-    pipeline::ParsedArgs p = pipeline::parse_args(args);
-    if (p.help) {
-      fmt::print("{}", kUsage);
-      return 0;
-    }
     cfg = p.config;
     if (cfg.resume) {
       pipeline::TrainConfig merged = pipeline::parse_args(args, *saved, false).config;

@@ -35,6 +35,7 @@
 #include "../nn/transformer.hpp"
 #include "../optim/adamw.hpp"
 #include "../optim/schedule.hpp"
+#include "cli.hpp"
 #include "json_limits.hpp"
 #include "jsonl.hpp"
 #include "plots.hpp"
@@ -246,7 +247,8 @@ inline void set_flag(TrainConfig& c, const std::string& f, const std::string& v)
     else c.supervise_layers = detail::parse_layer_list(f, v);
   } else if (f == "threads") {
     const std::int64_t n = parse_int(f, v, 0);  // checked before narrowing: 2^32 + 1 must not become 1
-    if (n > 4096) detail::bad_flag(f, v, "an integer in [0, 4096]");
+    if (n > cli::kMaxThreads)
+      detail::bad_flag(f, v, ::dea::detail::concat("an integer in [0, ", cli::kMaxThreads, "]"));
     c.threads = static_cast<int>(n);
   }
   else if (f == "eval_batches") c.eval_batches = parse_int(f, v, 1);
@@ -305,7 +307,7 @@ struct ConfigLimits {
   static constexpr Index max_len = Index(1) << 16;
   static constexpr Index max_batch = Index(1) << 20;
   static constexpr std::int64_t max_n_per_source = 1000000;  // 5 sources x 2 (negatives): 10 million pairs
-  static constexpr int max_threads = 4096;
+  static constexpr int max_threads = static_cast<int>(cli::kMaxThreads);
 };
 
 /// Range and cross-field checks of every field (dea::Error naming the flag): the ranges set_flag enforces on
