@@ -81,6 +81,9 @@ public:
   using Scalar = S;
   /// Per-head [T, Dh] block (column-major so that one column is allowed when Dh = 1).
   using HeadMat = Eigen::Matrix<S, Eigen::Dynamic, DHead>;
+  /// Per-head block of the tiled kernel's scratch: row-major, so that copying a head's rows in or out of the
+  /// [B*T, D] activations moves contiguous rows of Dh values (column-major when Dh = 1, as Eigen requires).
+  using TileMat = Eigen::Matrix<S, Eigen::Dynamic, DHead, (DHead == 1 ? Eigen::ColMajor : Eigen::RowMajor)>;
   /// Per-head [Dh, Dh] matrix.
   using RelMat = Eigen::Matrix<S, DHead, DHead, (DHead == 1 ? Eigen::ColMajor : Eigen::RowMajor)>;
 
@@ -376,9 +379,9 @@ private:
 
   /// Pointers into one thread's block scratch.
   struct TilePtrs {
-    S *Kh, *Vh, *dKh, *dVh;                 // [Tk, Dh] column-major
+    S *Kh, *Vh, *dKh, *dVh;                 // [Tk, Dh] row-major (TileMat)
     S *kn, *lk, *mrow, *kbias, *col0, *col1, *g_reg, *g_spot;  // [Tk]
-    S *Qb, *Rb, *Db, *dQb, *dRb;            // [bq, Dh] column-major
+    S *Qb, *Rb, *Db, *dQb, *dRb;            // [bq, Dh] row-major (TileMat)
     S *r0, *r1, *r2, *r3;                   // [bq]
     S *E0, *E1, *AM, *P, *dP, *X, *CL;      // [bq, Tk] row-major
   };
@@ -398,7 +401,17 @@ private:
     for (S** p : {&t.kn, &t.lk, &t.mrow, &t.kbias, &t.col0, &t.col1, &t.g_reg, &t.g_spot}) *p = cv.take(Tk);
     for (S** p : {&t.Qb, &t.Rb, &t.Db, &t.dQb, &t.dRb}) *p = cv.take(bq * Dh);
     for (S** p : {&t.r0, &t.r1, &t.r2, &t.r3}) *p = cv.take(bq);
-    for (S** p : {&t.E0, &t.E1, &t.AM, &t.P, &t.dP, &t.X, &t.CL}) *p = cv.take(bq * Tk);
+    for (S** p : {&t.E0, &t.E1, &t.P, &t.AM, &t.dP, &t.X, &t.CL}) *p = cv.take(bq * Tk);
+    return t;
+  }
+  /// The pointers of one block of n rows: the second of each pair (Qb, Rb), (E0, E1), (P, AM), (dQb, dRb) starts
+  /// right after the first's n rows, so that each pair is one [2n, *] matrix and one product serves both (K_h is
+  /// packed once). The second pointers are not aligned in general.
+  static TilePtrs tiled_stack(TilePtrs t, Index n, Index Tk, Index Dh) {
+    t.Rb = t.Qb + n * Dh;
+    t.dRb = t.dQb + n * Dh;
+    t.E1 = t.E0 + n * Tk;
+    t.AM = t.P + n * Tk;
     return t;
   }
   /// Scalars of one thread's block scratch for blocks of bq queries against Tk keys.
@@ -432,7 +445,7 @@ private:
   /// Qb, Rb, E0~ (E0), E1~ (E1), alpha_mix (AM), P; in forward also the logit (X) and the row statistics, the
   /// rows of R, the gate loss of each row and its gate partials; in backward the E1 clamp flags (CL).
   /// `gate` (forward with an oracle) points at the pair's [2, G + 1] partials.
-  void tiled_block(bool fwd, Cache& c, const TilePtrs& tp, Index b, Index h, Index i0, Index n, bool any_real,
+  void tiled_block(bool fwd, Cache& c, const TilePtrs& tp_all, Index b, Index h, Index i0, Index n, bool any_real,
                    const AttnContext<S>* ctx, bool target_per_head, GateLossSums<S>* sm, S* gate,
                    std::uint8_t* has) {
     const Index Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_, G = 2 * Dh + 2;
@@ -443,8 +456,10 @@ private:
     using ColVec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
     using ColArr = Eigen::Array<S, Eigen::Dynamic, 1>;
     using RowArr = Eigen::Array<S, 1, Eigen::Dynamic>;
-    Eigen::Map<HeadMat, Eigen::AlignedMax> Qb(tp.Qb, n, Dh), Rb(tp.Rb, n, Dh);
-    Eigen::Map<const HeadMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh);
+    const TilePtrs tp = tiled_stack(tp_all, n, Tk, Dh);
+    Eigen::Map<TileMat, Eigen::AlignedMax> Qb(tp.Qb, n, Dh);
+    Eigen::Map<TileMat> Rb(tp.Rb, n, Dh);
+    Eigen::Map<const TileMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh);
     Eigen::Map<const RowArr, Eigen::AlignedMax> m(tp.mrow, Tk), kn(tp.kn, Tk), kbias(tp.kbias, Tk);
     Eigen::Map<const ColVec, Eigen::AlignedMax> lk(tp.lk, Tk);
     Eigen::Map<ColArr, Eigen::AlignedMax> r0(tp.r0, n), r1(tp.r1, n);
@@ -463,9 +478,9 @@ private:
     // (the scale factors are applied after the products: a scaled one-row block would be evaluated into a heap
     // temporary before its matrix-vector product. Forward and backward run this same code, so backward still
     // sees exactly the values forward saw.)
-    E0.noalias() = Qb * Kh.transpose();
+    // both in one product: [E0; E1] = [Qb; Rb] K_h^T
+    MatMap<S>(tp.E0, 2 * n, Tk).noalias() = Eigen::Map<const TileMat, Eigen::AlignedMax>(tp.Qb, 2 * n, Dh) * Kh.transpose();
     E0 *= inv_sqrt;
-    E1.noalias() = Rb * Kh.transpose();
     E1 *= S(2);
     r0 = Rb.rowwise().squaredNorm();
     {
@@ -504,7 +519,12 @@ private:
     if (gate_loss) {  // X = d alpha-hat / d logit: sigmoid' inside the +-10 clip and below the 0.95 cap, else 0
       auto Xa = MatMap<S>(tp.X, n, Tk).array();
       Xa = S(1) / (S(1) + (-AM.array()).exp());
-      Xa = (AM.array() < -clip || AM.array() > clip || Xa > amax).select(S(0), Xa * (S(1) - Xa));
+      S* xp = tp.X;
+      const S* lp = tp.AM;
+      for (Index k = 0; k < n * Tk; ++k) {  // a plain loop: Eigen 3.4 evaluates select() one scalar at a time
+        const S x = xp[k], l = lp[k];
+        xp[k] = (l < -clip || l > clip || x > amax) ? S(0) : x * (S(1) - x);
+      }
     }
     AM.array() = (S(1) / (S(1) + (-AM.array().max(-clip).min(clip)).exp())).min(amax);
     if (fwd && !c.alpha_hat.empty())  // AttnContext::keep_alpha_hat: the gate's own alpha-hat of these rows
@@ -541,21 +561,24 @@ private:
           S* gp = gate + part * (G + 1);
           S* col = part == 0 ? tp.col0 : tp.col1;
           S rsum = 0, s0 = 0, s1 = 0;
-          auto add = [&](Index j, S g) {
-            const S dl = g * dsig[j];
-            rsum += dl;
-            col[j] += dl;
-            s0 += dl * e0[j];
-            s1 += dl * e1[j];
-          };
-          if (part == 0) {
-            for (Index j = 0; j < Tk; ++j)
-              if (has[j]) {
-                add(j, tp.g_reg[j]);
-                tp.g_reg[j] = 0;
-              }
+          if (part == 0) {  // dl_j = g_reg_j sigmoid'_j at the labelled keys (branch-free, vectorised sums)
+            S* dl = tp.g_reg;
+            for (Index j = 0; j < Tk; ++j) {
+              const S v = has[j] ? dl[j] * dsig[j] : S(0);
+              dl[j] = v;
+              col[j] += v;
+            }
+            const Eigen::Map<const RowArr, Eigen::AlignedMax> dla(dl, Tk);
+            rsum = dla.sum();
+            s0 = (dla * Eigen::Map<const RowArr>(e0, Tk)).sum();
+            s1 = (dla * Eigen::Map<const RowArr>(e1, Tk)).sum();
+            std::fill(dl, dl + Tk, S(0));
           } else if (t >= 0) {
-            add(t, tp.g_spot[t]);
+            const S dl = tp.g_spot[t] * dsig[t];
+            rsum = dl;
+            col[t] += dl;
+            s0 = dl * e0[t];
+            s1 = dl * e1[t];
             tp.g_spot[t] = 0;
           }
           for (Index d = 0; d < Dh; ++d) gp[d] += rsum * Qb(r, d);  // w_q: sum_i (sum_j dl_ij) Q_i
@@ -629,7 +652,7 @@ private:
   void tiled_pair_setup(const Cache& c, const TilePtrs& tp, Index b, Index h, bool& any_real) const {
     const Index Tk = c.Tk, Dh = Dh_, G = 2 * Dh + 2;
     using ColVec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
-    Eigen::Map<HeadMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh), Vh(tp.Vh, Tk, Dh);
+    Eigen::Map<TileMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh), Vh(tp.Vh, Tk, Dh);
     Kh = c.K.block(b * Tk, h * Dh, Tk, Dh);
     Vh = c.V.block(b * Tk, h * Dh, Tk, Dh);
     Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>, Eigen::AlignedMax>(tp.kn, Tk) = Kh.rowwise().squaredNorm().array();
@@ -695,7 +718,7 @@ private:
       S* gate = has_oracle ? c.gate_part.data() + bh * 2 * (G + 1) : nullptr;
       if (has_oracle)
         for (S* p : {tp.col0, tp.col1, tp.g_reg, tp.g_spot}) std::fill(p, p + Tk, S(0));
-      Eigen::Map<const HeadMat, Eigen::AlignedMax> Vh(tp.Vh, Tk, Dh);
+      Eigen::Map<const TileMat, Eigen::AlignedMax> Vh(tp.Vh, Tk, Dh);
       for (Index i0 = 0; i0 < Tq; i0 += bq) {
         const Index n = std::min(bq, Tq - i0);
         tiled_block(true, c, tp, b, h, i0, n, any_real, &ctx, target_per_head, &c.sums[static_cast<std::size_t>(bh)],
@@ -712,7 +735,7 @@ private:
         }
       }
       if (has_oracle) {  // w_k: sum_j (sum_i dl_ij) K_j, for both parts
-        Eigen::Map<const HeadMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh);
+        Eigen::Map<const TileMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh);
         for (int part = 0; part < 2; ++part)
           Eigen::Map<Eigen::Matrix<S, 1, Eigen::Dynamic>>(gate + part * (G + 1) + Dh, Dh).noalias() =
               Eigen::Map<const Eigen::Matrix<S, 1, Eigen::Dynamic>>(part == 0 ? tp.col0 : tp.col1, Tk) * Kh;
@@ -753,8 +776,8 @@ private:
       const TilePtrs& tp = t.tp;
       std::uint8_t* has = t.has;
       const bool any_real = t.any_real;
-      Eigen::Map<const HeadMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh), Vh(tp.Vh, Tk, Dh);
-      Eigen::Map<HeadMat, Eigen::AlignedMax> dKh(tp.dKh, Tk, Dh), dVh(tp.dVh, Tk, Dh);
+      Eigen::Map<const TileMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh), Vh(tp.Vh, Tk, Dh);
+      Eigen::Map<TileMat, Eigen::AlignedMax> dKh(tp.dKh, Tk, Dh), dVh(tp.dVh, Tk, Dh);
       dKh.setZero();
       dVh.setZero();
       Eigen::Map<RelMat> dWr(dwrel_part.data() + bh * Dh * Dh, Dh, Dh);
@@ -767,17 +790,20 @@ private:
       for (Index i0 = 0; i0 < Tq; i0 += bq) {
         const Index n = std::min(bq, Tq - i0);
         const Index row0 = bh * Tq + i0;
-        tiled_block(false, c, tp, b, h, i0, n, any_real, nullptr, false, nullptr, nullptr, has);
-        Eigen::Map<const HeadMat, Eigen::AlignedMax> Qb(tp.Qb, n, Dh), Rb(tp.Rb, n, Dh);
-        Eigen::Map<HeadMat, Eigen::AlignedMax> Db(tp.Db, n, Dh), dQb(tp.dQb, n, Dh), dRb(tp.dRb, n, Dh);
-        MatMap<S> E0(tp.E0, n, Tk), E1(tp.E1, n, Tk), AM(tp.AM, n, Tk), P(tp.P, n, Tk), dP(tp.dP, n, Tk),
-            X(tp.X, n, Tk), CL(tp.CL, n, Tk);
-        Eigen::Map<ColArr, Eigen::AlignedMax> r0(tp.r0, n), r1(tp.r1, n), r2(tp.r2, n), r3(tp.r3, n);
+        tiled_block(false, c, t.tp, b, h, i0, n, any_real, nullptr, false, nullptr, nullptr, has);
+        const TilePtrs bp = tiled_stack(t.tp, n, Tk, Dh);
+        Eigen::Map<const TileMat, Eigen::AlignedMax> Qb(bp.Qb, n, Dh);
+        Eigen::Map<const TileMat> Rb(bp.Rb, n, Dh);
+        Eigen::Map<TileMat, Eigen::AlignedMax> Db(bp.Db, n, Dh), dQb(bp.dQb, n, Dh);
+        Eigen::Map<TileMat> dRb(bp.dRb, n, Dh);
+        MatMap<S> E0(bp.E0, n, Tk), E1(bp.E1, n, Tk), AM(bp.AM, n, Tk), P(bp.P, n, Tk), dP(bp.dP, n, Tk),
+            X(bp.X, n, Tk), CL(bp.CL, n, Tk);
+        Eigen::Map<ColArr, Eigen::AlignedMax> r0(bp.r0, n), r1(bp.r1, n), r2(bp.r2, n), r3(bp.r3, n);
         Db = dctx.block(b * Tq + i0, h * Dh, n, Dh);
         // ctx_h = Pd V_h, Pd = P .* drop
         dP.noalias() = Db * Vh.transpose();                       // ctx = Pd V  ->  dPd = dctx V^T
         if (c.dropout_on) {
-          tiled_dropout(c, bh, i0, n, tp.X);
+          tiled_dropout(c, bh, i0, n, bp.X);
           dP.array() *= X.array();                                 // Pd = P .* drop  ->  dP = dPd .* drop
           X.array() *= P.array();
           dVh.noalias() += X.transpose() * Db;                     // ctx = Pd V  ->  dV += Pd^T dctx
@@ -806,24 +832,26 @@ private:
           }
           Gm = ((Gm.colwise() - r0).colwise() * r3 - En.colwise() * r2).rowwise() * m;
         }
-        // E1 = min(0, E1raw): no gradient where the clamp was active
-        AM.array() *= S(1) - CL.array();
+        // E1 = min(0, E1raw): no gradient where the clamp was active; the scale factors of both experts go into
+        // the gradients here: g0' = g0 / sqrt(Dh), g1' = (2/Dh) g1
+        AM.array() *= (S(2) * inv_dh) * (S(1) - CL.array());
+        P *= inv_sqrt;
+        // E0_ij = Q_i.K_j / sqrt(Dh)  ->  dQ = g0' K, dK += g0'^T Q
         // E1raw_ij = -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh
-        //   dR_i = -(2/Dh) (sum_j g1_ij R_i - sum_j g1_ij K_j),  dK_j = -(2/Dh) (sum_i g1_ij K_j - sum_i g1_ij R_i)
+        //   dR_i = sum_j g1'_ij K_j - (sum_j g1'_ij) R_i,  dK_j += sum_i g1'_ij R_i - (sum_i g1'_ij) K_j
+        // [P; AM] is one [2n, Tk] matrix and [Qb; Rb], [dQb; dRb] are [2n, Dh]: two products serve all four terms
         r0 = AM.array().rowwise().sum();
-        cs += AM.colwise().sum();                                  // sum_i g1_ij, over all blocks (applied below)
-        dRb.noalias() = AM * Kh;
-        dRb = (S(-2) * inv_dh) * (r0.matrix().asDiagonal() * Rb - dRb);
-        dKh.noalias() += (S(2) * inv_dh) * (AM.transpose() * Rb);
-        // E0_ij = Q_i.K_j / sqrt(Dh)  ->  dK += g0^T Q / sqrt(Dh), dQ = g0 K / sqrt(Dh)
-        dKh.noalias() += inv_sqrt * (P.transpose() * Qb);
-        dQb.noalias() = inv_sqrt * (P * Kh);
+        cs += AM.colwise().sum();                                  // sum_i g1'_ij, over all blocks (applied below)
+        const MatMap<S> PA(bp.P, 2 * n, Tk);
+        Eigen::Map<TileMat, Eigen::AlignedMax>(bp.dQb, 2 * n, Dh).noalias() = PA * Kh;
+        dRb.noalias() -= r0.matrix().asDiagonal() * Rb;
+        dKh.noalias() += PA.transpose() * Eigen::Map<const TileMat, Eigen::AlignedMax>(bp.Qb, 2 * n, Dh);
         // R = Q W_rel^T  ->  dQ += dR W_rel, dW_rel += dR^T Q
         dQb.noalias() += dRb * Wr;
         dWr.noalias() += dRb.transpose() * Qb;
         dQ.block(b * Tq + i0, h * Dh, n, Dh) = dQb;
       }
-      dKh -= (S(2) * inv_dh) * (cs.transpose().asDiagonal() * Kh);  // the sum_i g1_ij K_j term of dK_j
+      dKh -= cs.transpose().asDiagonal() * Kh;  // the (sum_i g1'_ij) K_j term of dK_j
       dK.block(b * Tk, h * Dh, Tk, Dh) = dKh;
       dV.block(b * Tk, h * Dh, Tk, Dh) = dVh;
     }, double(B * H) * double(Tq) * double(Tk) * double(8 * Dh + 20) > kParallelMinFlops);

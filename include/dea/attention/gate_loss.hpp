@@ -76,17 +76,29 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
                     GateLossSums<S>& sums, S* g_reg, S* g_spot, S* beta_out, S* w_out, S* db_out) {
   using C = DeaConstants;
   const S nan = std::numeric_limits<S>::quiet_NaN();
-  if (beta_out)
+  if (beta_out)  // NaN where the pair is not valid (also for an inactive row)
     for (Index j = 0; j < tk; ++j) beta_out[j] = w_out[j] = db_out[j] = nan;
 
-  // 1. dense regression over every labelled cell
-  for (Index j = 0; j < tk; ++j)
-    if (has[j]) {
-      const S d = ahat[j] - a[j];
-      sums.reg += d * d;
-      sums.n_has += 1;
+  // 1. dense regression over every labelled cell, in chunks of kChunk keys: branch-free loops (the compiler
+  //    vectorises them) with d = 0 at unlabelled keys, and Eigen's vectorised sum
+  constexpr Index kChunk = 128;
+  using Arr = Eigen::Array<S, Eigen::Dynamic, 1, Eigen::ColMajor, kChunk, 1>;
+  Arr dd;
+  for (Index p0 = 0; p0 < tk; p0 += kChunk) {
+    const Index m = tk - p0 < kChunk ? tk - p0 : kChunk;
+    dd.resize(m);
+    S* ddp = dd.data();
+    Index n_has = 0;
+    for (Index k = 0; k < m; ++k) {
+      const Index j = p0 + k;
+      const S d = has[j] ? ahat[j] - a[j] : S(0);
+      ddp[k] = d;
       g_reg[j] += 2 * d;
+      n_has += has[j] ? 1 : 0;
     }
+    sums.reg += dd.square().sum();
+    sums.n_has += n_has;
+  }
 
   // 2. target t and whether the row is active
   Index t = 0;
@@ -108,56 +120,74 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
   }
   if (!active) return -1;
 
-  // 3.-4. photo-finish beta against every real key p != t, then the pair terms. The valid pairs are gathered in
-  // chunks of up to kChunk (on the stack: no allocation) and their terms are evaluated as arrays, which Eigen
-  // vectorises (sqrt, exp, tanh, log), then summed chunk by chunk in key order.
+  // 3.-4. photo-finish beta against every real key p != t, then the pair terms, over chunks of kChunk keys (on
+  // the stack: no allocation). Every key of a chunk is evaluated; a key whose pair is not valid gets beta = 0
+  // (so that every intermediate stays finite) and a 0 in the mask vk, which removes it from every sum. The
+  // element-wise steps are plain loops without branches or Eigen array expressions (sqrt, exp, tanh, log), both
+  // vectorised; the sums are Eigen's (vectorised), chunk by chunk in key order.
   const S e0t = e0[t], e1t = e1[t], a_t = a[t], ah_t = ahat[t];
   const S beps = S(C::beta_eps);
-  constexpr Index kChunk = 128;
-  using Arr = Eigen::Array<S, Eigen::Dynamic, 1, Eigen::ColMajor, kChunk, 1>;
-  S cbeta[kChunk];
-  Index cp[kChunk];
-  Index m = 0;
-  const S dr = ah_t - a_t;
-  auto flush = [&]() {
-    if (m == 0) return;
-    const Eigen::Map<const Eigen::Array<S, Eigen::Dynamic, 1>> beta(cbeta, m);
-    const Arr diff = a_t - beta;
+  const S dt = e1t - e0t, dr = ah_t - a_t;
+  Arr vk, bc, ldec, sig;
+  for (Index p0 = 0; p0 < tk; p0 += kChunk) {
+    const Index m = tk - p0 < kChunk ? tk - p0 : kChunk;
+    vk.resize(m);
+    bc.resize(m);
+    ldec.resize(m);
+    sig.resize(m);
+    const S* e0p = e0 + p0;
+    const S* e1p = e1 + p0;
+    S* vkp = vk.data();
+    S* bcp = bc.data();
+    Index n_valid = 0;
+    for (Index k = 0; k < m; ++k) {
+      const S num = e0p[k] - e0t;
+      const S den = dt - (e1p[k] - e0p[k]);
+      const S beta = num / (den + (den >= 0 ? beps : -beps));
+      // a NaN fails every comparison; beta in [0, 1] also excludes +-inf
+      const bool ok = (p0 + k != t) && (km == nullptr || km[p0 + k] != 0) && std::abs(den) >= beps && beta >= 0 &&
+                      beta <= 1;
+      vkp[k] = ok ? S(1) : S(0);
+      bcp[k] = ok ? beta : S(0);
+      n_valid += ok ? 1 : 0;
+    }
+    if (n_valid == 0) continue;
+    const Arr diff = a_t - bc;
     const Arr d_b = (diff.square() + S(C::db_eps)).sqrt();                 // d_b = sqrt((a_t - beta)^2 + 1e-4)
     const Arr w = S(1) + gp.lambda_s * (-d_b / gp.tau_s).exp();            // w = 1 + lambda_s exp(-d_b / tau_s)
     const Arr s_beta = (diff / S(C::s_beta_temp)).tanh();                  // s_beta = tanh((a_t - beta) / 0.05)
-    const Arr z = -s_beta * (ah_t - beta) / gp.tau_d;                      // L_dec = softplus(z)
-    // softplus(z) as PyTorch computes it (linear above the threshold 20); its derivative is sigmoid(z), or 1
-    const Arr ez = z.min(S(20)).exp();
+    const Arr z = -s_beta * (ah_t - bc) / gp.tau_d;                        // L_dec = softplus(z)
+    // softplus(z) as PyTorch computes it (linear above the threshold 20); its derivative is sigmoid(z), or 1.
     // log1p(ez) as log(u) ez / (u - 1), u = 1 + ez (exact to a few ulps; Eigen has no vectorised log1p)
-    const Arr u = S(1) + ez;
-    const Arr l_dec = (z > S(20)).select(z, (u == S(1)).select(ez, u.log() * (ez / (u - S(1)))));
-    const Arr sig_z = (z > S(20)).select(S(1), ez / (S(1) + ez));
-    sums.spot += (w * (dr * dr) + gp.lambda_d * l_dec).sum();
-    sums.decision += l_dec.sum();
-    sums.n_valid += m;
-    sums.n_side += ((ah_t - beta) * diff > S(0)).count();
+    const Arr ez = z.min(S(20)).exp();
+    const Arr lu = (S(1) + ez).log();
+    const S *ezp = ez.data(), *lup = lu.data(), *zp = z.data(), *dfp = diff.data();
+    S* ldp = ldec.data();
+    S* sgp = sig.data();
+    Index n_side = 0;
+    for (Index k = 0; k < m; ++k) {  // every division runs unconditionally (by nonzero values): vectorised
+      const S u = S(1) + ezp[k], um1 = u - S(1);
+      const S q = ezp[k] / (um1 == S(0) ? S(1) : um1);
+      const S soft = um1 == S(0) ? ezp[k] : lup[k] * q;
+      const bool big = zp[k] > S(20);
+      ldp[k] = vkp[k] * (big ? zp[k] : soft);
+      sgp[k] = vkp[k] * (big ? S(1) : ezp[k] / u);
+      n_side += (vkp[k] * ((ah_t - bcp[k]) * dfp[k]) > S(0)) ? 1 : 0;
+    }
     // l_pair = w (ah_t - a_t)^2 + lambda_d softplus(z),  z = -s_beta (ah_t - beta) / tau_d
-    g_spot[t] += (S(2) * w * dr + gp.lambda_d * sig_z * (-s_beta / gp.tau_d)).sum();
+    sums.spot += (vk * w * (dr * dr) + gp.lambda_d * ldec).sum();
+    sums.decision += ldec.sum();
+    sums.n_valid += n_valid;
+    sums.n_side += n_side;
+    g_spot[t] += (vk * (S(2) * w * dr) + gp.lambda_d * sig * (-s_beta / gp.tau_d)).sum();
     if (beta_out)
       for (Index k = 0; k < m; ++k) {
-        beta_out[cp[k]] = cbeta[k];
-        w_out[cp[k]] = w[k];
-        db_out[cp[k]] = d_b[k];
+        const bool ok = vk[k] != S(0);
+        beta_out[p0 + k] = ok ? bc[k] : nan;
+        w_out[p0 + k] = ok ? w[k] : nan;
+        db_out[p0 + k] = ok ? d_b[k] : nan;
       }
-    m = 0;
-  };
-  for (Index p = 0; p < tk; ++p) {
-    if (p == t || (km && !km[p])) continue;
-    const S num = e0[p] - e0t;
-    const S den = (e1t - e0t) - (e1[p] - e0[p]);
-    const S beta = num / (den + beps * (den >= 0 ? S(1) : S(-1)));
-    if (!(std::abs(den) >= beps) || !(beta >= 0) || !(beta <= 1) || !std::isfinite(beta)) continue;
-    cbeta[m] = beta;
-    cp[m] = p;
-    if (++m == kChunk) flush();
   }
-  flush();
   return t;
 }
 
