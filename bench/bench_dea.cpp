@@ -2,7 +2,7 @@
 //
 //   bench_dea [--shape BxTxDxH ...] [--threads 1,2] [--reps 5] [--mode forward,train] [--sizes fixed,dynamic]
 //             [--kernel tiled,reference] [--block-q N] [--oracle dense|none] [--no-check] [--max-ref-gb 6]
-//             [--no-yardstick]
+//             [--no-yardstick] [--no-retain]
 //
 // Kernels (DualExpertAttention::Options::kernel): `tiled` (query blocks, O(T) memory) and `reference` (every
 // [B, H, T, T] map kept). Before any timing, a child process (fork, so the parent's peak RSS stays clean) runs a
@@ -16,6 +16,8 @@
 // for clean per-shape peaks run one shape and one kernel per process (README, "Speed and memory of the attention
 // layer").
 // When both kernels are timed, a "dea_kernel_ratio" line gives reference_ms / tiled_ms.
+// Like examples/train, the program calls dea::retain_freed_memory() first (freed step buffers are reused instead
+// of being faulted in again on every step); --no-retain keeps glibc's defaults. The peak RSS is about the same.
 //
 // Measurements:
 //  - yardstick: single-thread float GEMM (Eigen, 256x256x256) run concurrently on every thread, summed GFLOP/s:
@@ -34,6 +36,7 @@
 // Exit status: 0 done; 1 a failure, e.g. out of memory (the message names the shape, kernel and thread count);
 // 2 bad command line; 3 the kernels disagree (or the check process crashed).
 #include <dea/attention/dual_expert.hpp>
+#include <dea/core/allocator.hpp>
 #include <dea/io/cli.hpp>
 
 #include <fmt/core.h>
@@ -243,7 +246,8 @@ void run_shape(const Shape4& s, DeaKernel kernel, Index block_q, int threads, in
 
 constexpr const char* kUsage =
     "usage: bench_dea [--shape BxTxDxH ...] [--threads 1,2] [--reps 5] [--mode forward,train] [--sizes fixed,dynamic] "
-    "[--kernel tiled,reference] [--block-q N] [--oracle dense|none] [--no-check] [--max-ref-gb 6] [--no-yardstick]\n";
+    "[--kernel tiled,reference] [--block-q N] [--oracle dense|none] [--no-check] [--max-ref-gb 6] [--no-yardstick] "
+    "[--no-retain]\n";
 
 /// The largest sizes --shape takes, and the largest products: every index the layer computes (up to B H T T)
 /// fits in 64 bits with room to spare, so a large shape fails by running out of memory, never by overflowing.
@@ -293,6 +297,7 @@ int main(int argc, char** argv) try {
   std::vector<int> threads = {1, 2};
   int reps = 5;
   bool fwd = true, train = true, fixed = true, dynamic = true, yard = true, check = true, oracle_on = true;
+  bool retain = true;
   std::vector<DeaKernel> kernels = {DeaKernel::tiled, DeaKernel::reference};
   Index block_q = 0;
   double max_ref_gb = 6.0;
@@ -339,6 +344,8 @@ int main(int argc, char** argv) try {
         oracle_on = m == "dense";
       } else if (args.is("--no-check")) {
         check = false;
+      } else if (args.is("--no-retain")) {
+        retain = false;
       } else if (args.is("--max-ref-gb")) {
         max_ref_gb = args.double_value(0, 1e6);
       } else {
@@ -350,6 +357,7 @@ int main(int argc, char** argv) try {
     return 2;
   }
   if (shapes.empty()) shapes.push_back({32, 128, 512, 8});
+  if (retain) dea::retain_freed_memory();  // as examples/train: reuse freed step buffers (no page faults per step)
   auto ref_ok = [&](const Shape4& s) { return reference_bytes(s, sizeof(float)) <= max_ref_gb * 1e9; };
   // ---- agreement of the kernels, before any timing, in a child process (the parent has not started OpenMP yet,
   // and its peak RSS stays that of the timed runs)

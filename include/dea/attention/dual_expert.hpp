@@ -486,7 +486,11 @@ private:
     {
       auto A = E1.array();
       A = -((A.colwise() - r0).rowwise() - kn) * (-inv_dh);
-      if (!fwd) MatMap<S>(tp.CL, n, Tk).array() = (A > S(0)).template cast<S>();  // 1 where the clamp is active
+      if (!fwd) {  // 1 where the clamp is active (a plain loop: Eigen 3.4 casts a comparison one scalar at a time)
+        const S* e1 = tp.E1;
+        S* cl = tp.CL;
+        for (Index k = 0; k < n * Tk; ++k) cl[k] = e1[k] > S(0) ? S(1) : S(0);
+      }
       A = A.min(S(0));
     }
     // 4. per-query normalisation over the real keys, in place (forward: statistics saved per row)
@@ -505,8 +509,8 @@ private:
       } else {
         A = (A.colwise() - mu).rowwise() * m;
       }
-      r1 = sg + S(DeaConstants::norm_eps);
-      A.colwise() /= r1;
+      r1 = S(1) / (sg + S(DeaConstants::norm_eps));  // one division per row, then products
+      A.colwise() *= r1;
     }
     // 5.-6. gate: logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c; alpha_hat = min(0.95, sigmoid(clip(logit)))
     const S* wg = W_gate_.value.data() + h * G;

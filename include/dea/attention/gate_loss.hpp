@@ -107,6 +107,38 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
     t = target > 0 ? static_cast<Index>(target) : 0;
     active = target >= 0 && has[t];
   } else {
+    // the first labelled key of the largest S*_j = (1 - a_j) e0_j + a_j e1_j (the oracle winner). The scores are
+    // formed branch-free in chunks (-inf at unlabelled keys) and searched for their maximum; if a labelled score
+    // is NaN, the scalar loop below decides (it keeps the reference's rule for that case).
+    S top = -std::numeric_limits<S>::infinity();
+    Index first = -1, n_nan = 0;
+    for (Index p0 = 0; p0 < tk && n_nan == 0; p0 += kChunk) {
+      const Index m = tk - p0 < kChunk ? tk - p0 : kChunk;
+      dd.resize(m);
+      S* sc = dd.data();
+      for (Index k = 0; k < m; ++k) {
+        const Index j = p0 + k;
+        const S s = (1 - a[j]) * e0[j] + a[j] * e1[j];
+        sc[k] = has[j] ? s : -std::numeric_limits<S>::infinity();
+        n_nan += (has[j] && !(s == s)) ? 1 : 0;
+      }
+      if (n_nan > 0) break;
+      const S cmax = dd.maxCoeff();
+      if (first < 0 || cmax > top) {
+        for (Index k = 0; k < m; ++k)
+          if (has[p0 + k] && sc[k] == cmax) {
+            top = cmax;
+            first = p0 + k;
+            break;
+          }
+      }
+    }
+    if (first >= 0 && n_nan == 0) {
+      t = first;
+      active = true;
+    }
+  }
+  if (winner && !active) {
     S best = -std::numeric_limits<S>::infinity();
     for (Index j = 0; j < tk; ++j) {
       if (!has[j]) continue;
