@@ -170,6 +170,12 @@ endif()
 if(TARGET train)
   dea_cli_test(train_resume_and_overwrite train 2 "--resume and --overwrite contradict each other"
                --resume --overwrite --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_nothing)
+  # a resumed run whose train_log.jsonl was deleted says so (and logs from the resumed step on)
+  dea_cli_sh(train_resume_missing_log train 0 "train_log.jsonl is missing; the resumed run's log starts at step 3"
+             "d=${CMAKE_CURRENT_BINARY_DIR}/cli_resume_log; rm -rf \"$d\"; \
+f='--d_model 16 --n_heads 2 --n_layers 1 --d_ff 32 --batch_size 8 --n_per_source 40 --eval_every 100 --threads 1'; \
+\"$0\" $f --steps 2 --out_dir \"$d\" >/dev/null && rm \"$d/train_log.jsonl\" && \
+\"$0\" $f --steps 4 --resume --out_dir \"$d\" && test -s \"$d/train_log.jsonl\"")
 endif()
 if(TARGET eval)
   dea_cli_sh(eval_plot_dir_checked_first eval 2 "--plot_dir: cannot create the directory"

@@ -296,6 +296,21 @@ TEST_CASE("pipeline: resume after k steps equals an uninterrupted run bit for bi
   }
   CHECK(steps == 5);  // steps 1, 4, 8, 12, 14
   CHECK(evals == 3);  // steps 5, 10, 14
+
+  // the resumed run's log: the first run's lines (its last step, 6, ends that run) and then the steps an
+  // uninterrupted run logs, not the first step after the resume
+  auto logged = [](const std::string& dir) {
+    std::vector<std::string> out;
+    std::ifstream in(fs::path(dir) / "train_log.jsonl");
+    std::string l;
+    while (std::getline(in, l)) {
+      const auto j = nlohmann::json::parse(l);
+      out.push_back(std::to_string(j["step"].get<long long>()) + (j.contains("event") ? "e" : ""));
+    }
+    return out;
+  };
+  CHECK(logged(full) == std::vector<std::string>{"1", "4", "5e", "8", "10e", "12", "14", "14e"});
+  CHECK(logged(part) == std::vector<std::string>{"1", "4", "5e", "6", "6e", "8", "10e", "12", "14", "14e"});
 }
 
 TEST_CASE("pipeline: evaluation of a checkpoint and the Paris probe", "[pipeline]") {

@@ -1122,6 +1122,9 @@ inline TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o = 
           kept += line + "\n";
       }
       data::write_file_atomic(lp, kept);
+    } else if (step0 > 0) {
+      fmt::print(stderr, "warning: {} is missing; the resumed run's log starts at step {} (the earlier steps are not "
+                 "in it)\n", lp, step0 + 1);
     }
     log.open(lp, step0 ? std::ios::app : std::ios::trunc);
     check(static_cast<bool>(log), "cannot open ", lp, " for writing");
@@ -1234,7 +1237,10 @@ inline TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o = 
 
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
     const double rate = static_cast<double>(done) / std::max(el, 1e-9);
-    const bool log_now = step % cfg.log_every == 0 || step == step0 + 1 || step == cfg.steps;
+    // logged steps depend on the step number alone (a resumed run logs what an uninterrupted one does); the
+    // console also shows the first step of a resumed run
+    const bool log_now = step % cfg.log_every == 0 || step == 1 || step == cfg.steps;
+    const bool show_now = log_now || step == step0 + 1;
     if (log_now) {
       std::vector<double> ah, ao;
       collect_last_layer(cache, b, ah, ao);
@@ -1257,12 +1263,12 @@ inline TrainResult run_training(const TrainConfig& cfg, const TrainOptions& o = 
       j["steps_per_s"] = rate;
       write_log(j);
     }
-    if (o.verbose && (tty || log_now)) {
+    if (o.verbose && (tty || show_now)) {
       const double eta = static_cast<double>(cfg.steps - step) / rate;
       fmt::print("{}step {:>6}/{}  gamma {:.3f}  task {:.4f}  gate {:.4f}  |g| main {:.3f} gate {:.3f}  {:.2f} it/s  "
                  "ETA {}{}",
                  tty ? "\r" : "", step, cfg.steps, static_cast<double>(gamma), task, gate, norms.at("main"),
-                 norms.at("gate"), rate, detail::fmt_duration(eta), tty ? (log_now ? "\n" : "   ") : "\n");
+                 norms.at("gate"), rate, detail::fmt_duration(eta), tty ? (show_now ? "\n" : "   ") : "\n");
       std::fflush(stdout);
     }
     if (step % cfg.eval_every == 0 || step == cfg.steps) do_eval_and_checkpoint(step);
