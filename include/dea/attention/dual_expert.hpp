@@ -481,17 +481,24 @@ private:
     // both in one product: [E0; E1] = [Qb; Rb] K_h^T
     MatMap<S>(tp.E0, 2 * n, Tk).noalias() = Eigen::Map<const TileMat, Eigen::AlignedMax>(tp.Qb, 2 * n, Dh) * Kh.transpose();
     E0 *= inv_sqrt;
-    E1 *= S(2);
     r0 = Rb.rowwise().squaredNorm();
-    {
-      auto A = E1.array();
-      A = -((A.colwise() - r0).rowwise() - kn) * (-inv_dh);
-      if (!fwd) {  // 1 where the clamp is active (a plain loop: Eigen 3.4 casts a comparison one scalar at a time)
-        const S* e1 = tp.E1;
-        S* cl = tp.CL;
-        for (Index k = 0; k < n * Tk; ++k) cl[k] = e1[k] > S(0) ? S(1) : S(0);
+    for (Index r = 0; r < n; ++r) {  // one pass per row (plain loops, vectorised); backward also marks the clamp
+      S* e1 = tp.E1 + r * Tk;
+      const S rr = r0[r];
+      const S* knp = tp.kn;
+      if (fwd) {
+        for (Index j = 0; j < Tk; ++j) {
+          const S v = (e1[j] * S(2) - rr - knp[j]) * inv_dh;
+          e1[j] = v < S(0) ? v : S(0);
+        }
+      } else {
+        S* cl = tp.CL + r * Tk;
+        for (Index j = 0; j < Tk; ++j) {
+          const S v = (e1[j] * S(2) - rr - knp[j]) * inv_dh;
+          cl[j] = v > S(0) ? S(1) : S(0);  // 1 where the clamp is active
+          e1[j] = v < S(0) ? v : S(0);
+        }
       }
-      A = A.min(S(0));
     }
     // 4. per-query normalisation over the real keys, in place (forward: statistics saved per row)
     for (int e = 0; e < 2; ++e) {
@@ -619,7 +626,9 @@ private:
       z = PA.rowwise().sum();
       z = (z > S(0)).select(z, S(1));
     }
-    PA.colwise() /= z;
+    Eigen::Map<ColArr, Eigen::AlignedMax> zinv(tp.r3, n);
+    zinv = S(1) / z;
+    PA.colwise() *= zinv;
   }
 
   /// Dropout multipliers (0 or 1/(1-p)) of rows [i0, i0 + n) of pair bh into D [n, Tk].
