@@ -575,7 +575,8 @@ private:
           if (part == 0) {  // dl_j = g_reg_j sigmoid'_j at the labelled keys (branch-free, vectorised sums)
             S* dl = tp.g_reg;
             for (Index j = 0; j < Tk; ++j) {
-              const S v = has[j] ? dl[j] * dsig[j] : S(0);
+              const S prod = dl[j] * dsig[j];  // unconditional loads: vectorised
+              const S v = has[j] ? prod : S(0);
               dl[j] = v;
               col[j] += v;
             }

@@ -61,6 +61,29 @@ struct GateLossSums {
 
 namespace detail {
 
+/// The photo-finish beta of keys [p0, p0 + m) against the target t: vk[k] = 1 and bc[k] = beta where the pair is
+/// valid (a real key other than t, |den| >= beta_eps, beta in [0, 1]), else 0 and 0. Returns the valid count.
+/// Every operand is loaded unconditionally, the tests are combined with & and the outputs do not alias the inputs,
+/// so the compiler vectorises the loop.
+template <bool WithKm, class S>
+Index beta_chunk(Index m, Index p0, Index t, const S* e0p, const S* e1p, const std::uint8_t* km, S e0t, S dt, S beps,
+                 S* __restrict vk, S* __restrict bc) {
+  Index nv = 0;
+  for (Index k = 0; k < m; ++k) {
+    const S num = e0p[k] - e0t;
+    const S den = dt - (e1p[k] - e0p[k]);
+    const S beta = num / (den + (den >= 0 ? beps : -beps));
+    bool real = true;
+    if constexpr (WithKm) real = km[p0 + k] != 0;
+    // a NaN fails every comparison; beta in [0, 1] also excludes +-inf
+    const bool ok = (p0 + k != t) & real & (std::abs(den) >= beps) & (beta >= 0) & (beta <= 1);
+    vk[k] = ok ? S(1) : S(0);
+    bc[k] = ok ? beta : S(0);
+    nv += ok ? 1 : 0;
+  }
+  return nv;
+}
+
 /// Gate loss of one query row.
 ///   e0, e1 [Tk]      normalised experts (treated as constants)
 ///   ahat [Tk]        alpha-hat of the row
@@ -84,6 +107,7 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
   constexpr Index kChunk = 128;
   using Arr = Eigen::Array<S, Eigen::Dynamic, 1, Eigen::ColMajor, kChunk, 1>;
   Arr dd;
+  Index row_has = 0;
   for (Index p0 = 0; p0 < tk; p0 += kChunk) {
     const Index m = tk - p0 < kChunk ? tk - p0 : kChunk;
     dd.resize(m);
@@ -91,18 +115,21 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
     Index n_has = 0;
     for (Index k = 0; k < m; ++k) {
       const Index j = p0 + k;
-      const S d = has[j] ? ahat[j] - a[j] : S(0);
+      const S diff = ahat[j] - a[j];  // loaded unconditionally, so that the loop vectorises
+      const S d = has[j] ? diff : S(0);
       ddp[k] = d;
       g_reg[j] += 2 * d;
       n_has += has[j] ? 1 : 0;
     }
     sums.reg += dd.square().sum();
     sums.n_has += n_has;
+    row_has += n_has;
   }
+  if (row_has == 0) return -1;  // no labelled key: the row is inactive (no target, no pairs)
 
   // 2. target t and whether the row is active
   Index t = 0;
-  bool active = false;
+  bool active = false, nan_seen = false;
   if (!winner) {
     t = target > 0 ? static_cast<Index>(target) : 0;
     active = target >= 0 && has[t];
@@ -137,8 +164,9 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
       t = first;
       active = true;
     }
+    nan_seen = n_nan > 0;
   }
-  if (winner && !active) {
+  if (winner && !active && nan_seen) {
     S best = -std::numeric_limits<S>::infinity();
     for (Index j = 0; j < tk; ++j) {
       if (!has[j]) continue;
@@ -171,18 +199,8 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
     const S* e1p = e1 + p0;
     S* vkp = vk.data();
     S* bcp = bc.data();
-    Index n_valid = 0;
-    for (Index k = 0; k < m; ++k) {
-      const S num = e0p[k] - e0t;
-      const S den = dt - (e1p[k] - e0p[k]);
-      const S beta = num / (den + (den >= 0 ? beps : -beps));
-      // a NaN fails every comparison; beta in [0, 1] also excludes +-inf
-      const bool ok = (p0 + k != t) && (km == nullptr || km[p0 + k] != 0) && std::abs(den) >= beps && beta >= 0 &&
-                      beta <= 1;
-      vkp[k] = ok ? S(1) : S(0);
-      bcp[k] = ok ? beta : S(0);
-      n_valid += ok ? 1 : 0;
-    }
+    const Index n_valid = km ? beta_chunk<true>(m, p0, t, e0p, e1p, km, e0t, dt, beps, vkp, bcp)
+                             : beta_chunk<false>(m, p0, t, e0p, e1p, km, e0t, dt, beps, vkp, bcp);
     if (n_valid == 0) continue;
     const Arr diff = a_t - bc;
     const Arr d_b = (diff.square() + S(C::db_eps)).sqrt();                 // d_b = sqrt((a_t - beta)^2 + 1e-4)
