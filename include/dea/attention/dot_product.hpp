@@ -297,7 +297,9 @@ bool weight_grad_in_one_call(Index n_rows, Index out, Index in) {
 /// dW += dy^T x: one Eigen call when weight_grad_in_one_call allows it, ops::gemm_tn_add otherwise.
 template <class S, class DY, class DX, class DW>
 void weight_grad_add(const Eigen::MatrixBase<DY>& dy, const Eigen::MatrixBase<DX>& x, DW&& dW) {
-  if (weight_grad_in_one_call<S>(dy.rows(), dy.cols(), x.cols()))
+  if (ops::gemm_impl::packable<DY>() && ops::gemm_impl::packable<DX>() && ops::gemm_impl::packable<std::decay_t<DW>>())
+    ops::gemm_tn_add<S>(dy, x, dW);  // the packed product packs x once anyway
+  else if (weight_grad_in_one_call<S>(dy.rows(), dy.cols(), x.cols()))
     dW.noalias() += dy.transpose() * x;
   else
     ops::gemm_tn_add<S>(dy, x, dW);
@@ -309,8 +311,8 @@ void weight_grad_add(const Eigen::MatrixBase<DY>& dy, const Eigen::MatrixBase<DX
 /// ops::linear_forward.
 template <class S, class DX, class DW>
 void linear_forward_bias_first(const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>& W, const S* b, Mat<S>& y) {
-  if (!b) {
-    ops::linear_forward<S>(x, W, nullptr, y);
+  if (!b || (ops::gemm_impl::packable<DX>() && ops::gemm_impl::packable<DW>())) {  // the packed product adds b in its pass
+    ops::linear_forward<S>(x, W, b, y);
     return;
   }
   y.resize(x.rows(), W.rows());

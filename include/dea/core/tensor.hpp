@@ -5,6 +5,8 @@
 // target indices, per-head score tensors [B,H,Tq,Tk]) and what safetensors files hold.
 #pragma once
 
+#include <type_traits>
+
 #include "config.hpp"
 #include "error.hpp"
 
@@ -107,6 +109,12 @@ void check_matrix(const Eigen::MatrixBase<Derived>& m, Index rows, Index cols, c
 /// Throws if any element of `m` is NaN or infinite; the message names `what` and the first bad position.
 template <class Derived>
 void check_finite(const Eigen::DenseBase<Derived>& m, const char* what) {
+  using S = typename Derived::Scalar;
+  // x * 0 is (signed) zero for every finite x and NaN for an infinity or a NaN, so this vectorised sum is zero
+  // exactly when every value is finite; only then is the element-wise search below (which names the first bad
+  // value) skipped
+  if constexpr (std::is_floating_point<S>::value)
+    if ((m.derived().array() * S(0)).sum() == S(0)) return;
   for (Index r = 0; r < m.rows(); ++r)
     for (Index c = 0; c < m.cols(); ++c) {
       const auto v = m(r, c);

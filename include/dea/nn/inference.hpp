@@ -297,6 +297,8 @@ public:
     check_bound();
 
     Workspace<S> ws(ws_ + pe_size(), ws_size_ - pe_size());
+    const Index packed_n = pack_size(cfg_);
+    const ops::packed::BufferScope<S> packing(ws.take(packed_n), packed_n);  // the products pack into the workspace
     MatMap<S> x(ws.take(N * D), N, D), h(ws.take(N * D), N, D);
     MatMap<S> Q(ws.take(N * D), N, D), K(ws.take(N * D), N, D), V_(ws.take(N * D), N, D), ctx(ws.take(N * D), N, D);
     MatMap<S> f(ws.take(N * F), N, F);
@@ -367,7 +369,18 @@ private:
       n += 3 * aligned_count<S>(B * D) + aligned_count<S>(B * c.n_classes);
     else
       n += aligned_count<S>(N * c.vocab_size);
-    return n;
+    return n + aligned_count<S>(pack_size(c));
+  }
+
+  /// Values the matrix products pack their right-hand side into (ops/packed_gemm.hpp), for the largest of them.
+  static constexpr Index pack_size(const InferenceConfig& c) {
+    const Index D = c.d_model, F = c.d_ff;
+    const Index sizes[] = {ops::packed::b_pack_size<S>(D, D), ops::packed::b_pack_size<S>(D, F),
+                           ops::packed::b_pack_size<S>(F, D), ops::packed::b_pack_size<S>(D, c.n_classes),
+                           ops::packed::b_pack_size<S>(D, c.vocab_size)};
+    Index m = 0;
+    for (Index v : sizes) m = v > m ? v : m;
+    return m;
   }
 
   /// Dual-Expert attention of one layer without oracle, in place on h [N, D] (LN1 output in, attention output

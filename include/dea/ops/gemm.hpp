@@ -1,13 +1,16 @@
-// dea/ops/gemm.hpp: matrix products split into row blocks over the library's threads.
+// dea/ops/gemm.hpp: matrix products whose results do not depend on the thread count.
 //
-// The block boundaries depend only on the sizes, never on the thread count, and Eigen runs each block's
-// product single-threaded (it does not parallelise inside a parallel region). So every element of the result
-// is computed by the same sequence of operations whatever the number of threads: results are bitwise
-// identical for 1 and N threads (Eigen's own multi-threaded GEMM changes its blocking with the thread count).
+// float and double products of plain (direct-access) matrices run through the library's packed product
+// (packed_gemm.hpp): B is packed once and shared by the threads, and every element is summed in an order
+// fixed by the inner dimension alone. Anything else (other scalar types, lazy expressions) runs Eigen's
+// product on row blocks whose boundaries depend only on the sizes, each block single-threaded (Eigen does not
+// parallelise inside a parallel region), so every element is computed by the same sequence of operations for
+// 1 and N threads there too (Eigen's own multi-threaded GEMM changes its blocking with the thread count).
 #pragma once
 
 #include "../core/parallel.hpp"
 #include "../core/tensor.hpp"
+#include "packed_gemm.hpp"
 
 namespace dea {
 namespace ops {
@@ -47,10 +50,51 @@ void for_row_blocks(Index rows, F&& f) {
   for_blocks(rows, gemm_row_blocks(rows), f);
 }
 
+namespace gemm_impl {
+
+/// True when the packed product can read (or write) this expression: float or double with direct access.
+template <class D>
+constexpr bool packable() {
+  return packed::supported<typename D::Scalar>() && (int(D::Flags) & Eigen::DirectAccessBit) != 0;
+}
+
+/// The strided view of a direct-access expression.
+template <class D>
+packed::View<typename D::Scalar> view_of(const Eigen::MatrixBase<D>& m) {
+  const D& d = m.derived();
+  if (D::IsRowMajor) return {d.data(), Index(d.outerStride()), Index(d.innerStride())};
+  return {d.data(), Index(d.innerStride()), Index(d.outerStride())};
+}
+
+/// C (=|+=) A B (+ bias as a row, only when C is row-major) with the packed product. False (nothing done) when
+/// C's elements are not contiguous along a row or a column.
+template <class S, class DC>
+bool packed_into(Index M, Index N, Index K, packed::View<S> A, packed::View<S> B, Eigen::MatrixBase<DC>& C,
+                 bool accumulate, const S* bias) {
+  DC& c = C.derived();
+  if (c.innerStride() != 1 && M > 1 && N > 1) return false;
+  if (DC::IsRowMajor || M == 1) {
+    packed::gemm<S>(M, N, K, A, B, c.data(), DC::IsRowMajor ? Index(c.outerStride()) : N, accumulate, bias);
+    return true;
+  }
+  if (bias) return false;
+  // column-major C: C^T = B^T A^T is row-major with the same strides
+  packed::gemm<S>(N, M, K, B.t(), A.t(), c.data(), Index(c.outerStride()), accumulate, nullptr);
+  return true;
+}
+
+}  // namespace gemm_impl
+
 /// C = A * B into a C that already has A.rows() x B.cols() (a matrix or a Map of a workspace: no resize).
 template <class DA, class DB, class DC>
 void gemm_into(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C) {
   check_matrix(C, A.rows(), B.cols(), "gemm_into: C");
+  using S = typename DC::Scalar;
+  if constexpr (gemm_impl::packable<DA>() && gemm_impl::packable<DB>() && gemm_impl::packable<DC>()) {
+    if (gemm_impl::packed_into<S>(A.rows(), B.cols(), A.cols(), gemm_impl::view_of(A), gemm_impl::view_of(B), C, false,
+                               nullptr))
+      return;
+  }
   for_row_blocks(A.rows(), [&](Index r0, Index nr) { C.middleRows(r0, nr).noalias() = A.middleRows(r0, nr) * B; });
 }
 
@@ -64,6 +108,12 @@ void gemm(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Mat<S>
 /// C += A^T * B, with A [N, M], B [N, K], C [M, K] (a weight gradient: reduction over the N rows).
 template <class S, class DA, class DB, class DC>
 void gemm_tn_add(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C) {
+  check_matrix(C, A.cols(), B.cols(), "gemm_tn_add: C");
+  if constexpr (gemm_impl::packable<DA>() && gemm_impl::packable<DB>() && gemm_impl::packable<DC>()) {
+    if (gemm_impl::packed_into<S>(A.cols(), B.cols(), A.rows(), gemm_impl::view_of(A).t(), gemm_impl::view_of(B), C, true,
+                               nullptr))
+      return;
+  }
   for_blocks(C.rows(), gemm_tn_row_blocks(C.rows()), [&](Index r0, Index nr) {
     C.middleRows(r0, nr).noalias() += A.middleCols(r0, nr).transpose() * B;
   });

@@ -1,0 +1,357 @@
+// dea/ops/packed_gemm.hpp: the library's own matrix product for float and double, C (=|+=) A B.
+//
+// The classic packed scheme: B is copied once per [kc, nc] block into panels of NR columns that all threads
+// share, each thread copies its own rows of A into panels of MR rows, and a register-tiled micro-kernel adds
+// kc rank-1 updates into an MR x NR tile held in vector registers. Eigen's product, called on fixed row blocks
+// (which the thread-count invariance needs), copied B again for every block; here B is copied once per block
+// of k and the row blocks only decide who computes which tile.
+//
+// Results do not depend on the thread count or on how the rows are split: every element of C is
+//   C = C0 + s_1 + s_2 + ...,   s_b = the k-ordered fused multiply-add chain over the b-th block of k,
+// and the blocks of k depend on K alone. A tile cut short by the edge of C computes its valid elements with
+// exactly the same operations as a full tile (the padding lanes of the packed panels are zero and discarded).
+//
+// The micro-kernel uses GCC/Clang vector extensions; its shape follows the instruction set the program is
+// compiled for (AVX-512: 12 x 32 floats, 28 of the 32 registers; AVX: 6 x 16; otherwise 4 x 8 with 16-byte
+// vectors). Other scalar types, and compilers without vector extensions, use Eigen (ops/gemm.hpp decides).
+#pragma once
+
+#include "../core/error.hpp"
+#include "../core/parallel.hpp"
+#include "../core/tensor.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <type_traits>
+
+#if defined(__GNUC__) || defined(__clang__)
+#define DEA_PACKED_GEMM 1
+#else
+#define DEA_PACKED_GEMM 0
+#endif
+
+namespace dea {
+namespace ops {
+namespace packed {
+
+/// A read-only strided matrix: element (i, j) is p[i * rs + j * cs].
+template <class S>
+struct View {
+  const S* p;
+  Index rs, cs;
+  /// The transpose, without a copy.
+  View t() const { return {p, cs, rs}; }
+};
+
+/// True for the scalar types the packed product handles.
+template <class S>
+constexpr bool supported() {
+  return DEA_PACKED_GEMM && (std::is_same<S, float>::value || std::is_same<S, double>::value);
+}
+
+#if DEA_PACKED_GEMM
+
+/// A micro-kernel shape: VB-byte vectors, MR rows of NV vectors each (NR = NV * VB / sizeof(S) columns).
+template <class S, int VB, int MR_, int NV>
+struct Kernel {
+  typedef S V __attribute__((vector_size(VB)));
+  static constexpr int L = VB / int(sizeof(S));
+  static constexpr int MR = MR_;
+  static constexpr int NR = NV * L;
+
+  /// The [rows, cols] corner of the MR x NR tile at c (row stride ldc), rows <= MR, cols <= NR:
+  ///   init:  c = acc (+ bias[j] when bias is non-null);   otherwise:  c = c + acc,
+  /// with acc = sum over k < kc of a[k * MR + i] * b[k * NR + j] (a and b: packed panels, VB-aligned).
+  static void tile(Index kc, const S* __restrict a, const S* __restrict b, S* __restrict c, Index ldc, int rows,
+                   int cols, bool init, const S* __restrict bias) {
+    V acc[MR][NV];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] = V{};
+    for (Index k = 0; k < kc; ++k) {
+      V bv[NV];
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) bv[j] = *reinterpret_cast<const V*>(b + k * NR + j * L);
+      const S* ak = a + k * MR;
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const S av = ak[i];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
+      }
+    }
+    if (rows == MR && cols == NR) {
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) {
+          S* cp = c + i * ldc + j * L;
+          V v;
+          if (init) {
+            v = acc[i][j];
+            if (bias) {
+              V bb;
+              std::memcpy(&bb, bias + j * L, sizeof(V));
+              v = v + bb;
+            }
+          } else {
+            std::memcpy(&v, cp, sizeof(V));
+            v = v + acc[i][j];
+          }
+          std::memcpy(cp, &v, sizeof(V));
+        }
+      return;
+    }
+    alignas(64) S t[MR * NR];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) std::memcpy(t + i * NR + j * L, &acc[i][j], sizeof(V));
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < cols; ++j) {
+        S& x = c[i * ldc + j];
+        const S s = t[i * NR + j];
+        x = init ? (bias ? s + bias[j] : s) : x + s;
+      }
+  }
+};
+
+/// The shape compiled for this instruction set.
+template <class S>
+#if defined(__AVX512F__)
+using DefaultKernel = Kernel<S, 64, 12, 2>;
+#elif defined(__AVX__)
+using DefaultKernel = Kernel<S, 32, 6, 2>;
+#else
+using DefaultKernel = Kernel<S, 16, 4, 2>;
+#endif
+
+/// The deepest block of k: a packed panel of A (MR x kKcMax values) lives on the stack of the thread using it.
+constexpr Index kKcMax = 512;
+/// Bytes of a packed block of B, at most: the [kc, nc] block stays within half of a typical L2.
+constexpr Index kBBlockBytes = Index(1) << 20;
+
+/// The depth of the blocks of k for an inner dimension K: the fewest blocks of at most kKcMax, of equal depth
+/// (the last may be shorter). A function of K alone, so results never depend on anything else.
+constexpr Index k_block(Index K) {
+  const Index nb = (K + kKcMax - 1) / kKcMax;
+  return nb < 1 ? 0 : (K + nb - 1) / nb;
+}
+
+/// Columns of B per packed block for inner dimension K and N columns (a multiple of NR).
+template <class S, int NR>
+constexpr Index n_block(Index K, Index N) {
+  const Index kc = k_block(K) < 1 ? 1 : k_block(K);
+  Index nc = kBBlockBytes / (kc * Index(sizeof(S))) / NR * NR;
+  if (nc < NR) nc = NR;
+  const Index whole = (N + NR - 1) / NR * NR;
+  return nc < whole ? nc : whole;
+}
+
+/// Values of S a product with inner dimension K and N columns packs B into (the one buffer it needs).
+template <class S, class Kern = DefaultKernel<S>>
+constexpr Index b_pack_size(Index K, Index N) {
+  return K <= 0 || N <= 0 ? 0 : k_block(K) * n_block<S, Kern::NR>(K, N);
+}
+
+namespace detail {
+
+template <class S>
+struct BBuffer {
+  S* p = nullptr;
+  Index n = 0;
+  bool owned = false;
+  ~BBuffer() {
+    if (owned) std::free(p);
+  }
+};
+
+template <class S>
+BBuffer<S>& b_buffer() {
+  thread_local BBuffer<S> buf;
+  return buf;
+}
+
+/// The calling thread's buffer for packed B, grown (on the heap) to n values unless a BufferScope supplies it.
+template <class S>
+S* b_scratch(Index n) {
+  BBuffer<S>& buf = b_buffer<S>();
+  if (n <= buf.n) return buf.p;
+  check(buf.owned || buf.p == nullptr, "ops::packed::gemm: the buffer of the BufferScope in force holds ", buf.n,
+        " values, the product needs ", n);
+  std::free(buf.p);
+  buf.p = nullptr;
+  buf.n = 0;
+  const std::size_t bytes = (static_cast<std::size_t>(n) * sizeof(S) + 63) / 64 * 64;
+  buf.p = static_cast<S*>(std::aligned_alloc(64, bytes));
+  check(buf.p != nullptr, "ops::packed::gemm: out of memory for a ", bytes, "-byte packing buffer");
+  buf.n = n;
+  buf.owned = true;
+  return buf.p;
+}
+
+}  // namespace detail
+
+/// While alive, the calling thread's products of S pack B into `buffer` (`n` values, aligned as a vector of the
+/// kernel: dea::kWorkspaceAlign is enough) instead of
+/// a heap buffer: for programs that allocate nothing after their set-up (nn::InferenceModel). A product that
+/// needs more than n values (b_pack_size) is an error.
+template <class S>
+class BufferScope {
+public:
+  BufferScope(S* buffer, Index n) {
+    check(reinterpret_cast<std::uintptr_t>(buffer) % alignof(typename DefaultKernel<S>::V) == 0,
+          "ops::packed::BufferScope: buffer is not aligned to ", alignof(typename DefaultKernel<S>::V), " bytes");
+    check(n >= 0, "ops::packed::BufferScope: n must be non-negative, got ", n);
+    detail::BBuffer<S>& b = detail::b_buffer<S>();
+    saved_p_ = b.p;
+    saved_n_ = b.n;
+    saved_owned_ = b.owned;
+    b.p = buffer;
+    b.n = n;
+    b.owned = false;
+  }
+  ~BufferScope() {
+    detail::BBuffer<S>& b = detail::b_buffer<S>();
+    b.p = saved_p_;
+    b.n = saved_n_;
+    b.owned = saved_owned_;
+  }
+  BufferScope(const BufferScope&) = delete;
+  BufferScope& operator=(const BufferScope&) = delete;
+
+private:
+  S* saved_p_ = nullptr;
+  Index saved_n_ = 0;
+  bool saved_owned_ = false;
+};
+
+namespace detail {
+
+/// Rows [m0, m0 + rows) and columns [k0, k0 + kc) of A as one panel [kc][MR] (rows past `rows` are zero).
+template <int MR, class S>
+void pack_a(View<S> A, Index m0, int rows, Index k0, Index kc, S* __restrict dst) {
+  if (A.cs == 1) {
+    for (int i = 0; i < rows; ++i) {
+      const S* src = A.p + (m0 + i) * A.rs + k0;
+      for (Index k = 0; k < kc; ++k) dst[k * MR + i] = src[k];
+    }
+  } else {
+    for (Index k = 0; k < kc; ++k) {
+      const S* src = A.p + m0 * A.rs + (k0 + k) * A.cs;
+      for (int i = 0; i < rows; ++i) dst[k * MR + i] = src[i * A.rs];
+    }
+  }
+  if (rows < MR)
+    for (Index k = 0; k < kc; ++k)
+      for (int i = rows; i < MR; ++i) dst[k * MR + i] = S(0);
+}
+
+/// Rows [k0, k0 + kc) and columns [n0, n0 + cols) of B as one panel [kc][NR] (columns past `cols` are zero).
+template <int NR, class S>
+void pack_b(View<S> B, Index k0, Index kc, Index n0, int cols, S* __restrict dst) {
+  if (B.cs == 1) {
+    for (Index k = 0; k < kc; ++k) {
+      const S* src = B.p + (k0 + k) * B.rs + n0;
+      S* d = dst + k * NR;
+      for (int j = 0; j < cols; ++j) d[j] = src[j];
+      for (int j = cols; j < NR; ++j) d[j] = S(0);
+    }
+  } else {
+    for (int j = 0; j < cols; ++j) {
+      const S* src = B.p + (n0 + j) * B.cs + k0 * B.rs;
+      for (Index k = 0; k < kc; ++k) dst[k * NR + j] = src[k * B.rs];
+    }
+    if (cols < NR)
+      for (Index k = 0; k < kc; ++k)
+        for (int j = cols; j < NR; ++j) dst[k * NR + j] = S(0);
+  }
+}
+
+}  // namespace detail
+
+/// C [M, N] (row stride ldc, unit column stride) = A B (+ bias as a row, when non-null), or C += A B when
+/// `accumulate` (bias ignored). A is [M, K], B is [K, N]; either may be any strided view (a transpose is free).
+template <class S, class Kern = DefaultKernel<S>>
+void gemm(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool accumulate, const S* bias = nullptr) {
+  constexpr int MR = Kern::MR, NR = Kern::NR;
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    if (!accumulate)
+      for (Index i = 0; i < M; ++i)
+        for (Index j = 0; j < N; ++j) C[i * ldc + j] = bias ? bias[j] : S(0);
+    return;
+  }
+  const Index kc_max = k_block(K);
+  const Index nc = n_block<S, NR>(K, N);
+  // rows per task: enough tasks to balance the threads (the split does not change any result)
+  const Index threads = num_threads();
+  const Index panels_m = (M + MR - 1) / MR;
+  Index mc_panels = panels_m / (8 * threads);
+  mc_panels = std::min<Index>(std::max<Index>(mc_panels, 1), 8);
+  const Index tasks = (panels_m + mc_panels - 1) / mc_panels;
+  // inside a parallel region (a per-head product of an attention kernel) the loops run here, without a region
+  const bool par = !in_parallel() && 2.0 * double(M) * double(N) * double(K) > 4 * kParallelMinFlops;
+  auto loop = [par](Index n, bool worth, auto&& f) {
+    if (par && worth && n > 1)
+      parallel_for(n, f);
+    else
+      for (Index i = 0; i < n; ++i) f(i);
+  };
+
+  S* Bp = detail::b_scratch<S>(kc_max * nc);
+  for (Index jc = 0; jc < N; jc += nc) {
+    const Index ncur = std::min(nc, N - jc);
+    const Index np = (ncur + NR - 1) / NR;
+    for (Index pc = 0; pc < K; pc += kc_max) {
+      const Index kc = std::min(kc_max, K - pc);
+      const bool init = !accumulate && pc == 0;
+      loop(np, kc * ncur >= (Index(1) << 16), [&](Index p) {  // a small block is not worth waking the threads for
+        const Index n0 = jc + p * NR;
+        detail::pack_b<NR>(B, pc, kc, n0, int(std::min<Index>(NR, N - n0)), Bp + p * kc * NR);
+      });
+      loop(tasks, true, [&](Index t) {
+        alignas(64) S Ap[MR * kKcMax];
+        const Index q1 = std::min(panels_m, (t + 1) * mc_panels);
+        for (Index q = t * mc_panels; q < q1; ++q) {
+          const Index m0 = q * MR;
+          const int rows = int(std::min<Index>(MR, M - m0));
+          detail::pack_a<MR>(A, m0, rows, pc, kc, Ap);
+          for (Index p = 0; p < np; ++p) {
+            const Index n0 = jc + p * NR;
+            Kern::tile(kc, Ap, Bp + p * kc * NR, C + m0 * ldc + n0, ldc, rows, int(std::min<Index>(NR, N - n0)), init,
+                       bias ? bias + n0 : nullptr);
+          }
+        }
+      });
+    }
+  }
+}
+
+#else  // without vector extensions: supported() is false, ops/gemm.hpp uses Eigen; these keep callers compiling
+
+template <class S>
+void gemm(Index, Index, Index, View<S>, View<S>, S*, Index, bool, const S* = nullptr) {
+  dea::detail::raise("ops::packed::gemm: not available with this compiler");
+}
+
+template <class S>
+constexpr Index b_pack_size(Index, Index) {
+  return 0;
+}
+
+template <class S>
+class BufferScope {
+public:
+  BufferScope(S*, Index) {}
+};
+
+#endif  // DEA_PACKED_GEMM
+
+}  // namespace packed
+}  // namespace ops
+}  // namespace dea
