@@ -147,47 +147,53 @@ TEST_CASE("packed gemm: the same bits for 1 and 2 threads and for every kernel s
 
 TEST_CASE("ops::gemm_into, gemm_tn_add and linear use the packed product and agree with Eigen", "[gemm]") {
   Rng rng(13);
-  Mat<double> x(70, 600), W(50, 600), dy(70, 50);
+  Mat<double> x(70, 600), W(80, 600), dy(70, 80);
   init::normal(x, rng, 0, 1);
   init::normal(W, rng, 0, 1);
   init::normal(dy, rng, 0, 1);
-  Vec<double> b(50);
+  Vec<double> b(80);
   init::normal(b, rng, 0, 1);
-  Mat<double> y(70, 50);
+  Mat<double> y(70, 80);
   ops::linear_forward_into<double>(x, W, b.data(), y);
   const Mat<double> y_ref = (x * W.transpose()).rowwise() + b.transpose();
   CHECK((y - y_ref).cwiseAbs().maxCoeff() < 1e-11);
 
-  Mat<double> dW = Mat<double>::Ones(50, 600);
-  MatMap<double> dWm(dW.data(), 50, 600);
+  Mat<double> dW = Mat<double>::Ones(80, 600);
+  MatMap<double> dWm(dW.data(), 80, 600);
   ops::gemm_tn_add<double>(dy, x, dWm);
-  const Mat<double> dW_ref = Mat<double>::Ones(50, 600) + dy.transpose() * x;
+  const Mat<double> dW_ref = Mat<double>::Ones(80, 600) + dy.transpose() * x;
   CHECK((dW - dW_ref).cwiseAbs().maxCoeff() < 1e-11);
 
   Mat<double> dx;
   ops::gemm<double>(dy, W, dx);
   CHECK((dx - dy * W).cwiseAbs().maxCoeff() < 1e-11);
 
+  // fewer rows than packed::kMinRows: Eigen's product, the same values
+  Mat<double> ys(10, 80);
+  ops::linear_forward_into<double>(x.topRows(10), W, b.data(), ys);
+  CHECK((ys - y_ref.topRows(10)).cwiseAbs().maxCoeff() < 1e-11);
+
   // a column-major result: computed as the transpose
-  Eigen::MatrixXd cm(70, 50);
+  Eigen::MatrixXd cm(70, 80);
   ops::gemm_into(x, W.transpose(), cm);
   CHECK((cm - x * W.transpose()).cwiseAbs().maxCoeff() < 1e-11);
 
   // a scalar type the packed product does not handle goes through Eigen
   Eigen::Matrix<long double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> xl = x.cast<long double>(),
-                                                                              Wl = W.cast<long double>(), yl(70, 50);
+                                                                              Wl = W.cast<long double>(), yl(70, 80);
   ops::gemm_into(xl, Wl.transpose(), yl);
   CHECK((yl.cast<double>() - x * W.transpose()).cwiseAbs().maxCoeff() < 1e-11);
 }
 
 TEST_CASE("packed gemm: a BufferScope supplies the packing buffer, and one too small is an error", "[gemm]") {
   Rng rng(14);
-  Mat<float> x(20, 64), W(48, 64), y(20, 48), y2(20, 48);
+  Mat<float> x(80, 64), W(48, 64), y(80, 48), y2(80, 48);  // 80 rows: at least packed::kMinRows
   init::normal(x, rng, 0, 1);
   init::normal(W, rng, 0, 1);
   ops::linear_forward_into<float>(x, W, static_cast<const float*>(nullptr), y2);
   const Index need = ops::packed::b_pack_size<float>(64, 48);
   REQUIRE(need >= 64 * 48);
+  y.setZero();
   AlignedVec<float> buf(static_cast<std::size_t>(need), -1.0f);
   {
     const ops::packed::BufferScope<float> scope(buf.data(), need);
@@ -196,9 +202,17 @@ TEST_CASE("packed gemm: a BufferScope supplies the packing buffer, and one too s
     CHECK(buf[0] != -1.0f);  // the product packed into the caller's buffer
   }
   {
-    const ops::packed::BufferScope<float> scope(buf.data(), need - 1);
+    // room for one panel of columns: B is packed in narrower blocks, the results are the same bits
+    const Index one = ops::packed::b_pack_size<float>(64, 48, 1);
+    REQUIRE(one < need);
+    const ops::packed::BufferScope<float> scope(buf.data(), one);
+    ops::linear_forward_into<float>(x, W, static_cast<const float*>(nullptr), y);
+    CHECK(y == y2);
+  }
+  {
+    const ops::packed::BufferScope<float> scope(buf.data(), ops::packed::b_pack_size<float>(64, 48, 1) - 1);
     CHECK_THROWS_WITH(ops::linear_forward_into<float>(x, W, static_cast<const float*>(nullptr), y),
-                      Catch::Contains("BufferScope") && Catch::Contains("needs"));
+                      Catch::Contains("BufferScope") && Catch::Contains("at least"));
   }
   CHECK_THROWS_WITH(ops::packed::BufferScope<float>(buf.data() + 1, need - 1), Catch::Contains("aligned"));
   // after the scopes the thread's own buffer is back in use

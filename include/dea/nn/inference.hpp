@@ -297,7 +297,7 @@ public:
     check_bound();
 
     Workspace<S> ws(ws_ + pe_size(), ws_size_ - pe_size());
-    const Index packed_n = pack_size(cfg_);
+    const Index packed_n = pack_size(cfg_, max_batch_ * max_len_);
     const ops::packed::BufferScope<S> packing(ws.take(packed_n), packed_n);  // the products pack into the workspace
     MatMap<S> x(ws.take(N * D), N, D), h(ws.take(N * D), N, D);
     MatMap<S> Q(ws.take(N * D), N, D), K(ws.take(N * D), N, D), V_(ws.take(N * D), N, D), ctx(ws.take(N * D), N, D);
@@ -369,15 +369,20 @@ private:
       n += 3 * aligned_count<S>(B * D) + aligned_count<S>(B * c.n_classes);
     else
       n += aligned_count<S>(N * c.vocab_size);
-    return n + aligned_count<S>(pack_size(c));
+    return n + aligned_count<S>(pack_size(c, N));
   }
 
-  /// Values the matrix products pack their right-hand side into (ops/packed_gemm.hpp), for the largest of them.
-  static constexpr Index pack_size(const InferenceConfig& c) {
-    const Index D = c.d_model, F = c.d_ff;
-    const Index sizes[] = {ops::packed::b_pack_size<S>(D, D), ops::packed::b_pack_size<S>(D, F),
-                           ops::packed::b_pack_size<S>(F, D), ops::packed::b_pack_size<S>(D, c.n_classes),
-                           ops::packed::b_pack_size<S>(D, c.vocab_size)};
+  /// Values the matrix products pack their right-hand side into (ops/packed_gemm.hpp): for the largest of them,
+  /// at most kPackPanels panels of columns at a time (more would only save passes over the few rows of a batch).
+  static constexpr Index kPackPanels = 4;
+  /// None when no product can have ops::packed::kMinRows rows (max_rows = max_batch * max_len): those use Eigen.
+  static constexpr Index pack_size(const InferenceConfig& c, Index max_rows) {
+    if (max_rows < ops::packed::kMinRows) return 0;
+    const Index D = c.d_model, F = c.d_ff, P = kPackPanels;
+    const Index head = c.task == Task::cls ? ops::packed::b_pack_size<S>(D, c.n_classes, P)
+                                           : ops::packed::b_pack_size<S>(D, c.vocab_size, P);
+    const Index sizes[] = {ops::packed::b_pack_size<S>(D, D, P), ops::packed::b_pack_size<S>(D, F, P),
+                           ops::packed::b_pack_size<S>(F, D, P), head};
     Index m = 0;
     for (Index v : sizes) m = v > m ? v : m;
     return m;

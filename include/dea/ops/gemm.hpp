@@ -67,12 +67,14 @@ packed::View<typename D::Scalar> view_of(const Eigen::MatrixBase<D>& m) {
 }
 
 /// C (=|+=) A B (+ bias as a row, only when C is row-major) with the packed product. False (nothing done) when
-/// C's elements are not contiguous along a row or a column.
+/// C's elements are not contiguous along a row or a column, or when the product has fewer than packed::kMinRows
+/// rows (the choice depends on the sizes alone).
 template <class S, class DC>
 bool packed_into(Index M, Index N, Index K, packed::View<S> A, packed::View<S> B, Eigen::MatrixBase<DC>& C,
                  bool accumulate, const S* bias) {
   DC& c = C.derived();
   if (c.innerStride() != 1 && M > 1 && N > 1) return false;
+  if ((DC::IsRowMajor || M == 1 ? M : N) < packed::kMinRows) return false;  // a few rows: Eigen is faster
   if (DC::IsRowMajor || M == 1) {
     packed::gemm<S>(M, N, K, A, B, c.data(), DC::IsRowMajor ? Index(c.outerStride()) : N, accumulate, bias);
     return true;

@@ -52,6 +52,9 @@ constexpr bool supported() {
   return DEA_PACKED_GEMM && (std::is_same<S, float>::value || std::is_same<S, double>::value);
 }
 
+/// Products with fewer rows than this go to Eigen (ops/gemm.hpp): packing B would cost more than it saves.
+constexpr Index kMinRows = 64;
+
 #if DEA_PACKED_GEMM
 
 /// A micro-kernel shape: VB-byte vectors, MR rows of NV vectors each (NR = NV * VB / sizeof(S) columns).
@@ -152,10 +155,15 @@ constexpr Index n_block(Index K, Index N) {
   return nc < whole ? nc : whole;
 }
 
-/// Values of S a product with inner dimension K and N columns packs B into (the one buffer it needs).
+/// Values of S a product with inner dimension K and N columns packs B into (the one buffer it needs), or, with
+/// `max_panels`, the smaller buffer that lets it pack at most that many panels of NR columns at a time (a
+/// BufferScope of that size makes the product pack B in narrower blocks: the same results, more passes over A).
 template <class S, class Kern = DefaultKernel<S>>
-constexpr Index b_pack_size(Index K, Index N) {
-  return K <= 0 || N <= 0 ? 0 : k_block(K) * n_block<S, Kern::NR>(K, N);
+constexpr Index b_pack_size(Index K, Index N, Index max_panels = Index(1) << 40) {
+  if (K <= 0 || N <= 0) return 0;
+  const Index nc = n_block<S, Kern::NR>(K, N);
+  const Index cap = max_panels * Kern::NR;
+  return k_block(K) * (nc < cap ? nc : cap);
 }
 
 namespace detail {
@@ -174,6 +182,13 @@ template <class S>
 BBuffer<S>& b_buffer() {
   thread_local BBuffer<S> buf;
   return buf;
+}
+
+/// Values the buffer of the BufferScope in force holds, or -1 when none is (the heap buffer grows as needed).
+template <class S>
+Index b_scope_capacity() {
+  const BBuffer<S>& buf = b_buffer<S>();
+  return buf.owned || buf.p == nullptr ? -1 : buf.n;
 }
 
 /// The calling thread's buffer for packed B, grown (on the heap) to n values unless a BufferScope supplies it.
@@ -197,9 +212,9 @@ S* b_scratch(Index n) {
 }  // namespace detail
 
 /// While alive, the calling thread's products of S pack B into `buffer` (`n` values, aligned as a vector of the
-/// kernel: dea::kWorkspaceAlign is enough) instead of
-/// a heap buffer: for programs that allocate nothing after their set-up (nn::InferenceModel). A product that
-/// needs more than n values (b_pack_size) is an error.
+/// kernel: dea::kWorkspaceAlign is enough) instead of a heap buffer: for programs that allocate nothing after their
+/// set-up (nn::InferenceModel). A product packs B in blocks narrow enough for n values (results do not change); one
+/// whose single panel needs more than n values (b_pack_size(K, N, 1)) is an error.
 template <class S>
 class BufferScope {
 public:
@@ -262,13 +277,15 @@ void pack_b(View<S> B, Index k0, Index kc, Index n0, int cols, S* __restrict dst
       for (int j = cols; j < NR; ++j) d[j] = S(0);
     }
   } else {
-    for (int j = 0; j < cols; ++j) {
-      const S* src = B.p + (n0 + j) * B.cs + k0 * B.rs;
-      for (Index k = 0; k < kc; ++k) dst[k * NR + j] = src[k * B.rs];
+    // a transposed read (B = W^T): the panel is written in order, its NR source lines read side by side (they stay
+    // in L1 while 16 of their values are used)
+    const S* src = B.p + n0 * B.cs + k0 * B.rs;
+    for (Index k = 0; k < kc; ++k) {
+      S* d = dst + k * NR;
+      const S* sk = src + k * B.rs;
+      for (int j = 0; j < cols; ++j) d[j] = sk[j * B.cs];
+      for (int j = cols; j < NR; ++j) d[j] = S(0);
     }
-    if (cols < NR)
-      for (Index k = 0; k < kc; ++k)
-        for (int j = cols; j < NR; ++j) dst[k * NR + j] = S(0);
   }
 }
 
@@ -287,7 +304,13 @@ void gemm(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool
     return;
   }
   const Index kc_max = k_block(K);
-  const Index nc = n_block<S, NR>(K, N);
+  Index nc = n_block<S, NR>(K, N);
+  const Index scope = detail::b_scope_capacity<S>();
+  if (scope >= 0) {  // a caller's buffer: narrower blocks of B if need be (the blocks of k, so the bits, stay)
+    nc = std::min(nc, scope / kc_max / NR * NR);
+    check(nc >= NR, "ops::packed::gemm: the buffer of the BufferScope in force holds ", scope,
+          " values, the product needs at least ", kc_max * NR, " (b_pack_size(K, N, 1))");
+  }
   // rows per task: enough tasks to balance the threads (the split does not change any result)
   const Index threads = num_threads();
   const Index panels_m = (M + MR - 1) / MR;
@@ -340,7 +363,7 @@ void gemm(Index, Index, Index, View<S>, View<S>, S*, Index, bool, const S* = nul
 }
 
 template <class S>
-constexpr Index b_pack_size(Index, Index) {
+constexpr Index b_pack_size(Index, Index, Index = 0) {
   return 0;
 }
 
