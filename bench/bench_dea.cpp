@@ -88,6 +88,10 @@ double median_ms(int reps, F&& f) {
 double yardstick(int threads, int reps) {
   const Index n = 256;
   const int iters = 40;
+  // Eigen parallelises a product itself outside an active parallel region, and a region of one thread is not
+  // active: without this the one-thread yardstick ran Eigen's two-thread product (slow and noisy)
+  const int eigen_threads = Eigen::nbThreads();
+  Eigen::setNbThreads(1);
   std::vector<double> rates;
   for (int r = 0; r < reps + 1; ++r) {
     double total = 0;
@@ -107,6 +111,7 @@ double yardstick(int threads, int reps) {
     }
     if (r > 0) rates.push_back(total);
   }
+  Eigen::setNbThreads(eigen_threads);
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2];
 }
