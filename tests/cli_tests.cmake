@@ -140,7 +140,7 @@ if(DEA_BUILD_BENCH AND EXISTS ${PROJECT_SOURCE_DIR}/bench/bench_gemm.cpp)
   dea_cli_test(bench_gemm_rejects_shape bench_gemm 2 "--shape: expected MxNxK.*got '12x0x4'" --shape 12x0x4)
   dea_cli_test(bench_gemm_rejects_scalar bench_gemm 2 "--scalar: expected float or double, got 'half'" --scalar half)
   dea_cli_test(bench_gemm_smoke bench_gemm 0 "\"product\": \"weight_grad\".*\"packed_over_eigen\""
-               --shape 37x45x600 --threads 1,2 --rounds 1 --scalar double)
+               --shape 70x80x600 --threads 1,2 --rounds 1 --scalar double)
 endif()
 
 # train and eval: a fresh run refuses the directory of another run (nothing touched; --overwrite replaces it),

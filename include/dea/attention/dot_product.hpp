@@ -294,12 +294,13 @@ bool weight_grad_in_one_call(Index n_rows, Index out, Index in) {
   return k1 == k2 && m1 == in && m2 == in;
 }
 
-/// dW += dy^T x: one Eigen call when weight_grad_in_one_call allows it, ops::gemm_tn_add otherwise.
+/// dW += dy^T x: ops::gemm_tn_add, or one Eigen call when weight_grad_in_one_call allows it for operands the packed
+/// product does not take (it packs x once anyway, and one Eigen call would not give its bits).
 template <class S, class DY, class DX, class DW>
 void weight_grad_add(const Eigen::MatrixBase<DY>& dy, const Eigen::MatrixBase<DX>& x, DW&& dW) {
-  if (ops::gemm_impl::packable<DY>() && ops::gemm_impl::packable<DX>() && ops::gemm_impl::packable<std::decay_t<DW>>())
-    ops::gemm_tn_add<S>(dy, x, dW);  // the packed product packs x once anyway
-  else if (weight_grad_in_one_call<S>(dy.rows(), dy.cols(), x.cols()))
+  constexpr bool packed =
+      ops::gemm_impl::packable<DY>() && ops::gemm_impl::packable<DX>() && ops::gemm_impl::packable<std::decay_t<DW>>();
+  if (!packed && weight_grad_in_one_call<S>(dy.rows(), dy.cols(), x.cols()))
     dW.noalias() += dy.transpose() * x;
   else
     ops::gemm_tn_add<S>(dy, x, dW);

@@ -66,23 +66,31 @@ packed::View<typename D::Scalar> view_of(const Eigen::MatrixBase<D>& m) {
   return {d.data(), Index(d.innerStride()), Index(d.outerStride())};
 }
 
-/// C (=|+=) A B (+ bias as a row, only when C is row-major) with the packed product. False (nothing done) when
-/// C's elements are not contiguous along a row or a column, or when the product has fewer than packed::kMinRows
-/// rows (the choice depends on the sizes alone).
-template <class S, class DC>
-bool packed_into(Index M, Index N, Index K, packed::View<S> A, packed::View<S> B, Eigen::MatrixBase<DC>& C,
-                 bool accumulate, const S* bias) {
-  DC& c = C.derived();
-  if (c.innerStride() != 1 && M > 1 && N > 1) return false;
-  if ((DC::IsRowMajor || M == 1 ? M : N) < packed::kMinRows) return false;  // a few rows: Eigen is faster
-  if (DC::IsRowMajor || M == 1) {
-    packed::gemm<S>(M, N, K, A, B, c.data(), DC::IsRowMajor ? Index(c.outerStride()) : N, accumulate, bias);
+/// C (=|+=) op(A) op(B) (+ bias as a row, only when C is row-major) with the packed product, op = transpose when
+/// TA / TB. False (nothing done) when an operand is not float/double with direct access, when C's elements are not
+/// contiguous along a row or a column, or when the product has fewer than packed::kMinRows rows (the choice
+/// depends on the types and sizes alone): the caller then runs Eigen.
+template <bool TA, bool TB, class DA, class DB, class DC>
+bool try_packed(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C,
+                bool accumulate, const typename DC::Scalar* bias) {
+  if constexpr (packable<DA>() && packable<DB>() && packable<DC>()) {
+    using S = typename DC::Scalar;
+    const Index M = TA ? A.cols() : A.rows(), K = TA ? A.rows() : A.cols(), N = TB ? B.rows() : B.cols();
+    const packed::View<S> a = TA ? view_of(A).t() : view_of(A), b = TB ? view_of(B).t() : view_of(B);
+    DC& c = C.derived();
+    if (c.innerStride() != 1 && M > 1 && N > 1) return false;
+    if ((DC::IsRowMajor || M == 1 ? M : N) < packed::kMinRows) return false;  // a few rows: Eigen is faster
+    if (DC::IsRowMajor || M == 1) {
+      packed::gemm<S>(M, N, K, a, b, c.data(), DC::IsRowMajor ? Index(c.outerStride()) : N, accumulate, bias);
+      return true;
+    }
+    if (bias) return false;
+    // column-major C: C^T = B^T A^T is row-major with the same strides
+    packed::gemm<S>(N, M, K, b.t(), a.t(), c.data(), Index(c.outerStride()), accumulate, nullptr);
     return true;
+  } else {
+    return false;
   }
-  if (bias) return false;
-  // column-major C: C^T = B^T A^T is row-major with the same strides
-  packed::gemm<S>(N, M, K, B.t(), A.t(), c.data(), Index(c.outerStride()), accumulate, nullptr);
-  return true;
 }
 
 }  // namespace gemm_impl
@@ -91,12 +99,7 @@ bool packed_into(Index M, Index N, Index K, packed::View<S> A, packed::View<S> B
 template <class DA, class DB, class DC>
 void gemm_into(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C) {
   check_matrix(C, A.rows(), B.cols(), "gemm_into: C");
-  using S = typename DC::Scalar;
-  if constexpr (gemm_impl::packable<DA>() && gemm_impl::packable<DB>() && gemm_impl::packable<DC>()) {
-    if (gemm_impl::packed_into<S>(A.rows(), B.cols(), A.cols(), gemm_impl::view_of(A), gemm_impl::view_of(B), C, false,
-                               nullptr))
-      return;
-  }
+  if (gemm_impl::try_packed<false, false>(A, B, C, false, nullptr)) return;
   for_row_blocks(A.rows(), [&](Index r0, Index nr) { C.middleRows(r0, nr).noalias() = A.middleRows(r0, nr) * B; });
 }
 
@@ -111,11 +114,7 @@ void gemm(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Mat<S>
 template <class S, class DA, class DB, class DC>
 void gemm_tn_add(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C) {
   check_matrix(C, A.cols(), B.cols(), "gemm_tn_add: C");
-  if constexpr (gemm_impl::packable<DA>() && gemm_impl::packable<DB>() && gemm_impl::packable<DC>()) {
-    if (gemm_impl::packed_into<S>(A.cols(), B.cols(), A.rows(), gemm_impl::view_of(A).t(), gemm_impl::view_of(B), C, true,
-                               nullptr))
-      return;
-  }
+  if (gemm_impl::try_packed<true, false>(A, B, C, true, nullptr)) return;
   for_blocks(C.rows(), gemm_tn_row_blocks(C.rows()), [&](Index r0, Index nr) {
     C.middleRows(r0, nr).noalias() += A.middleCols(r0, nr).transpose() * B;
   });

@@ -16,11 +16,8 @@ void linear_forward_into(const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase
                          Eigen::MatrixBase<DY>& y) {
   check_matrix(y, x.rows(), W.rows(), "linear_forward_into: y");
   check(x.cols() == W.cols(), "linear_forward_into: x has ", x.cols(), " columns, W has ", W.cols());
-  if constexpr (gemm_impl::packable<DX>() && gemm_impl::packable<DW>() && gemm_impl::packable<DY>()) {
-    // y = x W^T + b in one pass: the bias is added to each element's first block of k (one rounding)
-    if (gemm_impl::packed_into<S>(x.rows(), W.rows(), x.cols(), gemm_impl::view_of(x), gemm_impl::view_of(W).t(), y, false, b))
-      return;
-  }
+  // the packed product: y = x W^T + b in one pass, the bias added to each element's first block of k (one rounding)
+  if (gemm_impl::try_packed<false, true>(x, W, y, false, b)) return;
   // the bias is added in the product's row blocks, while each block is in cache and in parallel
   for_row_blocks(x.rows(), [&](Index r0, Index nr) {
     auto yb = y.middleRows(r0, nr);

@@ -24,7 +24,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <new>
 #include <type_traits>
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -317,7 +316,7 @@ void gemm(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool
   Index mc_panels = panels_m / (8 * threads);
   mc_panels = std::min<Index>(std::max<Index>(mc_panels, 1), 8);
   const Index tasks = (panels_m + mc_panels - 1) / mc_panels;
-  // inside a parallel region (a per-head product of an attention kernel) the loops run here, without a region
+  // called inside a parallel region (a caller already parallel over its own work) the loops run here, serially
   const bool par = !in_parallel() && 2.0 * double(M) * double(N) * double(K) > 4 * kParallelMinFlops;
   auto loop = [par](Index n, bool worth, auto&& f) {
     if (par && worth && n > 1)
