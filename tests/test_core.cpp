@@ -95,3 +95,49 @@ TEST_CASE("retain_freed_memory takes effect under glibc and is harmless elsewher
   REQUIRE_FALSE(retain_freed_memory());
 #endif
 }
+
+TEMPLATE_TEST_CASE("masked softmax: masked and -inf keys get exactly 0, an all-masked row gives zeros", "[core][softmax]",
+                   float, double) {
+  // Eigen's vectorised exp returns a tiny positive number for -inf (about 1e-308 / 1e-39 with SSE and AVX): the
+  // softmax must still give exact zeros there, and a row with no real key must not become uniform.
+  using S = TestType;
+  const S inf = std::numeric_limits<S>::infinity();
+  const Index tq = 4, tk = 37;  // long rows: several full vector packets
+  Rng rng(5);
+  Mat<S> s(tq, tk);
+  for (Index i = 0; i < s.size(); ++i) s.data()[i] = S(rng.uniform(-3, 3));
+  std::vector<std::uint8_t> mask(static_cast<std::size_t>(tk), 1);
+  for (Index j = 0; j < tk; j += 3) mask[static_cast<std::size_t>(j)] = 0;
+  for (Index j = 20; j < tk; ++j) s(1, j) = -inf;  // row 1: causal-style -inf scores beyond key 19
+  for (Index j = 0; j < tk; ++j)
+    if (mask[static_cast<std::size_t>(j)]) s(2, j) = -inf;  // row 2: every real key -inf, so no key is left
+  s(3, 0) = S(-800);  // row 3: a masked key with an ordinary score
+  for (int alias = 0; alias < 2; ++alias) {
+    Mat<S> p(tq, tk);
+    if (alias) {
+      p = s;
+      ops::masked_softmax_rows<S>(p, mask.data(), p);
+    } else {
+      ops::masked_softmax_rows<S>(s, mask.data(), p);
+    }
+    for (Index i = 0; i < tq; ++i) {
+      S sum = 0;
+      for (Index j = 0; j < tk; ++j) {
+        CAPTURE(alias, i, j);
+        REQUIRE(p(i, j) >= S(0));
+        if (!mask[static_cast<std::size_t>(j)] || s(i, j) == -inf) REQUIRE(p(i, j) == S(0));
+        sum += p(i, j);
+      }
+      if (i == 2)
+        REQUIRE(sum == S(0));
+      else
+        REQUIRE(sum == Approx(1.0).epsilon(1e-5));
+    }
+  }
+  // no mask, one row of -inf scores only: zeros
+  Mat<S> q = Mat<S>::Constant(2, tk, -inf);
+  q.row(1).setZero();
+  ops::masked_softmax_rows<S>(q, nullptr, q);
+  REQUIRE(q.row(0).cwiseAbs().maxCoeff() == S(0));
+  REQUIRE(q.row(1).sum() == Approx(1.0).epsilon(1e-5));
+}

@@ -468,6 +468,71 @@ TEMPLATE_TEST_CASE("tiled kernel: results are bitwise identical for 1 and 2 thre
   REQUIRE(std::memcmp(one.data(), again.data(), one.size() * sizeof(TestType)) == 0);
 }
 
+TEMPLATE_TEST_CASE("self-attention backward: dx is the sum of backward_inputs' three gradients",
+                   "[dea][tiled][threads]", float, double) {
+  // backward() accumulates dK W_k and dV W_v into dQ W_q in place; with the packed product (>= 64 rows) and
+  // D <= 512 that is (dQ W_q + dK W_k) + dV W_v to the bit, and the same for 1 and 2 threads. Fewer rows run
+  // Eigen's products: the sum agrees to round-off there.
+  using L = DualExpertAttention<TestType>;
+  using S = TestType;
+  Case cs;
+  cs.B = GENERATE(1, 3);
+  cs.Tq = cs.Tk = 40;
+  cs.H = 4;
+  cs.D = GENERATE(16, 64);
+  cs.oracle = cs.mask = true;
+  cs.dropout = 0.2;
+  cs.block = 7;
+  const DeaKernel kernel = GENERATE(DeaKernel::tiled, DeaKernel::reference);
+  CAPTURE(cs.B, cs.D, static_cast<int>(kernel));
+  L layer = make_layer<L>(cs, kernel);
+  Inputs<S> in = make_inputs<S>(cs);
+  const Mat<S> R = testing::random_projection(cs.B * cs.Tq, cs.D, 4).cast<S>();
+  auto forward = [&](typename L::Cache& c) {
+    Rng drop_rng(99);
+    AttnContext<S> ctx = make_ctx(cs, in);
+    ctx.training = true;
+    ctx.rng = &drop_rng;
+    layer.forward(in.q, cs.B, ctx, c);
+  };
+  auto grads = [&] {
+    std::vector<S> v;
+    for (Param<S>* p : layer.parameters()) v.insert(v.end(), p->grad.data(), p->grad.data() + p->grad.size());
+    return v;
+  };
+  typename L::Cache c;
+  layer.zero_grad();
+  forward(c);
+  const auto g = layer.backward_inputs(R, c);
+  Mat<S> sum = g.dq;
+  sum += g.dk;
+  sum += g.dv;
+  const auto pg_inputs = grads();
+  auto self_dx = [&](int threads) {
+    set_num_threads(threads);
+    typename L::Cache c2;
+    layer.zero_grad();
+    forward(c2);
+    Mat<S> dx = layer.backward(R, c2);
+    set_num_threads(2);
+    return dx;
+  };
+  const Mat<S> dx1 = self_dx(1);
+  const auto pg_self = grads();
+  const Mat<S> dx2 = self_dx(2);
+  REQUIRE(dx1.rows() == sum.rows());
+  REQUIRE(dx1.cols() == sum.cols());
+  REQUIRE(std::memcmp(dx1.data(), dx2.data(), sizeof(S) * std::size_t(dx1.size())) == 0);
+  REQUIRE(pg_self.size() == pg_inputs.size());
+  REQUIRE(std::memcmp(pg_self.data(), pg_inputs.data(), sizeof(S) * pg_self.size()) == 0);
+  if (cs.B * cs.Tq >= ops::packed::kMinRows) {
+    REQUIRE(std::memcmp(dx1.data(), sum.data(), sizeof(S) * std::size_t(dx1.size())) == 0);
+  } else {
+    const double tol = std::is_same<S, float>::value ? 1e-5 : 1e-13;
+    REQUIRE(double((dx1 - sum).cwiseAbs().maxCoeff()) <= tol * (1.0 + double(sum.cwiseAbs().maxCoeff())));
+  }
+}
+
 TEST_CASE("tiled kernel: dropout masks are deterministic and depend on the seed only", "[dea][tiled][dropout]") {
   using L = DualExpertAttention<double>;
   Case cs;

@@ -245,14 +245,18 @@ public:
   Mat<S> backward(const Mat<S>& dy, Cache& cache) {
     check(cache.B > 0, "DualExpertAttention::backward: the cache holds no forward pass");
     check(cache.self, "DualExpertAttention::backward: the forward was cross-attention; use backward_inputs");
-    InputGrads g = backward_inputs(dy, cache);
-    g.dq += g.dk;
-    g.dq += g.dv;
-    return std::move(g.dq);
+    Mat<S> dx;
+    backward_impl(dy, cache, nullptr, &dx);
+    return dx;
   }
 
-  /// Task backward returning the three input gradients (for cross-attention; for self-attention sum them).
-  InputGrads backward_inputs(const Mat<S>& dy, Cache& c);
+  /// Task backward returning the three input gradients (for cross-attention; for self-attention their sum is
+  /// backward's dx, to the bit when D <= 512).
+  InputGrads backward_inputs(const Mat<S>& dy, Cache& c) {
+    InputGrads g;
+    backward_impl(dy, c, &g, nullptr);
+    return g;
+  }
 
   /// Gate-loss backward: adds scale * d loss_gate / d(W_gate, c_gate) into their gradients and nothing else.
   /// (No-op when the forward had no oracle: the gate loss was the constant 0.)
@@ -274,6 +278,9 @@ public:
 private:
   void forward_impl(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, Index batch,
                     const AttnContext<S>& ctx, Cache& c, bool self, Mat<S>& y);
+  /// The task backward of both entry points: the three input gradients into *g, or (self-attention) their sum
+  /// into *dx.
+  void backward_impl(const Mat<S>& dy, Cache& c, InputGrads* g, Mat<S>* dx);
 
   /// Scratch elements one (b, h) pair of forward takes from Cache::scratch: the head blocks Q_h, K_h, V_h, R_h
   /// (copied to contiguous column-major storage, the layout the products below run on), |R_i|^2, |K_j|^2, the
@@ -622,7 +629,10 @@ private:
       shift = PA.rowwise().maxCoeff();
       shift = (shift == -std::numeric_limits<S>::infinity()).select(S(0), shift);
     }
-    for (Index r = 0; r < n; ++r) PA.row(r) = (PA.row(r) - shift[r]).exp();  // per row: vectorised (see ops/softmax.hpp)
+    for (Index r = 0; r < n; ++r) {  // per row: vectorised (see ops/softmax.hpp); masked keys exactly 0
+      PA.row(r) = (PA.row(r) - shift[r]).exp();
+      ops::flush_exp_underflow(tp.P + r * Tk, Tk);
+    }
     if (fwd) {
       z = PA.rowwise().sum();
       z = (z > S(0)).select(z, S(1));
@@ -1125,7 +1135,7 @@ void DualExpertAttention<S, Heads, DHead>::forward_impl(const Mat<S>& q_in, cons
 }
 
 template <class S, int Heads, int DHead>
-auto DualExpertAttention<S, Heads, DHead>::backward_inputs(const Mat<S>& dy, Cache& c) -> InputGrads {
+void DualExpertAttention<S, Heads, DHead>::backward_impl(const Mat<S>& dy, Cache& c, InputGrads* g, Mat<S>* dx) {
   check(c.B > 0, "DualExpertAttention::backward: the cache holds no forward pass");
   check_matrix(dy, c.B * c.Tq, D_, "DualExpertAttention::backward: dy");
   const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
@@ -1208,14 +1218,16 @@ auto DualExpertAttention<S, Heads, DHead>::backward_inputs(const Mat<S>& dy, Cac
     for (Index b = 0; b < B; ++b) g += Eigen::Map<const Vec<S>>(dwrel_part.data() + (b * H + h) * Dh * Dh, Dh * Dh);
   }, double(B * H) * double(Dh * Dh) > kParallelMinFlops);
 
-  // projections: Q = q_in W_q^T + b_q, etc.
-  InputGrads out;
+  // projections: Q = q_in W_q^T + b_q, etc. Self-attention (dx): dx = dQ W_q, then dx += dK W_k and dx += dV W_v
+  // in place, which is (dQ W_q + dK W_k) + dV W_v without two [B*T, D] temporaries and their passes.
   const Mat<S>& kin = c.self ? c.q_in : c.k_in;
   const Mat<S>& vin = c.self ? c.q_in : c.v_in;
-  ops::linear_backward<S>(dQ, c.q_in, weight_[0].mat(), weight_[0].grad_mat(), opt_.bias ? bias_[0].grad.data() : nullptr, &out.dq);
-  ops::linear_backward<S>(dK, kin, weight_[1].mat(), weight_[1].grad_mat(), opt_.bias ? bias_[1].grad.data() : nullptr, &out.dk);
-  ops::linear_backward<S>(dV, vin, weight_[2].mat(), weight_[2].grad_mat(), opt_.bias ? bias_[2].grad.data() : nullptr, &out.dv);
-  return out;
+  ops::linear_backward<S>(dQ, c.q_in, weight_[0].mat(), weight_[0].grad_mat(), opt_.bias ? bias_[0].grad.data() : nullptr,
+                          dx ? dx : &g->dq);
+  ops::linear_backward<S>(dK, kin, weight_[1].mat(), weight_[1].grad_mat(), opt_.bias ? bias_[1].grad.data() : nullptr,
+                          dx ? dx : &g->dk, dx != nullptr);
+  ops::linear_backward<S>(dV, vin, weight_[2].mat(), weight_[2].grad_mat(), opt_.bias ? bias_[2].grad.data() : nullptr,
+                          dx ? dx : &g->dv, dx != nullptr);
 }
 
 template <class S, int Heads, int DHead>

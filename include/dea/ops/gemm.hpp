@@ -103,6 +103,16 @@ void gemm_into(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, E
   for_row_blocks(A.rows(), [&](Index r0, Index nr) { C.middleRows(r0, nr).noalias() = A.middleRows(r0, nr) * B; });
 }
 
+/// C += A * B into a C that already has A.rows() x B.cols(). With the packed product and an inner dimension of at
+/// most packed::kKcMax this gives the same bits as computing T = A * B and then C += T (each element is C + s, s
+/// the product's one k-ordered chain), without the temporary and the extra pass over C.
+template <class DA, class DB, class DC>
+void gemm_add_into(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C) {
+  check_matrix(C, A.rows(), B.cols(), "gemm_add_into: C");
+  if (gemm_impl::try_packed<false, false>(A, B, C, true, nullptr)) return;
+  for_row_blocks(A.rows(), [&](Index r0, Index nr) { C.middleRows(r0, nr).noalias() += A.middleRows(r0, nr) * B; });
+}
+
 /// C = A * B  (C resized to A.rows() x B.cols()).
 template <class S, class DA, class DB>
 void gemm(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Mat<S>& C) {

@@ -33,17 +33,22 @@ void linear_forward(const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>&
   linear_forward_into<S>(x, W, b, y);
 }
 
-/// Backward of linear_forward. Adds dW += dy^T x and db += colsum(dy) (db may be null);
-/// writes dx = dy W when dx is non-null.
+/// Backward of linear_forward. Adds dW += dy^T x and db += colsum(dy) (db may be null); when dx is non-null,
+/// writes dx = dy W, or with `add_dx` adds dx += dy W into a dx that already has [N, in] (the input gradient of a
+/// layer whose input feeds several Linears, summed without a temporary: ops/gemm.hpp, gemm_add_into).
 template <class S, class DY, class DX, class DW>
 void linear_backward(const Eigen::MatrixBase<DY>& dy, const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase<DW>& W,
-                     MatMap<S> dW, S* db, Mat<S>* dx) {
+                     MatMap<S> dW, S* db, Mat<S>* dx, bool add_dx = false) {
   gemm_tn_add<S>(dy, x, dW);                                                 // y = x W^T  ->  dW += dy^T x
   if (db)                                                                    // y += b     ->  db += sum_n dy
     for_blocks(dy.cols(), gemm_tn_row_blocks(dy.cols()), [&](Index c0, Index nc) {  // column blocks in parallel
       Eigen::Map<RowVec<S>>(db + c0, nc) += dy.middleCols(c0, nc).colwise().sum();
     });
-  if (dx) gemm<S>(dy, W, *dx);                                               // y = x W^T  ->  dx = dy W
+  if (!dx) return;
+  if (add_dx)
+    gemm_add_into(dy, W, *dx);                                               // dx += dy W
+  else
+    gemm<S>(dy, W, *dx);                                                     // y = x W^T  ->  dx = dy W
 }
 
 }  // namespace ops

@@ -15,6 +15,17 @@
 namespace dea {
 namespace ops {
 
+/// Sets to 0 every value below the smallest normal number in p[0, n). Eigen 3.4's vectorised exp clamps its
+/// argument (SSE/AVX: to about -709 for double, -88 for float) and returns about 1e-308 / 1e-39 even for -inf, so
+/// without this a masked key (score -inf) keeps a tiny weight, and a row whose keys are all masked normalises those
+/// weights to 1/n instead of giving zeros. The true exp is below the smallest normal there too. A plain loop that
+/// the compiler vectorises (Eigen's select() runs one scalar at a time).
+template <class S>
+inline void flush_exp_underflow(S* p, Index n) {
+  const S tiny = std::numeric_limits<S>::min();
+  for (Index j = 0; j < n; ++j) p[j] = p[j] < tiny ? S(0) : p[j];
+}
+
 /// Scratch elements (of the scalar type S) masked_softmax_rows needs for a [tq, tk] block.
 template <class S>
 constexpr Index masked_softmax_scratch(Index tq, Index tk) {
@@ -53,6 +64,16 @@ void masked_softmax_rows(const Eigen::MatrixBase<DS>& s, const std::uint8_t* mas
   shift = (mx == -inf).select(S(0), mx);
   // row by row: Eigen evaluates exp of a column-broadcast expression one scalar at a time (about 19x slower)
   for (Index i = 0; i < tq; ++i) P.row(i) = (P.row(i) - shift[i]).exp();
+  // exp(-inf) = 0 exactly (flush_exp_underflow): in place row by row where a row is contiguous
+  if constexpr ((int(DP::Flags) & Eigen::DirectAccessBit) != 0 && bool(DP::IsRowMajor)) {
+    if (p.derived().innerStride() == 1) {
+      for (Index i = 0; i < tq; ++i) flush_exp_underflow(&p.derived().coeffRef(i, 0), tk);
+    } else {
+      P = (P < std::numeric_limits<S>::min()).select(S(0), P);
+    }
+  } else {
+    P = (P < std::numeric_limits<S>::min()).select(S(0), P);
+  }
   z = P.rowwise().sum();
   z = (z > S(0)).select(z, S(1));  // in place, so that the division below needs no temporary
   P.colwise() /= z;
