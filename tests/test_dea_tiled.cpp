@@ -435,17 +435,26 @@ TEST_CASE("tiled kernel: gate-loss gradients match finite differences", "[dea][t
   }
 }
 
-TEMPLATE_TEST_CASE("tiled kernel: results are bitwise identical for 1 and 2 threads", "[dea][tiled][threads]", float,
-                   double) {
-  using L = DualExpertAttention<TestType>;
+namespace {
+/// The case of the thread-count tests: 40 queries in ragged blocks of 7, 4 heads, mask, oracle and dropout (the
+/// caller sets B and D).
+Case threads_case() {
   Case cs;
-  cs.B = 3;
   cs.Tq = cs.Tk = 40;
   cs.H = 4;
-  cs.D = GENERATE(16, 64);
   cs.oracle = cs.mask = true;
   cs.dropout = 0.2;
   cs.block = 7;
+  return cs;
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("tiled kernel: results are bitwise identical for 1 and 2 threads", "[dea][tiled][threads]", float,
+                   double) {
+  using L = DualExpertAttention<TestType>;
+  Case cs = threads_case();
+  cs.B = 3;
+  cs.D = GENERATE(16, 64);
   L layer = make_layer<L>(cs, DeaKernel::tiled);
   Inputs<TestType> in = make_inputs<TestType>(cs);
   const Mat<double> R = testing::random_projection(cs.B * cs.Tq, cs.D, 4);
@@ -475,14 +484,9 @@ TEMPLATE_TEST_CASE("self-attention backward: dx is the sum of backward_inputs' t
   // Eigen's products: the sum agrees to round-off there.
   using L = DualExpertAttention<TestType>;
   using S = TestType;
-  Case cs;
+  Case cs = threads_case();
   cs.B = GENERATE(1, 3);
-  cs.Tq = cs.Tk = 40;
-  cs.H = 4;
   cs.D = GENERATE(16, 64);
-  cs.oracle = cs.mask = true;
-  cs.dropout = 0.2;
-  cs.block = 7;
   const DeaKernel kernel = GENERATE(DeaKernel::tiled, DeaKernel::reference);
   CAPTURE(cs.B, cs.D, static_cast<int>(kernel));
   L layer = make_layer<L>(cs, kernel);
