@@ -13,6 +13,7 @@
 #include <dea/ops/packed_gemm.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 using namespace dea;
@@ -218,4 +219,66 @@ TEST_CASE("packed gemm: a BufferScope supplies the packing buffer, and one too s
   // after the scopes the thread's own buffer is back in use
   ops::linear_forward_into<float>(x, W, static_cast<const float*>(nullptr), y);
   CHECK(y == y2);
+}
+
+namespace {
+
+// The first 64-byte-aligned element of v (v has 16 spare elements at its end).
+template <class S>
+S* aligned64(std::vector<S>& v) {
+  const std::uintptr_t p = reinterpret_cast<std::uintptr_t>(v.data());
+  return reinterpret_cast<S*>((p + 63) / 64 * 64);
+}
+
+// gemm_whole_b (B packed once by pack_b_whole, reused by many products) and gemm_stream_b (B packed a panel at a
+// time) against gemm on the same operands.
+template <class S, class Kern>
+void check_whole_b(Rng& rng) {
+  const Index cases[][3] = {{1, 1, 1},   {3, 5, 7},     {12, 32, 16},   {13, 33, 17},  {11, 31, 1},
+                            {25, 70, 513}, {40, 17, 1100}, {128, 300, 64}, {66, 64, 2048}, {2, 1100, 520}};
+  for (const auto& mnk : cases) {
+    const Index M = mnk[0], N = mnk[1], K = mnk[2];
+    for (int layout = 0; layout < 4; ++layout)
+      for (int acc = 0; acc < 2; ++acc) {
+        const Strided<S> a(M, K, layout & 1, rng), b(K, N, layout & 2, rng);
+        const Index ldc = N + 5;
+        std::vector<S> c0(static_cast<std::size_t>(M * ldc));
+        for (S& x : c0) x = static_cast<S>(rng.normal());
+        std::vector<S> want = c0, got = c0;
+        ops::packed::gemm<S, Kern>(M, N, K, a.view(), b.view(), want.data(), ldc, acc != 0);
+        const Index nb = ops::packed::whole_b_size<S, Kern>(K, N), na = ops::packed::whole_a_size<S, Kern>(M, K);
+        REQUIRE(nb >= K * N);
+        std::vector<S> bbuf(static_cast<std::size_t>(nb + 16), S(-7)), abuf(static_cast<std::size_t>(na + 16), S(-7));
+        S* const bp = aligned64(bbuf);  // the panels are read as whole vectors
+        S* const ap = aligned64(abuf);
+        ops::packed::pack_b_whole<S, Kern>(K, N, b.view(), bp);
+        ops::packed::gemm_whole_b<S, Kern>(M, N, K, a.view(), bp, got.data(), ldc, acc != 0, ap);
+        INFO("M " << M << " N " << N << " K " << K << " layout " << layout << " accumulate " << acc << " kernel "
+                  << Kern::MR << "x" << Kern::NR);
+        CHECK(got == want);  // every element and the padding between C's rows
+        // the packed B is reusable: a second product with other A rows gives gemm's bits again
+        const Strided<S> a2(M, K, layout & 1, rng);
+        std::vector<S> want2 = c0, got2 = c0;
+        ops::packed::gemm<S, Kern>(M, N, K, a2.view(), b.view(), want2.data(), ldc, acc != 0);
+        ops::packed::gemm_whole_b<S, Kern>(M, N, K, a2.view(), bp, got2.data(), ldc, acc != 0, ap);
+        CHECK(got2 == want2);
+        // B streamed one panel at a time (gemm_stream_b): gemm's bits again
+        std::vector<S> pbuf(static_cast<std::size_t>(ops::packed::stream_b_size<S, Kern>(K) + 16), S(-7)), got3 = c0;
+        ops::packed::gemm_stream_b<S, Kern>(M, N, K, a2.view(), b.view(), got3.data(), ldc, acc != 0, ap,
+                                            aligned64(pbuf));
+        CHECK(got3 == want2);
+      }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("packed gemm: B packed once (gemm_whole_b) or a panel at a time (gemm_stream_b) gives gemm's bits",
+          "[gemm]") {
+  Rng rng(15);
+  check_whole_b<float, ops::packed::DefaultKernel<float>>(rng);
+  check_whole_b<double, ops::packed::DefaultKernel<double>>(rng);
+  check_whole_b<float, ops::packed::Kernel<float, 32, 6, 2>>(rng);
+  check_whole_b<float, ops::packed::Kernel<float, 16, 4, 2>>(rng);
+  check_whole_b<double, ops::packed::Kernel<double, 16, 4, 2>>(rng);
 }

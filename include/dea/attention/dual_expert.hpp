@@ -384,9 +384,17 @@ private:
   // in a fixed order: the results are bitwise identical for any thread count.
   // ============================================================================================================
 
+  /// The tiled kernel's per-head products run through the library's packed product (ops/packed_gemm.hpp) where it
+  /// exists, with the pair's K_h and V_h packed once for all its query blocks (Eigen's product packed them again for
+  /// every block); elsewhere through Eigen.
+  /// (The thread scratch's pieces are aligned to kWorkspaceAlign, which must suit the packed panels.)
+  static constexpr bool kPackedCore =
+      ops::packed::supported<S>() && kWorkspaceAlign % ops::packed::panel_align<S>() == 0;
+
   /// Pointers into one thread's block scratch.
   struct TilePtrs {
-    S *Kh, *Vh, *dKh, *dVh;                 // [Tk, Dh] row-major (TileMat)
+    S *Kh, *Vh, *dKh, *dVh;                 // [Tk, Dh] row-major (TileMat); kPackedCore: dKh, dVh as [Dh, Tk]
+    S *pKt, *pK, *pV, *pVt, *Ap, *Bpan;     // packed K_h^T, K_h, V_h, V_h^T as B operands; packed A; one B panel
     S *kn, *lk, *mrow, *kbias, *col0, *col1, *g_reg, *g_spot;  // [Tk]
     S *Qb, *Rb, *Db, *dQb, *dRb;            // [bq, Dh] row-major (TileMat)
     S *r0, *r1, *r2, *r3;                   // [bq]
@@ -405,6 +413,14 @@ private:
   static TilePtrs tiled_take(Carve& cv, Index bq, Index Tk, Index Dh) {
     TilePtrs t;
     for (S** p : {&t.Kh, &t.Vh, &t.dKh, &t.dVh}) *p = cv.take(Tk * Dh);
+    namespace pk = ops::packed;
+    t.pKt = cv.take(pk::whole_b_size<S>(Dh, Tk));  // (sizes 0 without the packed product)
+    t.pK = cv.take(pk::whole_b_size<S>(Tk, Dh));
+    t.pV = cv.take(pk::whole_b_size<S>(Tk, Dh));
+    t.pVt = cv.take(pk::whole_b_size<S>(Dh, Tk));
+    const Index kb = std::min(2 * bq, pk::kKcMax);  // the deepest block of k of a product over a block's rows
+    t.Ap = cv.take(std::max({pk::whole_a_size<S>(2 * bq, Dh), pk::whole_a_size<S>(2 * bq, Tk), pk::whole_a_size<S>(Dh, kb)}));
+    t.Bpan = cv.take(pk::stream_b_size<S>(kb));
     for (S** p : {&t.kn, &t.lk, &t.mrow, &t.kbias, &t.col0, &t.col1, &t.g_reg, &t.g_spot}) *p = cv.take(Tk);
     for (S** p : {&t.Qb, &t.Rb, &t.Db, &t.dQb, &t.dRb}) *p = cv.take(bq * Dh);
     for (S** p : {&t.r0, &t.r1, &t.r2, &t.r3}) *p = cv.take(bq);
@@ -486,7 +502,10 @@ private:
     // temporary before its matrix-vector product. Forward and backward run this same code, so backward still
     // sees exactly the values forward saw.)
     // both in one product: [E0; E1] = [Qb; Rb] K_h^T
-    MatMap<S>(tp.E0, 2 * n, Tk).noalias() = Eigen::Map<const TileMat, Eigen::AlignedMax>(tp.Qb, 2 * n, Dh) * Kh.transpose();
+    if constexpr (kPackedCore)
+      ops::packed::gemm_whole_b<S>(2 * n, Tk, Dh, {tp.Qb, Dh, 1}, tp.pKt, tp.E0, Tk, false, tp.Ap);
+    else
+      MatMap<S>(tp.E0, 2 * n, Tk).noalias() = Eigen::Map<const TileMat, Eigen::AlignedMax>(tp.Qb, 2 * n, Dh) * Kh.transpose();
     E0 *= inv_sqrt;
     r0 = Rb.rowwise().squaredNorm();
     for (Index r = 0; r < n; ++r) {  // one pass per row (plain loops, vectorised); backward also marks the clamp
@@ -664,21 +683,32 @@ private:
     std::uint8_t* has;  ///< [Tk] labelled flags of one row
     bool any_real;      ///< the sequence has at least one real key
   };
-  TiledTask tiled_task_begin(Cache& c, Index bh, std::pair<Index, Index> sizes) const {
+  TiledTask tiled_task_begin(Cache& c, Index bh, std::pair<Index, Index> sizes, bool backward) const {
     const int th = thread_index();
     Carve cv{c.tile_scratch.data() + th * sizes.first};
     TiledTask t{bh / H_, bh % H_, tiled_take(cv, c.block_q, c.Tk, Dh_), c.tile_has.data() + th * sizes.second, false};
-    tiled_pair_setup(c, t.tp, t.b, t.h, t.any_real);
+    tiled_pair_setup(c, t.tp, t.b, t.h, t.any_real, backward);
     return t;
   }
 
-  /// Per-pair set-up shared by forward and backward: K_h, V_h, |K_j|^2, the gate's key term, the mask row.
-  void tiled_pair_setup(const Cache& c, const TilePtrs& tp, Index b, Index h, bool& any_real) const {
+  /// Per-pair set-up shared by forward and backward: K_h, V_h, |K_j|^2, the gate's key term, the mask row, and with
+  /// the packed product K_h^T and V_h packed as the B of the block products (backward: also K_h and V_h^T).
+  void tiled_pair_setup(const Cache& c, const TilePtrs& tp, Index b, Index h, bool& any_real, bool backward) const {
     const Index Tk = c.Tk, Dh = Dh_, G = 2 * Dh + 2;
     using ColVec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
     Eigen::Map<TileMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh), Vh(tp.Vh, Tk, Dh);
     Kh = c.K.block(b * Tk, h * Dh, Tk, Dh);
     Vh = c.V.block(b * Tk, h * Dh, Tk, Dh);
+    if constexpr (kPackedCore) {
+      namespace pk = ops::packed;
+      const pk::View<S> k{tp.Kh, Dh, 1}, v{tp.Vh, Dh, 1};
+      pk::pack_b_whole<S>(Dh, Tk, k.t(), tp.pKt);  // E = [Q; R] K_h^T
+      pk::pack_b_whole<S>(Tk, Dh, v, tp.pV);       // ctx = P V_h
+      if (backward) {
+        pk::pack_b_whole<S>(Tk, Dh, k, tp.pK);       // [dQ; dR] = [g0'; g1'] K_h
+        pk::pack_b_whole<S>(Dh, Tk, v.t(), tp.pVt);  // dP = dctx V_h^T
+      }
+    }
     Eigen::Map<Eigen::Array<S, Eigen::Dynamic, 1>, Eigen::AlignedMax>(tp.kn, Tk) = Kh.rowwise().squaredNorm().array();
     Eigen::Map<ColVec, Eigen::AlignedMax>(tp.lk, Tk).noalias() =
         Kh * Eigen::Map<const ColVec>(W_gate_.value.data() + h * G + Dh, Dh);
@@ -734,7 +764,7 @@ private:
     c.sums.assign(static_cast<std::size_t>(B * H), GateLossSums<S>());
     const bool par = double(B * H) * double(Tq) * double(Tk) * double(4 * Dh + 20) > kParallelMinFlops;
     parallel_for(B * H, [&](Index bh) {
-      const TiledTask t = tiled_task_begin(c, bh, sizes);
+      const TiledTask t = tiled_task_begin(c, bh, sizes, false);
       const Index b = t.b, h = t.h;
       const TilePtrs& tp = t.tp;
       std::uint8_t* has = t.has;
@@ -749,14 +779,18 @@ private:
                     gate, has);
         // 10. dropout on the probabilities, then ctx_h = P V_h
         MatMap<S> P(tp.P, n, Tk);
+        const S* pm = tp.P;
         if (c.dropout_on) {
           MatMap<S> Pd(tp.dP, n, Tk);
           tiled_dropout(c, bh, i0, n, tp.dP);
           Pd.array() *= P.array();
-          c.ctx.block(b * Tq + i0, h * Dh, n, Dh).noalias() = Pd * Vh;
-        } else {
-          c.ctx.block(b * Tq + i0, h * Dh, n, Dh).noalias() = P * Vh;
+          pm = tp.dP;
         }
+        if constexpr (kPackedCore)
+          ops::packed::gemm_whole_b<S>(n, Dh, Tk, {pm, Tk, 1}, tp.pV, c.ctx.data() + (b * Tq + i0) * D_ + h * Dh, D_,
+                                       false, tp.Ap);
+        else
+          c.ctx.block(b * Tq + i0, h * Dh, n, Dh).noalias() = Eigen::Map<const Mat<S>>(pm, n, Tk) * Vh;
       }
       if (has_oracle) {  // w_k: sum_j (sum_i dl_ij) K_j, for both parts
         Eigen::Map<const TileMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh);
@@ -795,7 +829,7 @@ private:
     using ColArr = Eigen::Array<S, Eigen::Dynamic, 1>;
     using RowArr = Eigen::Array<S, 1, Eigen::Dynamic>;
     parallel_for(B * H, [&](Index bh) {
-      const TiledTask t = tiled_task_begin(c, bh, sizes);
+      const TiledTask t = tiled_task_begin(c, bh, sizes, true);
       const Index b = t.b, h = t.h;
       const TilePtrs& tp = t.tp;
       std::uint8_t* has = t.has;
@@ -825,15 +859,23 @@ private:
         Eigen::Map<ColArr, Eigen::AlignedMax> r0(bp.r0, n), r1(bp.r1, n), r2(bp.r2, n), r3(bp.r3, n);
         Db = dctx.block(b * Tq + i0, h * Dh, n, Dh);
         // ctx_h = Pd V_h, Pd = P .* drop
-        dP.noalias() = Db * Vh.transpose();                       // ctx = Pd V  ->  dPd = dctx V^T
+        if constexpr (kPackedCore)                                 // ctx = Pd V  ->  dPd = dctx V^T
+          ops::packed::gemm_whole_b<S>(n, Tk, Dh, {bp.Db, Dh, 1}, tp.pVt, bp.dP, Tk, false, tp.Ap);
+        else
+          dP.noalias() = Db * Vh.transpose();
+        const S* pd = bp.P;
         if (c.dropout_on) {
           tiled_dropout(c, bh, i0, n, bp.X);
           dP.array() *= X.array();                                 // Pd = P .* drop  ->  dP = dPd .* drop
           X.array() *= P.array();
-          dVh.noalias() += X.transpose() * Db;                     // ctx = Pd V  ->  dV += Pd^T dctx
-        } else {
-          dVh.noalias() += P.transpose() * Db;                     // ctx = P V  ->  dV += P^T dctx
+          pd = bp.X;
         }
+        // ctx = Pd V  ->  dV += Pd^T dctx   (packed: dV_h^T += dctx^T Pd, Pd read along its rows)
+        if constexpr (kPackedCore)
+          ops::packed::gemm_stream_b<S>(Dh, Tk, n, ops::packed::View<S>{bp.Db, Dh, 1}.t(), {pd, Tk, 1}, tp.dVh, Tk, true,
+                                        tp.Ap, tp.Bpan);
+        else
+          dVh.noalias() += Eigen::Map<const Mat<S>>(pd, n, Tk).transpose() * Db;
         // P = softmax(S) over real keys  ->  dS = P .* (dP - rowsum(P .* dP))   (in dP)
         r0 = (P.array() * dP.array()).rowwise().sum();
         dP.array() = P.array() * (dP.array().colwise() - r0);
@@ -867,17 +909,30 @@ private:
         r0 = AM.array().rowwise().sum();
         cs += AM.colwise().sum();                                  // sum_i g1'_ij, over all blocks (applied below)
         const MatMap<S> PA(bp.P, 2 * n, Tk);
-        Eigen::Map<TileMat, Eigen::AlignedMax>(bp.dQb, 2 * n, Dh).noalias() = PA * Kh;
+        if constexpr (kPackedCore)
+          ops::packed::gemm_whole_b<S>(2 * n, Dh, Tk, {bp.P, Tk, 1}, tp.pK, bp.dQb, Dh, false, tp.Ap);
+        else
+          Eigen::Map<TileMat, Eigen::AlignedMax>(bp.dQb, 2 * n, Dh).noalias() = PA * Kh;
         dRb.noalias() -= r0.matrix().asDiagonal() * Rb;
-        dKh.noalias() += PA.transpose() * Eigen::Map<const TileMat, Eigen::AlignedMax>(bp.Qb, 2 * n, Dh);
+        if constexpr (kPackedCore)  // dK_h^T += [Qb; Rb]^T [g0'; g1']
+          ops::packed::gemm_stream_b<S>(Dh, Tk, 2 * n, ops::packed::View<S>{bp.Qb, Dh, 1}.t(), {bp.P, Tk, 1}, tp.dKh, Tk,
+                                        true, tp.Ap, tp.Bpan);
+        else
+          dKh.noalias() += PA.transpose() * Eigen::Map<const TileMat, Eigen::AlignedMax>(bp.Qb, 2 * n, Dh);
         // R = Q W_rel^T  ->  dQ += dR W_rel, dW_rel += dR^T Q
         dQb.noalias() += dRb * Wr;
         dWr.noalias() += dRb.transpose() * Qb;
         dQ.block(b * Tq + i0, h * Dh, n, Dh) = dQb;
       }
-      dKh -= cs.transpose().asDiagonal() * Kh;  // the (sum_i g1'_ij) K_j term of dK_j
-      dK.block(b * Tk, h * Dh, Tk, Dh) = dKh;
-      dV.block(b * Tk, h * Dh, Tk, Dh) = dVh;
+      if constexpr (kPackedCore) {  // dKh and dVh hold dK_h^T and dV_h^T [Dh, Tk]
+        const Eigen::Map<const Mat<S>> dKt(tp.dKh, Dh, Tk), dVt(tp.dVh, Dh, Tk);
+        dK.block(b * Tk, h * Dh, Tk, Dh) = dKt.transpose() - cs.transpose().asDiagonal() * Kh;  // (sum_i g1'_ij) K_j
+        dV.block(b * Tk, h * Dh, Tk, Dh) = dVt.transpose();
+      } else {
+        dKh -= cs.transpose().asDiagonal() * Kh;  // the (sum_i g1'_ij) K_j term of dK_j
+        dK.block(b * Tk, h * Dh, Tk, Dh) = dKh;
+        dV.block(b * Tk, h * Dh, Tk, Dh) = dVh;
+      }
     }, double(B * H) * double(Tq) * double(Tk) * double(8 * Dh + 20) > kParallelMinFlops);
   }
 

@@ -54,6 +54,15 @@ constexpr bool supported() {
 /// Products with fewer rows than this go to Eigen (ops/gemm.hpp): packing B would cost more than it saves.
 constexpr Index kMinRows = 64;
 
+/// The deepest block of k: a packed panel of A (MR x kKcMax values) lives on the stack of the thread using it.
+constexpr Index kKcMax = 512;
+/// The depth of the blocks of k for an inner dimension K: the fewest blocks of at most kKcMax, of equal depth
+/// (the last may be shorter). A function of K alone, so results never depend on anything else.
+constexpr Index k_block(Index K) {
+  const Index nb = (K + kKcMax - 1) / kKcMax;
+  return nb < 1 ? 0 : (K + nb - 1) / nb;
+}
+
 #if DEA_PACKED_GEMM
 
 /// A micro-kernel shape: VB-byte vectors, MR rows of NV vectors each (NR = NV * VB / sizeof(S) columns).
@@ -132,17 +141,14 @@ using DefaultKernel = Kernel<S, 32, 6, 2>;
 using DefaultKernel = Kernel<S, 16, 4, 2>;
 #endif
 
-/// The deepest block of k: a packed panel of A (MR x kKcMax values) lives on the stack of the thread using it.
-constexpr Index kKcMax = 512;
+/// The alignment in bytes the packed panels of B need (whole_b_size buffers of the caller's).
+template <class S>
+constexpr std::size_t panel_align() {
+  return alignof(typename DefaultKernel<S>::V);
+}
+
 /// Bytes of a packed block of B, at most: the [kc, nc] block stays within half of a typical L2.
 constexpr Index kBBlockBytes = Index(1) << 20;
-
-/// The depth of the blocks of k for an inner dimension K: the fewest blocks of at most kKcMax, of equal depth
-/// (the last may be shorter). A function of K alone, so results never depend on anything else.
-constexpr Index k_block(Index K) {
-  const Index nb = (K + kKcMax - 1) / kKcMax;
-  return nb < 1 ? 0 : (K + nb - 1) / nb;
-}
 
 /// Columns of B per packed block for inner dimension K and N columns (a multiple of NR).
 template <class S, int NR>
@@ -254,6 +260,15 @@ void pack_a(View<S> A, Index m0, int rows, Index k0, Index kc, S* __restrict dst
       const S* src = A.p + (m0 + i) * A.rs + k0;
       for (Index k = 0; k < kc; ++k) dst[k * MR + i] = src[k];
     }
+  } else if (A.rs == 1 && rows == MR) {
+    // a transposed A (a weight gradient's, or P^T in attention): MR contiguous values per k. The fixed count lets the
+    // compiler copy them with a few moves; with a variable count it calls memcpy for every k, which cost more than
+    // the copy itself
+    for (Index k = 0; k < kc; ++k) {
+      const S* src = A.p + m0 + (k0 + k) * A.cs;
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) dst[k * MR + i] = src[i];
+    }
   } else {
     for (Index k = 0; k < kc; ++k) {
       const S* src = A.p + m0 * A.rs + (k0 + k) * A.cs;
@@ -268,7 +283,14 @@ void pack_a(View<S> A, Index m0, int rows, Index k0, Index kc, S* __restrict dst
 /// Rows [k0, k0 + kc) and columns [n0, n0 + cols) of B as one panel [kc][NR] (columns past `cols` are zero).
 template <int NR, class S>
 void pack_b(View<S> B, Index k0, Index kc, Index n0, int cols, S* __restrict dst) {
-  if (B.cs == 1) {
+  if (B.cs == 1 && cols == NR) {  // a whole panel: a fixed-size copy per k (moves, not a memcpy call)
+    for (Index k = 0; k < kc; ++k) {
+      const S* src = B.p + (k0 + k) * B.rs + n0;
+      S* d = dst + k * NR;
+#pragma GCC unroll 32
+      for (int j = 0; j < NR; ++j) d[j] = src[j];
+    }
+  } else if (B.cs == 1) {
     for (Index k = 0; k < kc; ++k) {
       const S* src = B.p + (k0 + k) * B.rs + n0;
       S* d = dst + k * NR;
@@ -354,11 +376,136 @@ void gemm(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool
   }
 }
 
+/// Values of S that pack_b_whole writes for a [K, N] B: all of it, N rounded up to whole panels.
+template <class S, class Kern = DefaultKernel<S>>
+constexpr Index whole_b_size(Index K, Index N) {
+  return K <= 0 || N <= 0 ? 0 : K * ((N + Kern::NR - 1) / Kern::NR * Kern::NR);
+}
+
+/// Values of S that gemm_whole_b packs A into for M rows and inner dimension K (one block of k at a time).
+template <class S, class Kern = DefaultKernel<S>>
+constexpr Index whole_a_size(Index M, Index K) {
+  return M <= 0 || K <= 0 ? 0 : (M + Kern::MR - 1) / Kern::MR * Kern::MR * k_block(K);
+}
+
+/// All of B [K, N] packed at once, for a B that many products share (gemm_whole_b). The block of k that starts at
+/// k0 (the blocks of gemm) starts at dst + k0 * Np, Np = N rounded up to NR, and holds its panels one after the
+/// other ([kc][NR] each). dst: whole_b_size(K, N) values, aligned as a vector of the kernel.
+template <class S, class Kern = DefaultKernel<S>>
+void pack_b_whole(Index K, Index N, View<S> B, S* dst) {
+  constexpr int NR = Kern::NR;
+  const Index kc_max = k_block(K), Np = (N + NR - 1) / NR * NR;
+  for (Index pc = 0; pc < K; pc += kc_max) {
+    const Index kc = std::min(kc_max, K - pc);
+    for (Index n0 = 0; n0 < N; n0 += NR)
+      detail::pack_b<NR>(B, pc, kc, n0, int(std::min<Index>(NR, N - n0)), dst + pc * Np + n0 * kc);
+  }
+}
+
+namespace detail {
+
+/// The loop of gemm_whole_b and gemm_stream_b: per block of k, all of A's rows are packed into Ap, then every
+/// panel of B (panel(k0, kc, n0, cols) returns it packed) runs against all of them, so a panel is read once.
+template <class Kern, class S, class Panel>
+void gemm_a_resident(Index M, Index N, Index K, View<S> A, Panel&& panel, S* C, Index ldc, bool accumulate, S* Ap) {
+  constexpr int MR = Kern::MR, NR = Kern::NR;
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    if (!accumulate)
+      for (Index i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, S(0));
+    return;
+  }
+  const Index kc_max = k_block(K), panels_m = (M + MR - 1) / MR;
+  for (Index pc = 0; pc < K; pc += kc_max) {
+    const Index kc = std::min(kc_max, K - pc);
+    const bool init = !accumulate && pc == 0;
+    for (Index q = 0; q < panels_m; ++q)
+      pack_a<MR>(A, q * MR, int(std::min<Index>(MR, M - q * MR)), pc, kc, Ap + q * kc * MR);
+    for (Index n0 = 0; n0 < N; n0 += NR) {
+      const int cols = int(std::min<Index>(NR, N - n0));
+      const S* bp = panel(pc, kc, n0, cols);
+      for (Index q = 0; q < panels_m; ++q)
+        Kern::tile(kc, Ap + q * kc * MR, bp, C + q * MR * ldc + n0, ldc, int(std::min<Index>(MR, M - q * MR)), cols,
+                   init, nullptr);
+    }
+  }
+}
+
+}  // namespace detail
+
+/// C [M, N] (row stride ldc) = A B, or C += A B when `accumulate`, with B packed by pack_b_whole: the same bits
+/// as gemm(M, N, K, A, B, C, ldc, accumulate), for any M (nothing is left to amortise). Single-threaded: for
+/// callers that are parallel over their own work. Each block of k packs all of A's rows into Ap
+/// (whole_a_size(M, K) values), then runs every panel of B against them.
+template <class S, class Kern = DefaultKernel<S>>
+void gemm_whole_b(Index M, Index N, Index K, View<S> A, const S* Bp, S* C, Index ldc, bool accumulate, S* Ap) {
+  constexpr int NR = Kern::NR;
+  const Index Np = (N + NR - 1) / NR * NR;
+  detail::gemm_a_resident<Kern>(M, N, K, A, [&](Index pc, Index kc, Index n0, int) { return Bp + pc * Np + n0 * kc; },
+                                C, ldc, accumulate, Ap);
+}
+
+/// Values of S the panel buffer of gemm_stream_b holds for inner dimension K.
+template <class S, class Kern = DefaultKernel<S>>
+constexpr Index stream_b_size(Index K) {
+  return K <= 0 ? 0 : k_block(K) * Kern::NR;
+}
+
+/// C (=|+=) A B for a small A and a wide B used once (e.g. dK_h^T += Q_b^T G in attention): A is packed whole into
+/// Ap (whole_a_size(M, K) values) and B one panel at a time into Bpanel (stream_b_size(K) values, aligned as a
+/// vector of the kernel), which then serves every row of A. The same bits as gemm; single-threaded.
+template <class S, class Kern = DefaultKernel<S>>
+void gemm_stream_b(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool accumulate, S* Ap,
+                   S* Bpanel) {
+  constexpr int NR = Kern::NR;
+  detail::gemm_a_resident<Kern>(M, N, K, A,
+                                [&](Index pc, Index kc, Index n0, int cols) {
+                                  detail::pack_b<NR>(B, pc, kc, n0, cols, Bpanel);
+                                  return static_cast<const S*>(Bpanel);
+                                },
+                                C, ldc, accumulate, Ap);
+}
+
 #else  // without vector extensions: supported() is false, ops/gemm.hpp uses Eigen; these keep callers compiling
 
 template <class S>
 void gemm(Index, Index, Index, View<S>, View<S>, S*, Index, bool, const S* = nullptr) {
   dea::detail::raise("ops::packed::gemm: not available with this compiler");
+}
+
+template <class S>
+constexpr std::size_t panel_align() {
+  return 1;
+}
+
+template <class S>
+constexpr Index whole_b_size(Index, Index) {
+  return 0;
+}
+
+template <class S>
+constexpr Index whole_a_size(Index, Index) {
+  return 0;
+}
+
+template <class S>
+void pack_b_whole(Index, Index, View<S>, S*) {
+  dea::detail::raise("ops::packed::pack_b_whole: not available with this compiler");
+}
+
+template <class S>
+void gemm_whole_b(Index, Index, Index, View<S>, const S*, S*, Index, bool, S*) {
+  dea::detail::raise("ops::packed::gemm_whole_b: not available with this compiler");
+}
+
+template <class S>
+constexpr Index stream_b_size(Index) {
+  return 0;
+}
+
+template <class S>
+void gemm_stream_b(Index, Index, Index, View<S>, View<S>, S*, Index, bool, S*, S*) {
+  dea::detail::raise("ops::packed::gemm_stream_b: not available with this compiler");
 }
 
 template <class S>
