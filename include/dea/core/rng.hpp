@@ -115,10 +115,12 @@ void xavier_uniform(M&& m, Rng& rng, Index fan_in, Index fan_out) {
   uniform(std::forward<M>(m), rng, -b, b);
 }
 
-/// An orthogonal n x n matrix: Q of the QR decomposition of a Gaussian matrix, with the signs of R's
-/// diagonal folded into Q so the distribution is uniform (Haar), as PyTorch's orthogonal_ does.
-template <class S>
-Mat<S> orthogonal(Index n, Rng& rng) {
+namespace detail {
+/// The work of orthogonal(), in double whatever the scalar type: one instance serves every type. The project's
+/// programs compile it once (cmake/instances/init.cpp, under DEA_EXTERN_TEMPLATES): HouseholderQR and its Q cost
+/// g++ about 6 s of front-end time in every translation unit that instantiates it.
+template <class Unused = void>
+Eigen::MatrixXd orthogonal_double(Index n, Rng& rng) {
   Eigen::MatrixXd g(n, n);
   for (Index r = 0; r < n; ++r)
     for (Index c = 0; c < n; ++c) g(r, c) = rng.normal();
@@ -127,7 +129,18 @@ Mat<S> orthogonal(Index n, Rng& rng) {
   const Eigen::MatrixXd& rr = qr.matrixQR();
   for (Index c = 0; c < n; ++c)
     if (rr(c, c) < 0) q.col(c) = -q.col(c);
-  return q.cast<S>();
+  return q;
+}
+#ifdef DEA_EXTERN_TEMPLATES
+extern template Eigen::MatrixXd orthogonal_double<void>(Index n, Rng& rng);
+#endif
+}  // namespace detail
+
+/// An orthogonal n x n matrix: Q of the QR decomposition of a Gaussian matrix, with the signs of R's
+/// diagonal folded into Q so the distribution is uniform (Haar), as PyTorch's orthogonal_ does.
+template <class S>
+Mat<S> orthogonal(Index n, Rng& rng) {
+  return detail::orthogonal_double(n, rng).cast<S>();
 }
 
 }  // namespace init
