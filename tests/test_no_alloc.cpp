@@ -149,7 +149,6 @@ TEST_CASE("the counters see allocations (so a zero below means something)", "[al
 TEST_CASE("DualExpertAttention::forward allocates nothing after the set-up call", "[alloc][dea]") {
   layer_forward_allocates_nothing<DualExpertAttention<float>>(64, 4, 2, 9);
   layer_forward_allocates_nothing<DualExpertAttention<double>>(32, 4, 3, 7);
-  layer_forward_allocates_nothing<DualExpertAttention<float, 4, 16>>(64, 4, 2, 9);
   layer_forward_allocates_nothing<DualExpertAttention<float, 2, 8>>(16, 2, 1, 16);
 }
 

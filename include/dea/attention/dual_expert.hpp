@@ -1365,11 +1365,15 @@ auto DualExpertAttention<S, Heads, DHead>::verify_gradient_isolation(const Mat<S
   return r;
 }
 
-// The project's own programs and tests compile these two instances once (cmake/instances.cmake) and define
-// DEA_EXTERN_TEMPLATES; everyone else instantiates on use, as with any template.
+// The project's own programs and tests compile these instances once (cmake/instances.cmake) and define
+// DEA_EXTERN_TEMPLATES; everyone else instantiates on use, as with any template. Besides the two dynamic-size
+// ones, the tests share three compile-time shapes: each costs g++ over a minute and a half to instantiate.
 #ifdef DEA_EXTERN_TEMPLATES
 extern template class DualExpertAttention<float>;
 extern template class DualExpertAttention<double>;
+extern template class DualExpertAttention<float, 2, 8>;
+extern template class DualExpertAttention<double, 2, 4>;
+extern template class DualExpertAttention<double, 2, 1>;
 #endif
 
 }  // namespace dea
