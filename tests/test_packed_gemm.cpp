@@ -107,9 +107,10 @@ void check_shapes(Rng& rng) {
             pad_kept = pad_kept && c[static_cast<std::size_t>(i * ldc + j)] == c0[static_cast<std::size_t>(i * ldc + j)];
         CHECK(pad_kept);
         // the order of operations, bit for bit
-        const bool fused_order = c == reference_order<S>(M, N, K, a.view(), b.view(), c0, ldc, acc, bp, true);
-        const bool plain_order = c == reference_order<S>(M, N, K, a.view(), b.view(), c0, ldc, acc, bp, false);
-        CHECK((fused_order || plain_order));
+        // (the second order is computed only when the first does not match: the sanitizer build runs this at -O0)
+        const bool order_kept = c == reference_order<S>(M, N, K, a.view(), b.view(), c0, ldc, acc, bp, true) ||
+                                c == reference_order<S>(M, N, K, a.view(), b.view(), c0, ldc, acc, bp, false);
+        CHECK(order_kept);
       }
   }
 }
@@ -235,7 +236,7 @@ S* aligned64(std::vector<S>& v) {
 template <class S, class Kern>
 void check_whole_b(Rng& rng) {
   const Index cases[][3] = {{1, 1, 1},   {3, 5, 7},     {12, 32, 16},   {13, 33, 17},  {11, 31, 1},
-                            {25, 70, 513}, {40, 17, 1100}, {128, 300, 64}, {66, 64, 2048}, {2, 1100, 520}};
+                            {25, 70, 513}, {40, 17, 1100}, {128, 300, 64}, {66, 64, 1024}, {2, 1100, 520}};
   for (const auto& mnk : cases) {
     const Index M = mnk[0], N = mnk[1], K = mnk[2];
     for (int layout = 0; layout < 4; ++layout)
