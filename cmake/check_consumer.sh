@@ -11,7 +11,7 @@ cmake --install "$build" --prefix "$work/prefix" >/dev/null
 test -f "$work/prefix/include/dea/dea.hpp"
 cmake -S "$src/tests/consumer" -B "$work/pkg" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$work/prefix" >/dev/null
 cmake -S "$src/tests/consumer" -B "$work/sub" -DCMAKE_BUILD_TYPE=Release -DDEA_SOURCE_DIR="$src" >/dev/null
-# the two builds compile the same file (over a minute each): side by side, then each program runs
+# the two builds compile the same file, side by side; then each program runs
 cmake --build "$work/pkg" >"$work/pkg.log" 2>&1 & pkg_pid=$!
 cmake --build "$work/sub" >"$work/sub.log" 2>&1 & sub_pid=$!
 pkg_ok=0; sub_ok=0
