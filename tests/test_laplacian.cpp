@@ -1,6 +1,9 @@
 // Tests of dea/attention/laplacian.hpp (First-Spike Laplacian attention, spec/laplacian_attention.md) and of the
 // ops it is built from: ops/activations.hpp, ops/l1_distance.hpp.
 #include <catch2/catch.hpp>
+// first: a header that opens dea::ops::detail before l1_distance.hpp, whose helpers live in dea::detail (an
+// unqualified detail:: there once resolved to the wrong namespace and did not compile in this order)
+#include <dea/ops/gelu.hpp>
 #include <dea/attention/laplacian.hpp>
 #include <dea/ops/activations.hpp>
 #include <dea/ops/l1_distance.hpp>

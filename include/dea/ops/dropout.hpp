@@ -17,6 +17,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace dea {
 namespace ops {
@@ -53,21 +55,49 @@ inline double counter_uniform(std::uint64_t seed, std::uint64_t cell) {
 /// ceil(p 2^53): counter_uniform(s, c) < p exactly when (counter_bits(s, c) >> 11) < counter_threshold(p).
 inline std::uint64_t counter_threshold(double p) { return static_cast<std::uint64_t>(std::ceil(p * 9007199254740992.0)); }
 
+namespace detail {
+/// The unsigned integer as wide as S. The counter loops select "x * keep, or +0 when dropped" by masking the bits
+/// of x * keep with all ones or 0, instead of branching on a random bit (a branch mispredicts on about every
+/// dropped element, and keeps g++ from vectorising the loop on AVX2): the same bits, about twice as fast.
+template <class S>
+using SameWidthBits = std::conditional_t<sizeof(S) == 4, std::uint32_t, std::uint64_t>;
+
+/// All ones when cell `cell` of the mask of `seed` is kept ((bits >> 11) >= threshold t), 0 when it is dropped.
+template <class S>
+inline SameWidthBits<S> counter_keep_bits(std::uint64_t seed, std::uint64_t cell, std::uint64_t t) {
+  using Bits = SameWidthBits<S>;
+  return Bits(0) - static_cast<Bits>((counter_bits(seed, cell) >> 11) >= t);
+}
+}  // namespace detail
+
 /// m[k] = 0 if cell first + k is dropped (counter_uniform < p), else 1/(1-p); k < n.
 template <class S>
 void counter_dropout_mask(S* m, Index n, std::uint64_t seed, std::uint64_t first, double p) {
+  static_assert(sizeof(S) == 4 || sizeof(S) == 8, "counter_dropout_mask: S must be float or double");
   const std::uint64_t t = counter_threshold(p);
   const S keep = S(1) / (S(1) - static_cast<S>(p));
-  for (Index k = 0; k < n; ++k) m[k] = (counter_bits(seed, first + static_cast<std::uint64_t>(k)) >> 11) < t ? S(0) : keep;
+  detail::SameWidthBits<S> keep_bits;
+  std::memcpy(&keep_bits, &keep, sizeof keep);
+  for (Index k = 0; k < n; ++k) {
+    const auto b = keep_bits & detail::counter_keep_bits<S>(seed, first + static_cast<std::uint64_t>(k), t);
+    std::memcpy(m + k, &b, sizeof b);  // keep, or +0 when dropped
+  }
 }
 
-/// x[k] *= the mask value of cell first + k (0 or 1/(1-p)); k < n.
+/// x[k] *= the mask value of cell first + k (0 or 1/(1-p)); k < n. A dropped element becomes +0 (also when x[k] is
+/// negative, infinite or NaN).
 template <class S>
 void counter_dropout_apply(S* x, Index n, std::uint64_t seed, std::uint64_t first, double p) {
+  static_assert(sizeof(S) == 4 || sizeof(S) == 8, "counter_dropout_apply: S must be float or double");
   const std::uint64_t t = counter_threshold(p);
   const S keep = S(1) / (S(1) - static_cast<S>(p));
-  for (Index k = 0; k < n; ++k)
-    x[k] = (counter_bits(seed, first + static_cast<std::uint64_t>(k)) >> 11) < t ? S(0) : x[k] * keep;
+  for (Index k = 0; k < n; ++k) {
+    const S v = x[k] * keep;
+    detail::SameWidthBits<S> b;
+    std::memcpy(&b, &v, sizeof v);
+    b &= detail::counter_keep_bits<S>(seed, first + static_cast<std::uint64_t>(k), t);
+    std::memcpy(x + k, &b, sizeof b);  // x[k] * keep, or +0 when dropped
+  }
 }
 
 }  // namespace ops

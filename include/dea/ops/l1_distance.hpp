@@ -62,8 +62,8 @@ void l1_distance(const Eigen::MatrixBase<DU>& U, const Eigen::MatrixBase<DW>& W,
         W.cols());
   check(Dst.rows() == tq && Dst.cols() == tk, "l1_distance: Dst: expected shape [", tq, ", ", tk, "], got [",
         Dst.rows(), ", ", Dst.cols(), "]");
-  detail::l1_check_rows_contiguous(U, "l1_distance: U");
-  detail::l1_check_rows_contiguous(Dst, "l1_distance: Dst");
+  dea::detail::l1_check_rows_contiguous(U, "l1_distance: U");
+  dea::detail::l1_check_rows_contiguous(Dst, "l1_distance: Dst");
   if (tq == 0 || tk == 0) return;
   // Wt [d, Tk]: W transposed, so that channel c of every key is one contiguous row; acc [Tk]: one row of Dst.
   // Both live on the stack up to kLocal elements (a 32 x 32 head), on the heap beyond.
@@ -100,18 +100,18 @@ void l1_distance(const Eigen::MatrixBase<DU>& U, const Eigen::MatrixBase<DW>& W,
           Packet w[NP];
           for (int p = 0; p < NP; ++p) w[p] = Eigen::internal::ploadu<Packet>(wt + c * tk + j0 + p * PS);
           for (int q = 0; q < kRows; ++q) {
-            const Packet u = Eigen::internal::pset1<Packet>(detail::l1_row_ptr(U, i0 + q)[c]);
+            const Packet u = Eigen::internal::pset1<Packet>(dea::detail::l1_row_ptr(U, i0 + q)[c]);
             for (int p = 0; p < NP; ++p)  // D_ij += |u_ic - w_jc|
               a[q][p] = Eigen::internal::padd(a[q][p], Eigen::internal::pabs(Eigen::internal::psub(u, w[p])));
           }
         }
         for (int q = 0; q < kRows; ++q)
-          for (int p = 0; p < NP; ++p) Eigen::internal::pstoreu(detail::l1_row_ptr(Dst, i0 + q) + j0 + p * PS, a[q][p]);
+          for (int p = 0; p < NP; ++p) Eigen::internal::pstoreu(dea::detail::l1_row_ptr(Dst, i0 + q) + j0 + p * PS, a[q][p]);
       }
   for (Index i = 0; i < tq; ++i) {
     const Index j_begin = i < i0 ? tk_blk : 0;  // rows of the register blocks: only the leftover keys
     if (j_begin == tk) continue;
-    const S* ui = detail::l1_row_ptr(U, i);
+    const S* ui = dea::detail::l1_row_ptr(U, i);
     for (Index j = j_begin; j < tk; ++j) acc[j] = S(0);
     for (Index c = 0; c < d; ++c) {
       const S u = ui[c];
@@ -119,7 +119,7 @@ void l1_distance(const Eigen::MatrixBase<DU>& U, const Eigen::MatrixBase<DW>& W,
       DEA_L1_NO_ALIAS
       for (Index j = j_begin; j < tk; ++j) acc[j] += std::abs(u - w[j]);  // D_ij += |u_ic - w_jc|
     }
-    S* out = detail::l1_row_ptr(Dst, i);
+    S* out = dea::detail::l1_row_ptr(Dst, i);
     for (Index j = j_begin; j < tk; ++j) out[j] = acc[j];
   }
 }
@@ -142,23 +142,23 @@ void l1_distance_backward(const Eigen::MatrixBase<DU>& U, const Eigen::MatrixBas
         "l1_distance_backward: U, W, gU and gW need ", d, " columns");
   check(G.rows() == tq && G.cols() == tk && gU.rows() == tq && gW.rows() == tk,
         "l1_distance_backward: G: expected shape [", tq, ", ", tk, "], got [", G.rows(), ", ", G.cols(), "]");
-  detail::l1_check_rows_contiguous(U, "l1_distance_backward: U");
-  detail::l1_check_rows_contiguous(W, "l1_distance_backward: W");
-  detail::l1_check_rows_contiguous(gU, "l1_distance_backward: gU");
-  detail::l1_check_rows_contiguous(gW, "l1_distance_backward: gW");
+  dea::detail::l1_check_rows_contiguous(U, "l1_distance_backward: U");
+  dea::detail::l1_check_rows_contiguous(W, "l1_distance_backward: W");
+  dea::detail::l1_check_rows_contiguous(gU, "l1_distance_backward: gU");
+  dea::detail::l1_check_rows_contiguous(gW, "l1_distance_backward: gW");
   // acc [d]: the running sum_j G_ij sgn(u_ic - w_jc) of row i (a fixed-size local array when Dc is known).
   constexpr int kAcc = Dc == Eigen::Dynamic ? 1 : Dc;
   S acc_fixed[kAcc];
   Vec<S> acc_dyn(Dc == Eigen::Dynamic ? d : 0);
   S* acc = Dc == Eigen::Dynamic ? acc_dyn.data() : acc_fixed;
   for (Index i = 0; i < tq; ++i) {
-    const S* ui = detail::l1_row_ptr(U, i);
+    const S* ui = dea::detail::l1_row_ptr(U, i);
     for (Index c = 0; c < d; ++c) acc[c] = S(0);
     for (Index j = 0; j < tk; ++j) {
       const S g = G(i, j);
       if (g == S(0)) continue;
-      const S* wj = detail::l1_row_ptr(W, j);
-      S* gwj = detail::l1_row_ptr(gW, j);
+      const S* wj = dea::detail::l1_row_ptr(W, j);
+      S* gwj = dea::detail::l1_row_ptr(gW, j);
       DEA_L1_NO_ALIAS
       for (Index c = 0; c < d; ++c) {
         const S x = ui[c] - wj[c];
@@ -167,7 +167,7 @@ void l1_distance_backward(const Eigen::MatrixBase<DU>& U, const Eigen::MatrixBas
         gwj[c] -= gs;                                   //                              ->  dw_jc
       }
     }
-    S* gui = detail::l1_row_ptr(gU, i);
+    S* gui = dea::detail::l1_row_ptr(gU, i);
     for (Index c = 0; c < d; ++c) gui[c] += acc[c];
   }
 }
