@@ -78,6 +78,26 @@ struct Kernel {
   /// with acc = sum over k < kc of a[k * MR + i] * b[k * NR + j] (a and b: packed panels, VB-aligned).
   static void tile(Index kc, const S* __restrict a, const S* __restrict b, S* __restrict c, Index ldc, int rows,
                    int cols, bool init, const S* __restrict bias) {
+    tile_impl<false>(kc, a, 0, b, c, ldc, rows, cols, init, bias);
+  }
+
+  /// The same with A read where it is, not packed: acc = sum over k < kc of a[i * lda + k] * b[k * NR + j], for a
+  /// row-major A (unit column stride). Rows i >= `rows` read row rows - 1 again (their results are discarded), so
+  /// nothing past A is read; the valid rows get exactly the operations, so the bits, of tile on a packed panel.
+  static void tile_rows(Index kc, const S* __restrict a, Index lda, const S* __restrict b, S* __restrict c, Index ldc,
+                        int rows, int cols, bool init, const S* __restrict bias) {
+    tile_impl<true>(kc, a, lda, b, c, ldc, rows, cols, init, bias);
+  }
+
+private:
+  template <bool Direct>
+  static void tile_impl(Index kc, const S* __restrict a, Index lda, const S* __restrict b, S* __restrict c, Index ldc,
+                        int rows, int cols, bool init, const S* __restrict bias) {
+    const S* ar[MR] = {};
+    if constexpr (Direct) {
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) ar[i] = a + (i < rows ? i : rows - 1) * lda;
+    }
     V acc[MR][NV];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i)
@@ -90,7 +110,11 @@ struct Kernel {
       const S* ak = a + k * MR;
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        const S av = ak[i];
+        S av;
+        if constexpr (Direct)
+          av = ar[i][k];
+        else
+          av = ak[i];
 #pragma GCC unroll 4
         for (int j = 0; j < NV; ++j) acc[i][j] += av * bv[j];
       }
@@ -347,6 +371,7 @@ void gemm(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool
       for (Index i = 0; i < n; ++i) f(i);
   };
 
+  const bool direct_a = A.cs == 1;
   S* Bp = detail::b_scratch<S>(kc_max * nc);
   for (Index jc = 0; jc < N; jc += nc) {
     const Index ncur = std::min(nc, N - jc);
@@ -364,6 +389,15 @@ void gemm(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool
         for (Index q = t * mc_panels; q < q1; ++q) {
           const Index m0 = q * MR;
           const int rows = int(std::min<Index>(MR, M - m0));
+          if (direct_a) {  // a row-major A is read in place: its rows are already contiguous along k
+            const S* a = A.p + m0 * A.rs + pc;
+            for (Index p = 0; p < np; ++p) {
+              const Index n0 = jc + p * NR;
+              Kern::tile_rows(kc, a, A.rs, Bp + p * kc * NR, C + m0 * ldc + n0, ldc, rows,
+                              int(std::min<Index>(NR, N - n0)), init, bias ? bias + n0 : nullptr);
+            }
+            continue;
+          }
           detail::pack_a<MR>(A, m0, rows, pc, kc, Ap);
           for (Index p = 0; p < np; ++p) {
             const Index n0 = jc + p * NR;
