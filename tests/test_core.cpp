@@ -2,6 +2,11 @@
 #include <catch2/catch.hpp>
 #include <dea/dea.hpp>
 #include <dea/testing/gradcheck.hpp>
+#include <dea/ops/dropout.hpp>
+
+#include <cstring>
+#include <limits>
+#include <vector>
 
 using namespace dea;
 
@@ -140,4 +145,48 @@ TEMPLATE_TEST_CASE("masked softmax: masked and -inf keys get exactly 0, an all-m
   ops::masked_softmax_rows<S>(q, nullptr, q);
   REQUIRE(q.row(0).cwiseAbs().maxCoeff() == S(0));
   REQUIRE(q.row(1).sum() == Approx(1.0).epsilon(1e-5));
+}
+
+TEMPLATE_TEST_CASE("dropout bit masks: applying the stored bits gives counter_dropout_apply's values bit for bit",
+                   "[core][dropout]", float, double) {
+  using S = TestType;
+  using Bits = ops::detail::SameWidthBits<S>;
+  const S inf = std::numeric_limits<S>::infinity();
+  for (const double p : {0.0, 0.1, 0.5, 0.9}) {
+    for (const Index n : {Index(1), Index(31), Index(32), Index(33), Index(1000)}) {
+      for (const std::uint64_t first : {std::uint64_t(0), std::uint64_t(64), std::uint64_t(7)}) {
+        std::vector<S> x(static_cast<std::size_t>(n));
+        for (Index k = 0; k < n; ++k) x[static_cast<std::size_t>(k)] = S(k % 13) - S(6) + S(0.25);
+        x[0] = -S(0);
+        if (n > 3) {
+          x[1] = std::numeric_limits<S>::quiet_NaN();
+          x[2] = -inf;
+          x[3] = inf;
+        }
+        std::vector<S> hashed = x, with_bits = x, from_bits = x;
+        const std::size_t words = static_cast<std::size_t>((n + 31) / 32);
+        std::vector<std::uint32_t> kept(words + 1, 0xdeadbeefu);  // one word past the end must stay untouched
+        ops::counter_dropout_apply(hashed.data(), n, 1234, first, p);
+        ops::counter_dropout_apply_bits(with_bits.data(), n, 1234, first, p, kept.data());
+        ops::dropout_apply_bits(from_bits.data(), n, kept.data(), p);
+        INFO("p " << p << " n " << n << " first " << first);
+        CHECK(kept[words] == 0xdeadbeefu);
+        bool same = true, bits_right = true;
+        for (Index k = 0; k < n; ++k) {
+          const std::size_t u = static_cast<std::size_t>(k);
+          Bits a, b, c;
+          std::memcpy(&a, &hashed[u], sizeof a);
+          std::memcpy(&b, &with_bits[u], sizeof b);
+          std::memcpy(&c, &from_bits[u], sizeof c);
+          same = same && a == b && a == c;
+          const bool bit = (kept[u / 32] >> (u % 32)) & 1u;
+          bits_right = bits_right && bit == (ops::counter_uniform(1234, first + u) >= p);
+        }
+        CHECK(same);
+        CHECK(bits_right);
+        // the unused high bits of the last word are 0
+        if (n % 32 != 0) CHECK((kept[words - 1] >> (n % 32)) == 0u);
+      }
+    }
+  }
 }

@@ -513,6 +513,39 @@ TEST_CASE("nn::Dropout: inverted scaling, reproducible mask, identity in eval mo
   REQUIRE_THROWS_AS(nn::Dropout(1.0), Error);
 }
 
+TEST_CASE("nn::Dropout: forward keeps the mask as bits; backward from them equals the mask regenerated from the seed",
+          "[nn][dropout]") {
+  nn::Dropout d(0.3);
+  Rng rng(5);
+  nn::DropoutState st;
+  for (const Index rows : {Index(37), Index(700), Index(3)}) {  // 700 x 30 spans several parallel chunks
+    for (const int threads : {1, 2}) {
+      set_num_threads(threads);
+      Mat<float> x = Mat<float>::Ones(rows, 30);
+      d.forward(x, true, &rng, st);  // the same state object every time: its storage is reused
+      REQUIRE(st.active);
+      REQUIRE(st.kept.size() == static_cast<std::size_t>((rows * 30 + 31) / 32));
+      nn::DropoutState by_hand;  // the seed alone: backward regenerates the mask
+      by_hand.active = true;
+      by_hand.p = st.p;
+      by_hand.seed = st.seed;
+      Mat<float> g1 = Mat<float>::Constant(rows, 30, -2.5f), g2 = g1, x2 = Mat<float>::Ones(rows, 30);
+      nn::Dropout::backward(g1, st);
+      nn::Dropout::backward(g2, by_hand);
+      nn::Dropout::apply(x2, st);
+      set_num_threads(1);
+      REQUIRE((g1 - g2).cwiseAbs().maxCoeff() == 0.0f);
+      REQUIRE((x2 - x).cwiseAbs().maxCoeff() == 0.0f);
+      REQUIRE(((g1.array() == 0.0f) == (x.array() == 0.0f)).all());
+    }
+  }
+  Mat<float> e = Mat<float>::Ones(4, 4);
+  d.forward(e, false, nullptr, st);  // evaluation mode resets the state
+  REQUIRE_FALSE(st.active);
+  REQUIRE(st.kept.empty());
+  REQUIRE(e.sum() == 16.0f);
+}
+
 TEST_CASE("EncoderLayer task-path gradients match finite differences", "[nn][encoder][gradcheck]") {
   struct LC {
     const char* name;

@@ -9,7 +9,7 @@
 // Parameters, in the reference's state_dict order: attn.* (the attention's own names), ln1.weight, ln1.bias,
 // ln2.weight, ln2.bias, ff.0.weight, ff.0.bias, ff.3.weight, ff.3.bias.
 // Saved for backward: x, x1, the LayerNorm row statistics, the attention's cache, the FFN pre-activation and the
-// dropout seeds. u is recomputed from x1 in backward.
+// dropout masks (their seeds, and one bit per element). u is recomputed from x1 in backward.
 // The task backward never touches a gate; backward_gate() forwards the gate-loss backward to the attention
 // (Dual-Expert: W_gate and c_gate only).
 #pragma once
@@ -95,12 +95,12 @@ public:
     } else {
       a = attn_.forward(h, batch, ctx, c.attn);                    // a = Attn(h)
     }
-    c.drop1 = drop_.forward(a, ctx.training, ctx.rng);             // a = Dropout(a)
+    drop_.forward(a, ctx.training, ctx.rng, c.drop1);             // a = Dropout(a)
     c.x1 = c.x + a;                                                // x1 = x + a
     Mat<S> u;
     ln2_.forward(c.x1, u, c.ln2);                                  // u = LN2(x1)
     Mat<S> f = ff_.forward(u, ctx.training, ctx.rng, c.ff);        // f = FFN(u)
-    c.drop2 = drop_.forward(f, ctx.training, ctx.rng);             // f = Dropout(f)
+    drop_.forward(f, ctx.training, ctx.rng, c.drop2);             // f = Dropout(f)
     f += c.x1;                                                     // y = x1 + f
     return f;
   }

@@ -6,7 +6,7 @@
 //   a = u W0^T + b0                 (Linear 0)
 //   g = dropout(gelu(a))            (GELU 1, Dropout 2; exact erf GELU)
 //   y = g W3^T + b3                 (Linear 3)
-// The cache keeps a (and the dropout seed); the backward recomputes g from a, and takes u again from the
+// The cache keeps a (and the dropout mask's bits); the backward recomputes g from a, and takes u again from the
 // caller (the encoder layer recomputes it instead of keeping it).
 #pragma once
 
@@ -24,7 +24,7 @@ class FeedForward {
 public:
   struct Cache {
     Mat<S> a;            ///< [N, d_ff] pre-activation
-    DropoutState drop;   ///< the hidden dropout's mask seed
+    DropoutState drop;   ///< the hidden dropout's mask (seed and bits)
   };
 
   FeedForward() = default;
@@ -54,7 +54,7 @@ public:
     lin0_.forward(u, c.a);                       // a = u W0^T + b0
     Mat<S> g;
     ops::gelu_forward<S>(c.a, g);                // g = gelu(a)
-    c.drop = drop_.forward(g, training, rng);    // g = dropout(g)
+    drop_.forward(g, training, rng, c.drop);    // g = dropout(g)
     Mat<S> y;
     lin3_.forward(g, y);                         // y = g W3^T + b3
     return y;

@@ -390,7 +390,7 @@ auto TransformerModel<S, Attention>::forward(const ModelBatch<S>& batch, S gamma
   tok_emb_.forward(batch.input_ids.ptr(), N, emb_scale(), x);
   if (present(c.token_type_ids)) seg_emb_.forward(c.token_type_ids.ptr(), N, S(1), x, true);
   pos_.add_to(x, B);
-  c.drop_emb = drop_.forward(x, training, rng);
+  drop_.forward(x, training, rng, c.drop_emb);
 
   // ---- encoder layers
   ModelOutput<S> out;
@@ -434,7 +434,7 @@ auto TransformerModel<S, Attention>::forward(const ModelBatch<S>& batch, S gamma
     cls0_.forward(c.pooled, t);                                   // t = pooled W0^T + b0
     c.z = t.array().tanh().matrix();                              // z = tanh(t)
     Mat<S> zd = c.z;
-    c.drop_cls = drop_.forward(zd, training, rng);                // zd = Dropout(z)
+    drop_.forward(zd, training, rng, c.drop_cls);                // zd = Dropout(z)
     cls3_.forward(zd, out.logits);                                // logits = zd W3^T + b3
   } else {
     c.yf = std::move(y);

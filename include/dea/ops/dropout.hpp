@@ -100,5 +100,54 @@ void counter_dropout_apply(S* x, Index n, std::uint64_t seed, std::uint64_t firs
   }
 }
 
+/// counter_dropout_apply (the same values), also writing the mask as bits: bit j of kept[w] is 1 when cell
+/// first + 32 w + j is kept, for the ceil(n / 32) words w (unused high bits of the last word are 0). Backward then
+/// applies the mask from the bits (dropout_apply_bits) instead of hashing every cell again.
+template <class S>
+void counter_dropout_apply_bits(S* x, Index n, std::uint64_t seed, std::uint64_t first, double p,
+                                std::uint32_t* kept) {
+  static_assert(sizeof(S) == 4 || sizeof(S) == 8, "counter_dropout_apply_bits: S must be float or double");
+  using Bits = detail::SameWidthBits<S>;
+  const std::uint64_t t = counter_threshold(p);
+  const S keep = S(1) / (S(1) - static_cast<S>(p));
+  for (Index w0 = 0; w0 < n; w0 += 32) {
+    const int m = n - w0 < 32 ? int(n - w0) : 32;
+    S* xw = x + w0;
+    const std::uint64_t c0 = first + static_cast<std::uint64_t>(w0);
+    std::uint32_t word = 0;
+    for (int j = 0; j < m; ++j) {
+      const Bits kb = detail::counter_keep_bits<S>(seed, c0 + static_cast<std::uint64_t>(j), t);
+      const S v = xw[j] * keep;
+      Bits b;
+      std::memcpy(&b, &v, sizeof v);
+      b &= kb;
+      std::memcpy(xw + j, &b, sizeof b);
+      word |= static_cast<std::uint32_t>(kb & 1u) << j;
+    }
+    kept[w0 / 32] = word;
+  }
+}
+
+/// x[k] *= 1/(1-p) when bit k % 32 of kept[k / 32] is set, else x[k] = +0 (also for a negative, infinite or NaN
+/// x[k]): with the bits of counter_dropout_apply_bits, the same values as counter_dropout_apply; k < n.
+template <class S>
+void dropout_apply_bits(S* x, Index n, const std::uint32_t* kept, double p) {
+  static_assert(sizeof(S) == 4 || sizeof(S) == 8, "dropout_apply_bits: S must be float or double");
+  using Bits = detail::SameWidthBits<S>;
+  const S keep = S(1) / (S(1) - static_cast<S>(p));
+  for (Index w0 = 0; w0 < n; w0 += 32) {
+    const int m = n - w0 < 32 ? int(n - w0) : 32;
+    S* xw = x + w0;
+    const std::uint32_t word = kept[w0 / 32];
+    for (int j = 0; j < m; ++j) {
+      const S v = xw[j] * keep;
+      Bits b;
+      std::memcpy(&b, &v, sizeof v);
+      b &= Bits(0) - static_cast<Bits>((word >> j) & 1u);
+      std::memcpy(xw + j, &b, sizeof b);
+    }
+  }
+}
+
 }  // namespace ops
 }  // namespace dea
