@@ -183,7 +183,7 @@ inline Rgb parse_hex(std::string_view s) {
     if (ch >= '0' && ch <= '9') return ch - '0';
     if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
     if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-    detail::raise("svg::parse_hex: expected #rrggbb, got '" + std::string(s) + "'");
+    dea::detail::raise("svg::parse_hex: expected #rrggbb, got '" + std::string(s) + "'");
   };
   return Rgb{nib(s[1]) * 16 + nib(s[2]), nib(s[3]) * 16 + nib(s[4]), nib(s[5]) * 16 + nib(s[6])};
 }
