@@ -12,6 +12,7 @@
 #include <dea/ops/linear.hpp>
 #include <dea/ops/packed_gemm.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -70,7 +71,8 @@ std::vector<S> reference_order(Index M, Index N, Index K, View<S> A, View<S> B, 
 template <class S, class Kern>
 void check_shapes(Rng& rng) {
   const Index cases[][3] = {{1, 1, 1},    {3, 5, 7},     {12, 32, 16},  {13, 33, 17},   {11, 31, 1},
-                            {25, 70, 513}, {40, 17, 1100}, {7, 600, 64}, {130, 129, 200}, {2, 1100, 520}};
+                            {25, 70, 513}, {40, 17, 1100}, {7, 600, 64}, {130, 129, 200}, {2, 1100, 520},
+                            {389, 9, 530}};  // a transposed A: tasks of up to 8 panels packed in one pass, 2 blocks of k
   for (const auto& mnk : cases) {
     const Index M = mnk[0], N = mnk[1], K = mnk[2];
     for (int layout = 0; layout < 4; ++layout)
@@ -185,6 +187,36 @@ TEST_CASE("ops::gemm_into, gemm_tn_add and linear use the packed product and agr
                                                                               Wl = W.cast<long double>(), yl(70, 80);
   ops::gemm_into(xl, Wl.transpose(), yl);
   CHECK((yl.cast<double>() - x * W.transpose()).cwiseAbs().maxCoeff() < 1e-11);
+}
+
+TEMPLATE_TEST_CASE("ops::linear_backward: the bias gradient has the bits of Eigen's column sums, block by block",
+                   "[gemm]", float, double) {
+  using S = TestType;
+  Rng rng(17);
+  // rows x columns of dy: whole packets of columns (the row-by-row sum) and partial ones (Eigen's own), 1 to 4
+  // column blocks, row counts around the sum's groups of four
+  const Index shapes[][2] = {{70, 80}, {1, 8}, {5, 13}, {9, 33}, {130, 2}, {64, 256}, {203, 512}, {4, 1000}, {7, 64}};
+  for (const auto& sh : shapes) {
+    const Index n = sh[0], cols = sh[1], in = 3;
+    Mat<S> dy(n, cols), x(n, in), W(cols, in);
+    init::normal(dy, rng, 0, 1);
+    init::normal(x, rng, 0, 1);
+    init::normal(W, rng, 0, 1);
+    Vec<S> db0(cols);
+    init::normal(db0, rng, 0, 1);
+    Vec<S> db = db0;
+    Mat<S> dW = Mat<S>::Zero(cols, in);
+    ops::linear_backward<S>(dy, x, W, MatMap<S>(dW.data(), cols, in), db.data(), nullptr);
+    // the reference: db0 + Eigen's colwise sum over the same fixed column blocks
+    Vec<S> ref = db0;
+    const Index nb = ops::gemm_tn_row_blocks(cols), base = cols / nb, extra = cols % nb;
+    for (Index b = 0; b < nb; ++b) {
+      const Index c0 = b * base + std::min(b, extra), nc = base + (b < extra ? 1 : 0);
+      Eigen::Map<RowVec<S>>(ref.data() + c0, nc) += dy.middleCols(c0, nc).colwise().sum();
+    }
+    INFO("n " << n << " cols " << cols);
+    CHECK((db.array() == ref.array()).all());
+  }
 }
 
 TEST_CASE("packed gemm: a BufferScope supplies the packing buffer, and one too small is an error", "[gemm]") {

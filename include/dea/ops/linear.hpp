@@ -42,7 +42,23 @@ void linear_backward(const Eigen::MatrixBase<DY>& dy, const Eigen::MatrixBase<DX
   gemm_tn_add<S>(dy, x, dW);                                                 // y = x W^T  ->  dW += dy^T x
   if (db)                                                                    // y += b     ->  db += sum_n dy
     for_blocks(dy.cols(), gemm_tn_row_blocks(dy.cols()), [&](Index c0, Index nc) {  // column blocks in parallel
-      Eigen::Map<RowVec<S>>(db + c0, nc) += dy.middleCols(c0, nc).colwise().sum();
+      auto block = dy.middleCols(c0, nc);
+      Eigen::Map<RowVec<S>> out(db + c0, nc);
+      constexpr Index L = Eigen::internal::packet_traits<S>::size;
+      if (DY::IsRowMajor && L > 1 && nc % L == 0 && block.rows() > 0) {
+        // Eigen's colwise sum of a row-major block reads one packet of columns down all the rows, then the next
+        // packet down all the rows again: strided, each cache line fetched twice or more (2.3 ms for [2048, 1024],
+        // 6x this loop). Row by row, in the association Eigen uses for whole packets, r0 + ((r1 + r2) + (r3 + r4))
+        // + ..., gives its bits (test_packed_gemm compares them); blocks with a partial packet keep Eigen's sum.
+        RowVec<S> sum = block.row(0);
+        Index n = 1;
+        for (; n + 3 < block.rows(); n += 4)
+          sum += (block.row(n) + block.row(n + 1)) + (block.row(n + 2) + block.row(n + 3));
+        for (; n < block.rows(); ++n) sum += block.row(n);
+        out += sum;
+      } else {
+        out += block.colwise().sum();
+      }
     });
   if (!dx) return;
   if (add_dx)

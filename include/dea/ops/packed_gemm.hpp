@@ -238,6 +238,22 @@ S* b_scratch(Index n) {
   return buf.p;
 }
 
+/// The calling thread's buffer for several packed panels of a transposed A (gemm), grown on the heap to n values.
+template <class S>
+S* a_scratch(Index n) {
+  thread_local BBuffer<S> buf;
+  if (n <= buf.n) return buf.p;
+  std::free(buf.p);
+  buf.p = nullptr;
+  buf.n = 0;
+  const std::size_t bytes = (static_cast<std::size_t>(n) * sizeof(S) + 63) / 64 * 64;
+  buf.p = static_cast<S*>(std::aligned_alloc(64, bytes));
+  check(buf.p != nullptr, "ops::packed::gemm: out of memory for a ", bytes, "-byte packing buffer");
+  buf.n = n;
+  buf.owned = true;
+  return buf.p;
+}
+
 }  // namespace detail
 
 /// While alive, the calling thread's products of S pack B into `buffer` (`n` values, aligned as a vector of the
@@ -302,6 +318,28 @@ void pack_a(View<S> A, Index m0, int rows, Index k0, Index kc, S* __restrict dst
   if (rows < MR)
     for (Index k = 0; k < kc; ++k)
       for (int i = rows; i < MR; ++i) dst[k * MR + i] = S(0);
+}
+
+/// Rows [m0, m0 + rows) and columns [k0, k0 + kc) of a transposed A (unit row stride: the `rows` values of one k
+/// are contiguous) as ceil(rows / MR) panels [kc][MR], one after the other (rows past `rows` are zero). One pass
+/// over k reads each k's values once, where packing panel after panel read the same lines once per panel (lines
+/// one k apart, 1-8 KB, which an L1 cache keeps badly).
+template <int MR, class S>
+void pack_a_transposed_panels(View<S> A, Index m0, Index rows, Index k0, Index kc, S* __restrict dst) {
+  const Index full = rows / MR, rest = rows % MR;
+  for (Index k = 0; k < kc; ++k) {
+    const S* src = A.p + m0 + (k0 + k) * A.cs;
+    for (Index q = 0; q < full; ++q) {
+      S* d = dst + q * kc * MR + k * MR;
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) d[i] = src[q * MR + i];
+    }
+    if (rest) {
+      S* d = dst + full * kc * MR + k * MR;
+      for (Index i = 0; i < rest; ++i) d[i] = src[full * MR + i];
+      for (Index i = rest; i < MR; ++i) d[i] = S(0);
+    }
+  }
 }
 
 /// Rows [k0, k0 + kc) and columns [n0, n0 + cols) of B as one panel [kc][NR] (columns past `cols` are zero).
@@ -372,6 +410,9 @@ void gemm(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool
   };
 
   const bool direct_a = A.cs == 1;
+  // a transposed A: each task packs all its panels in one pass over k into a per-thread heap buffer (not under a
+  // BufferScope, whose programs allocate nothing after their set-up: there, panel by panel on the stack)
+  const bool panels_a = !direct_a && A.rs == 1 && scope < 0;
   S* Bp = detail::b_scratch<S>(kc_max * nc);
   for (Index jc = 0; jc < N; jc += nc) {
     const Index ncur = std::min(nc, N - jc);
@@ -385,8 +426,22 @@ void gemm(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool
       });
       loop(tasks, true, [&](Index t) {
         alignas(64) S Ap[MR * kKcMax];
-        const Index q1 = std::min(panels_m, (t + 1) * mc_panels);
-        for (Index q = t * mc_panels; q < q1; ++q) {
+        const Index q0 = t * mc_panels, q1 = std::min(panels_m, (t + 1) * mc_panels);
+        if (panels_a) {
+          S* Aps = detail::a_scratch<S>(mc_panels * MR * kc_max);
+          detail::pack_a_transposed_panels<MR>(A, q0 * MR, std::min(M, q1 * MR) - q0 * MR, pc, kc, Aps);
+          for (Index q = q0; q < q1; ++q) {
+            const Index m0 = q * MR;
+            const int rows = int(std::min<Index>(MR, M - m0));
+            for (Index p = 0; p < np; ++p) {
+              const Index n0 = jc + p * NR;
+              Kern::tile(kc, Aps + (q - q0) * kc * MR, Bp + p * kc * NR, C + m0 * ldc + n0, ldc, rows,
+                         int(std::min<Index>(NR, N - n0)), init, bias ? bias + n0 : nullptr);
+            }
+          }
+          return;
+        }
+        for (Index q = q0; q < q1; ++q) {
           const Index m0 = q * MR;
           const int rows = int(std::min<Index>(MR, M - m0));
           if (direct_a) {  // a row-major A is read in place: its rows are already contiguous along k
