@@ -220,13 +220,10 @@ Index b_scope_capacity() {
   return buf.owned || buf.p == nullptr ? -1 : buf.n;
 }
 
-/// The calling thread's buffer for packed B, grown (on the heap) to n values unless a BufferScope supplies it.
+/// buf's values, grown on the heap (64-byte aligned, the old values dropped) to hold at least n.
 template <class S>
-S* b_scratch(Index n) {
-  BBuffer<S>& buf = b_buffer<S>();
+S* grown(BBuffer<S>& buf, Index n) {
   if (n <= buf.n) return buf.p;
-  check(buf.owned || buf.p == nullptr, "ops::packed::gemm: the buffer of the BufferScope in force holds ", buf.n,
-        " values, the product needs ", n);
   std::free(buf.p);
   buf.p = nullptr;
   buf.n = 0;
@@ -238,20 +235,21 @@ S* b_scratch(Index n) {
   return buf.p;
 }
 
+/// The calling thread's buffer for packed B, grown (on the heap) to n values unless a BufferScope supplies it.
+template <class S>
+S* b_scratch(Index n) {
+  BBuffer<S>& buf = b_buffer<S>();
+  if (n <= buf.n) return buf.p;
+  check(buf.owned || buf.p == nullptr, "ops::packed::gemm: the buffer of the BufferScope in force holds ", buf.n,
+        " values, the product needs ", n);
+  return grown(buf, n);
+}
+
 /// The calling thread's buffer for several packed panels of a transposed A (gemm), grown on the heap to n values.
 template <class S>
 S* a_scratch(Index n) {
   thread_local BBuffer<S> buf;
-  if (n <= buf.n) return buf.p;
-  std::free(buf.p);
-  buf.p = nullptr;
-  buf.n = 0;
-  const std::size_t bytes = (static_cast<std::size_t>(n) * sizeof(S) + 63) / 64 * 64;
-  buf.p = static_cast<S*>(std::aligned_alloc(64, bytes));
-  check(buf.p != nullptr, "ops::packed::gemm: out of memory for a ", bytes, "-byte packing buffer");
-  buf.n = n;
-  buf.owned = true;
-  return buf.p;
+  return grown(buf, n);
 }
 
 }  // namespace detail
