@@ -68,6 +68,18 @@ inline SameWidthBits<S> counter_keep_bits(std::uint64_t seed, std::uint64_t cell
   using Bits = SameWidthBits<S>;
   return Bits(0) - static_cast<Bits>((counter_bits(seed, cell) >> 11) >= t);
 }
+
+/// x * keep when `mask` is all ones, +0 when it is 0 (selected on the bits, without a branch).
+template <class S>
+inline S keep_or_zero(S x, S keep, SameWidthBits<S> mask) {
+  const S v = x * keep;
+  SameWidthBits<S> b;
+  std::memcpy(&b, &v, sizeof v);
+  b &= mask;
+  S out;
+  std::memcpy(&out, &b, sizeof b);
+  return out;
+}
 }  // namespace detail
 
 /// m[k] = 0 if cell first + k is dropped (counter_uniform < p), else 1/(1-p); k < n.
@@ -91,13 +103,9 @@ void counter_dropout_apply(S* x, Index n, std::uint64_t seed, std::uint64_t firs
   static_assert(sizeof(S) == 4 || sizeof(S) == 8, "counter_dropout_apply: S must be float or double");
   const std::uint64_t t = counter_threshold(p);
   const S keep = S(1) / (S(1) - static_cast<S>(p));
-  for (Index k = 0; k < n; ++k) {
-    const S v = x[k] * keep;
-    detail::SameWidthBits<S> b;
-    std::memcpy(&b, &v, sizeof v);
-    b &= detail::counter_keep_bits<S>(seed, first + static_cast<std::uint64_t>(k), t);
-    std::memcpy(x + k, &b, sizeof b);  // x[k] * keep, or +0 when dropped
-  }
+  for (Index k = 0; k < n; ++k)
+    x[k] = detail::keep_or_zero(x[k], keep,
+                                detail::counter_keep_bits<S>(seed, first + static_cast<std::uint64_t>(k), t));
 }
 
 /// counter_dropout_apply (the same values), also writing the mask as bits: bit j of kept[w] is 1 when cell
@@ -117,11 +125,7 @@ void counter_dropout_apply_bits(S* x, Index n, std::uint64_t seed, std::uint64_t
     std::uint32_t word = 0;
     for (int j = 0; j < m; ++j) {
       const Bits kb = detail::counter_keep_bits<S>(seed, c0 + static_cast<std::uint64_t>(j), t);
-      const S v = xw[j] * keep;
-      Bits b;
-      std::memcpy(&b, &v, sizeof v);
-      b &= kb;
-      std::memcpy(xw + j, &b, sizeof b);
+      xw[j] = detail::keep_or_zero(xw[j], keep, kb);
       word |= static_cast<std::uint32_t>(kb & 1u) << j;
     }
     kept[w0 / 32] = word;
@@ -139,13 +143,8 @@ void dropout_apply_bits(S* x, Index n, const std::uint32_t* kept, double p) {
     const int m = n - w0 < 32 ? int(n - w0) : 32;
     S* xw = x + w0;
     const std::uint32_t word = kept[w0 / 32];
-    for (int j = 0; j < m; ++j) {
-      const S v = xw[j] * keep;
-      Bits b;
-      std::memcpy(&b, &v, sizeof v);
-      b &= Bits(0) - static_cast<Bits>((word >> j) & 1u);
-      std::memcpy(xw + j, &b, sizeof b);
-    }
+    for (int j = 0; j < m; ++j)
+      xw[j] = detail::keep_or_zero(xw[j], keep, Bits(0) - static_cast<Bits>((word >> j) & 1u));
   }
 }
 

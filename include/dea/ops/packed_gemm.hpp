@@ -425,37 +425,31 @@ void gemm(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool
       loop(tasks, true, [&](Index t) {
         alignas(64) S Ap[MR * kKcMax];
         const Index q0 = t * mc_panels, q1 = std::min(panels_m, (t + 1) * mc_panels);
+        S* Aps = nullptr;
         if (panels_a) {
-          S* Aps = detail::a_scratch<S>(mc_panels * MR * kc_max);
+          Aps = detail::a_scratch<S>(mc_panels * MR * kc_max);
           detail::pack_a_transposed_panels<MR>(A, q0 * MR, std::min(M, q1 * MR) - q0 * MR, pc, kc, Aps);
-          for (Index q = q0; q < q1; ++q) {
-            const Index m0 = q * MR;
-            const int rows = int(std::min<Index>(MR, M - m0));
-            for (Index p = 0; p < np; ++p) {
-              const Index n0 = jc + p * NR;
-              Kern::tile(kc, Aps + (q - q0) * kc * MR, Bp + p * kc * NR, C + m0 * ldc + n0, ldc, rows,
-                         int(std::min<Index>(NR, N - n0)), init, bias ? bias + n0 : nullptr);
-            }
-          }
-          return;
         }
         for (Index q = q0; q < q1; ++q) {
           const Index m0 = q * MR;
           const int rows = int(std::min<Index>(MR, M - m0));
-          if (direct_a) {  // a row-major A is read in place: its rows are already contiguous along k
-            const S* a = A.p + m0 * A.rs + pc;
-            for (Index p = 0; p < np; ++p) {
-              const Index n0 = jc + p * NR;
-              Kern::tile_rows(kc, a, A.rs, Bp + p * kc * NR, C + m0 * ldc + n0, ldc, rows,
-                              int(std::min<Index>(NR, N - n0)), init, bias ? bias + n0 : nullptr);
-            }
-            continue;
+          const S* a;  // a row-major A is read in place (its rows are already contiguous along k), any other packed
+          if (direct_a) {
+            a = A.p + m0 * A.rs + pc;
+          } else if (panels_a) {
+            a = Aps + (q - q0) * kc * MR;
+          } else {
+            detail::pack_a<MR>(A, m0, rows, pc, kc, Ap);
+            a = Ap;
           }
-          detail::pack_a<MR>(A, m0, rows, pc, kc, Ap);
           for (Index p = 0; p < np; ++p) {
             const Index n0 = jc + p * NR;
-            Kern::tile(kc, Ap, Bp + p * kc * NR, C + m0 * ldc + n0, ldc, rows, int(std::min<Index>(NR, N - n0)), init,
-                       bias ? bias + n0 : nullptr);
+            const int cols = int(std::min<Index>(NR, N - n0));
+            const S* bn = bias ? bias + n0 : nullptr;
+            if (direct_a)
+              Kern::tile_rows(kc, a, A.rs, Bp + p * kc * NR, C + m0 * ldc + n0, ldc, rows, cols, init, bn);
+            else
+              Kern::tile(kc, a, Bp + p * kc * NR, C + m0 * ldc + n0, ldc, rows, cols, init, bn);
           }
         }
       });
