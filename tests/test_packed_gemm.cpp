@@ -149,6 +149,58 @@ TEST_CASE("packed gemm: the same bits for 1 and 2 threads and for every kernel s
   CHECK(C1 == C4);
 }
 
+TEST_CASE("packed gemm: several blocks of B on 1, 2 and 3 threads, in place or packed A, with or without a "
+          "BufferScope: the same bits", "[gemm][threads]") {
+  // K = 1100: two blocks of k; N = 700: two blocks of columns (three threads share every block, packing the next one
+  // into the second buffer while the current one is read); under the BufferScope, one buffer of 3 panels: seven
+  // blocks of columns, with a barrier before each block is packed
+  Rng rng(15);
+  const Index M = 150, N = 700, K = 1100;
+  Mat<float> A(M, K), At(K, M), B(K, N), Bt(N, K);
+  init::normal(A, rng, 0, 1);
+  init::normal(B, rng, 0, 1);
+  At = A.transpose();
+  Bt = B.transpose();
+  Vec<float> bias(N);
+  init::normal(bias, rng, 0, 1);
+  Mat<float> C0(M, N);
+  init::normal(C0, rng, 0, 1);
+  const View<float> a_rows{A.data(), K, 1}, a_cols{At.data(), 1, M}, b_rows{B.data(), N, 1}, b_cols{Bt.data(), 1, K};
+  const Index one_buffer = ops::packed::b_pack_size<float>(K, N, 3);
+  AlignedVec<float> buf(static_cast<std::size_t>(one_buffer));
+  for (const View<float>& a : {a_rows, a_cols})
+    for (const View<float>& b : {b_rows, b_cols})
+      for (int mode = 0; mode < 2; ++mode) {  // 0: C = A B + bias, 1: C += A B
+        Mat<float> first;
+        for (int scoped = 0; scoped < 2; ++scoped)
+          for (int threads : {1, 2, 3}) {
+            set_num_threads(threads);
+            Mat<float> C = C0;
+            if (scoped) {
+              const ops::packed::BufferScope<float> scope(buf.data(), one_buffer);
+              ops::packed::gemm<float>(M, N, K, a, b, C.data(), N, mode == 1, mode == 0 ? bias.data() : nullptr);
+            } else {
+              ops::packed::gemm<float>(M, N, K, a, b, C.data(), N, mode == 1, mode == 0 ? bias.data() : nullptr);
+            }
+            if (first.size() == 0) {
+              first = C;
+              // and it is the product: against a double product
+              Eigen::MatrixXd ref = A.cast<double>() * B.cast<double>();
+              if (mode == 1) ref += C0.cast<double>();
+              Eigen::MatrixXd got = C.cast<double>();
+              if (mode == 0) got.rowwise() -= bias.cast<double>().transpose();
+              CHECK((got - ref).cwiseAbs().maxCoeff() < 1e-3 * (A.cast<double>().cwiseAbs() *
+                                                                B.cast<double>().cwiseAbs()).maxCoeff());
+            } else {
+              INFO("threads " << threads << ", BufferScope " << scoped << ", mode " << mode << ", A.rs " << a.rs
+                              << ", B.rs " << b.rs);
+              CHECK(C == first);
+            }
+          }
+      }
+  set_num_threads(1);
+}
+
 TEST_CASE("ops::gemm_into, gemm_tn_add and linear use the packed product and agree with Eigen", "[gemm]") {
   Rng rng(13);
   Mat<double> x(70, 600), W(80, 600), dy(70, 80);

@@ -55,6 +55,30 @@ void parallel_for(Index n, F&& f, bool worth_it = true) {
 #endif
 }
 
+/// Runs f(thread, team) once on each thread of a team of up to n threads (the team's size may be smaller: f must
+/// split its work by `team`), or as f(0, 1) on the calling thread without OpenMP, with n <= 1 or inside a parallel
+/// region. One region for several phases: between them f calls team_barrier() (every thread the same number of
+/// times), which costs less than starting a region per phase. Nothing inside f may throw.
+template <class F>
+void parallel_team(int n, F&& f) {
+#ifdef _OPENMP
+  if (n > 1 && !in_parallel()) {
+#pragma omp parallel num_threads(n)
+    f(omp_get_thread_num(), omp_get_num_threads());
+    return;
+  }
+#endif
+  (void)n;
+  f(0, 1);
+}
+
+/// Waits until every thread of the team running parallel_team's function has reached it (team > 1).
+inline void team_barrier() {
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+}
+
 /// Below this many floating-point operations a loop is not worth spreading over threads.
 constexpr double kParallelMinFlops = 2e5;
 

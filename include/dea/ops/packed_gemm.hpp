@@ -392,69 +392,91 @@ void gemm(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool
     check(nc >= NR, "ops::packed::gemm: the buffer of the BufferScope in force holds ", scope,
           " values, the product needs at least ", kc_max * NR, " (b_pack_size(K, N, 1))");
   }
-  // rows per task: enough tasks to balance the threads (the split does not change any result)
-  const Index threads = num_threads();
-  const Index panels_m = (M + MR - 1) / MR;
-  Index mc_panels = panels_m / (8 * threads);
-  mc_panels = std::min<Index>(std::max<Index>(mc_panels, 1), 8);
-  const Index tasks = (panels_m + mc_panels - 1) / mc_panels;
-  // called inside a parallel region (a caller already parallel over its own work) the loops run here, serially
+  // called inside a parallel region (a caller already parallel over its own work) the product runs here, serially
   const bool par = !in_parallel() && 2.0 * double(M) * double(N) * double(K) > 4 * kParallelMinFlops;
-  auto loop = [par](Index n, bool worth, auto&& f) {
-    if (par && worth && n > 1)
-      parallel_for(n, f);
-    else
-      for (Index i = 0; i < n; ++i) f(i);
-  };
-
+  const Index panels_m = (M + MR - 1) / MR;
+  const Index n_jc = (N + nc - 1) / nc, n_pc = (K + kc_max - 1) / kc_max, blocks = n_jc * n_pc;
+  const int want = par ? num_threads() : 1;
+  // Two buffers for B when several threads share several blocks: a thread packs its part of the next block while
+  // the others may still read the current one, so one barrier per block suffices (with one buffer, a second one
+  // keeps the next block's packing from overwriting panels still in use). A BufferScope's buffer holds one.
+  const Index b_vals = kc_max * nc;
+  const bool two = want > 1 && blocks > 1 && scope < 0;
+  S* const Bbuf = detail::b_scratch<S>(two ? 2 * b_vals : b_vals);
   const bool direct_a = A.cs == 1;
-  // a transposed A: each task packs all its panels in one pass over k into a per-thread heap buffer (not under a
-  // BufferScope, whose programs allocate nothing after their set-up: there, panel by panel on the stack)
+  // a transposed A: a thread packs up to 8 of its panels in one pass over k into a per-thread heap buffer (not under
+  // a BufferScope, whose programs allocate nothing after their set-up: there, panel by panel on the stack)
   const bool panels_a = !direct_a && A.rs == 1 && scope < 0;
-  S* Bp = detail::b_scratch<S>(kc_max * nc);
-  for (Index jc = 0; jc < N; jc += nc) {
-    const Index ncur = std::min(nc, N - jc);
-    const Index np = (ncur + NR - 1) / NR;
-    for (Index pc = 0; pc < K; pc += kc_max) {
-      const Index kc = std::min(kc_max, K - pc);
-      const bool init = !accumulate && pc == 0;
-      loop(np, kc * ncur >= (Index(1) << 16), [&](Index p) {  // a small block is not worth waking the threads for
-        const Index n0 = jc + p * NR;
-        detail::pack_b<NR>(B, pc, kc, n0, int(std::min<Index>(NR, N - n0)), Bp + p * kc * NR);
-      });
-      loop(tasks, true, [&](Index t) {
-        alignas(64) S Ap[MR * kKcMax];
-        const Index q0 = t * mc_panels, q1 = std::min(panels_m, (t + 1) * mc_panels);
-        S* Aps = nullptr;
-        if (panels_a) {
-          Aps = detail::a_scratch<S>(mc_panels * MR * kc_max);
-          detail::pack_a_transposed_panels<MR>(A, q0 * MR, std::min(M, q1 * MR) - q0 * MR, pc, kc, Aps);
-        }
-        for (Index q = q0; q < q1; ++q) {
-          const Index m0 = q * MR;
-          const int rows = int(std::min<Index>(MR, M - m0));
-          const S* a;  // a row-major A is read in place (its rows are already contiguous along k), any other packed
-          if (direct_a) {
-            a = A.p + m0 * A.rs + pc;
-          } else if (panels_a) {
-            a = Aps + (q - q0) * kc * MR;
-          } else {
-            detail::pack_a<MR>(A, m0, rows, pc, kc, Ap);
-            a = Ap;
-          }
-          for (Index p = 0; p < np; ++p) {
+  constexpr Index kGroup = 8;
+
+  // a small first block (the only one of most small products) is packed here, before the threads start: waking
+  // them twice for a copy of a few microseconds cost more than the copy
+  const Index nc0 = std::min(nc, N), kc0 = std::min(kc_max, K);
+  const bool pre = kc0 * nc0 < (Index(1) << 16);
+  if (pre)
+    for (Index p = 0; p < (nc0 + NR - 1) / NR; ++p)
+      detail::pack_b<NR>(B, 0, kc0, p * NR, int(std::min<Index>(NR, N - p * NR)), Bbuf + p * kc0 * NR);
+  // One parallel region for the whole product. Per block of B [kc, nc]: the threads pack its panels, meet at a
+  // barrier, then each computes its share of the block's panels_m x np tiles: a contiguous run in (row panel,
+  // column panel) order, the shares differing by at most one tile. (Splitting by whole row panels left the
+  // threads of a weight gradient, 43 row panels on two threads, 22 against 21 panels apart, and a region per
+  // phase cost two region starts per block.) Which thread computes a tile changes no result.
+  parallel_team(want, [&](int tid, int team) {
+    alignas(64) S Ap[MR * kKcMax];
+    Index blk = 0;
+    for (Index jc = 0; jc < N; jc += nc) {
+      const Index ncur = std::min(nc, N - jc);
+      const Index np = (ncur + NR - 1) / NR;
+      for (Index pc = 0; pc < K; pc += kc_max, ++blk) {
+        const Index kc = std::min(kc_max, K - pc);
+        const bool init = !accumulate && pc == 0;
+        S* const Bp = Bbuf + (two ? (blk % 2) * b_vals : 0);
+        if (blk > 0 || !pre) {
+          if (team > 1 && !two && blk > 0) team_barrier();  // the previous block's panels are no longer read
+          for (Index p = np * tid / team; p < np * (tid + 1) / team; ++p) {
             const Index n0 = jc + p * NR;
-            const int cols = int(std::min<Index>(NR, N - n0));
-            const S* bn = bias ? bias + n0 : nullptr;
-            if (direct_a)
-              Kern::tile_rows(kc, a, A.rs, Bp + p * kc * NR, C + m0 * ldc + n0, ldc, rows, cols, init, bn);
-            else
-              Kern::tile(kc, a, Bp + p * kc * NR, C + m0 * ldc + n0, ldc, rows, cols, init, bn);
+            detail::pack_b<NR>(B, pc, kc, n0, int(std::min<Index>(NR, N - n0)), Bp + p * kc * NR);
+          }
+          if (team > 1) team_barrier();  // every panel of this block is packed
+        }
+        const Index tiles = panels_m * np;
+        const Index u0 = tiles * tid / team, u1 = tiles * (tid + 1) / team;
+        if (u0 == u1) continue;
+        const Index q_first = u0 / np, q_last = (u1 - 1) / np;
+        for (Index g0 = q_first; g0 <= q_last; g0 += kGroup) {
+          const Index g1 = std::min(q_last + 1, g0 + kGroup);
+          S* Aps = nullptr;
+          if (panels_a) {
+            Aps = detail::a_scratch<S>(kGroup * MR * kc_max);
+            detail::pack_a_transposed_panels<MR>(A, g0 * MR, std::min(M, g1 * MR) - g0 * MR, pc, kc, Aps);
+          }
+          for (Index q = g0; q < g1; ++q) {
+            const Index m0 = q * MR;
+            const int rows = int(std::min<Index>(MR, M - m0));
+            const S* a;  // a row-major A is read in place (its rows are already contiguous along k), any other packed
+            if (direct_a) {
+              a = A.p + m0 * A.rs + pc;
+            } else if (panels_a) {
+              a = Aps + (q - g0) * kc * MR;
+            } else {
+              detail::pack_a<MR>(A, m0, rows, pc, kc, Ap);
+              a = Ap;
+            }
+            const Index p0 = q == q_first ? u0 % np : 0, p1 = q == q_last ? (u1 - 1) % np + 1 : np;
+            for (Index p = p0; p < p1; ++p) {
+              const Index n0 = jc + p * NR;
+              const int cols = int(std::min<Index>(NR, N - n0));
+              const S* bn = bias ? bias + n0 : nullptr;
+              if (direct_a)
+                Kern::tile_rows(kc, a, A.rs, Bp + p * kc * NR, C + m0 * ldc + n0, ldc, rows, cols, init, bn);
+              else
+                Kern::tile(kc, a, Bp + p * kc * NR, C + m0 * ldc + n0, ldc, rows, cols, init, bn);
+            }
           }
         }
-      });
+      }
     }
-  }
+  });
 }
 
 /// Values of S that pack_b_whole writes for a [K, N] B: all of it, N rounded up to whole panels.
