@@ -409,13 +409,18 @@ void gemm(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool
   const bool panels_a = !direct_a && A.rs == 1 && scope < 0;
   constexpr Index kGroup = 8;
 
+  // panels [p0, p1) of the block of B at (row pc, column jc), kc deep, into dst
+  auto pack_panels = [&](Index jc, Index pc, Index kc, Index p0, Index p1, S* dst) {
+    for (Index p = p0; p < p1; ++p) {
+      const Index n0 = jc + p * NR;
+      detail::pack_b<NR>(B, pc, kc, n0, int(std::min<Index>(NR, N - n0)), dst + p * kc * NR);
+    }
+  };
   // a small first block (the only one of most small products) is packed here, before the threads start: waking
   // them twice for a copy of a few microseconds cost more than the copy
   const Index nc0 = std::min(nc, N), kc0 = std::min(kc_max, K);
   const bool pre = kc0 * nc0 < (Index(1) << 16);
-  if (pre)
-    for (Index p = 0; p < (nc0 + NR - 1) / NR; ++p)
-      detail::pack_b<NR>(B, 0, kc0, p * NR, int(std::min<Index>(NR, N - p * NR)), Bbuf + p * kc0 * NR);
+  if (pre) pack_panels(0, 0, kc0, 0, (nc0 + NR - 1) / NR, Bbuf);
   // One parallel region for the whole product. Per block of B [kc, nc]: the threads pack its panels, meet at a
   // barrier, then each computes its share of the block's panels_m x np tiles: a contiguous run in (row panel,
   // column panel) order, the shares differing by at most one tile. (Splitting by whole row panels left the
@@ -433,10 +438,7 @@ void gemm(Index M, Index N, Index K, View<S> A, View<S> B, S* C, Index ldc, bool
         S* const Bp = Bbuf + (two ? (blk % 2) * b_vals : 0);
         if (blk > 0 || !pre) {
           if (team > 1 && !two && blk > 0) team_barrier();  // the previous block's panels are no longer read
-          for (Index p = np * tid / team; p < np * (tid + 1) / team; ++p) {
-            const Index n0 = jc + p * NR;
-            detail::pack_b<NR>(B, pc, kc, n0, int(std::min<Index>(NR, N - n0)), Bp + p * kc * NR);
-          }
+          pack_panels(jc, pc, kc, np * tid / team, np * (tid + 1) / team, Bp);
           if (team > 1) team_barrier();  // every panel of this block is packed
         }
         const Index tiles = panels_m * np;
