@@ -821,7 +821,7 @@ private:
   }
 
   /// Task backward of the tiled kernel: dctx [B*Tq, D] -> dQ, dK, dV and the per-pair W_rel partials.
-  void tiled_backward_core(const Mat<S>& dctx, Cache& c, Mat<S>& dQ, Mat<S>& dK, Mat<S>& dV, AlignedVec<S>& dwrel_part) {
+  void tiled_backward_core(const Mat<S>& dctx, Cache& c, Mat<S>& dQ, Mat<S>& dK, Mat<S>& dV, Vec<S>& dwrel_part) {
     const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
     const Index bq = c.block_q;
     const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh);
@@ -1206,7 +1206,7 @@ void DualExpertAttention<S, Heads, DHead>::backward_impl(const Mat<S>& dy, Cache
     dctx = dy;
 
   Mat<S> dQ(B * Tq, D_), dK(B * Tk, D_), dV(B * Tk, D_);
-  AlignedVec<S> dwrel_part(static_cast<std::size_t>(B * H * Dh * Dh));
+  Vec<S> dwrel_part(B * H * Dh * Dh);  // not zeroed here: both kernels write every element (in parallel)
 
   if (c.kernel == DeaKernel::tiled)
     tiled_backward_core(dctx, c, dQ, dK, dV, dwrel_part);
