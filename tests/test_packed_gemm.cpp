@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 using namespace dea;
@@ -176,12 +177,9 @@ TEST_CASE("packed gemm: several blocks of B on 1, 2 and 3 threads, in place or p
           for (int threads : {1, 2, 3}) {
             set_num_threads(threads);
             Mat<float> C = C0;
-            if (scoped) {
-              const ops::packed::BufferScope<float> scope(buf.data(), one_buffer);
-              ops::packed::gemm<float>(M, N, K, a, b, C.data(), N, mode == 1, mode == 0 ? bias.data() : nullptr);
-            } else {
-              ops::packed::gemm<float>(M, N, K, a, b, C.data(), N, mode == 1, mode == 0 ? bias.data() : nullptr);
-            }
+            std::optional<ops::packed::BufferScope<float>> scope;
+            if (scoped) scope.emplace(buf.data(), one_buffer);
+            ops::packed::gemm<float>(M, N, K, a, b, C.data(), N, mode == 1, mode == 0 ? bias.data() : nullptr);
             if (first.size() == 0) {
               first = C;
               // and it is the product: against a double product
