@@ -192,6 +192,58 @@ TEST_CASE("AdamW: parameters larger than one work chunk give the same bits for 1
   REQUIRE(run(1) == run(2));
 }
 
+TEST_CASE("AdamW: norms, clipping, zeroing and the finiteness test over many chunks, on 1 and 2 threads",
+          "[optim][threads]") {
+  // The passes before the update also run chunk by chunk on the threads: the norm must be the sum of squares in
+  // double (chunk sums added in order), the same bits for any thread count, and a non-finite value far into a
+  // large parameter must still be found and named.
+  struct Out {
+    double norm_main, norm_gate;
+    std::vector<float> grad;
+  };
+  auto run = [](int threads) {
+    set_num_threads(threads);
+    std::vector<double> vals(70001), grads(70001);
+    Rng rng(9);
+    for (std::size_t i = 0; i < vals.size(); ++i) {
+      vals[i] = rng.normal(0.0, 1.0);
+      grads[i] = rng.normal(0.0, 0.1);
+    }
+    auto w = make_param<float>("big.weight", "main", {70001}, vals, grads);
+    auto w2 = make_param<float>("big.bias", "main", {40000}, std::vector<double>(40000, 0.5),
+                                std::vector<double>(40000, -0.01));
+    auto c = make_param<float>("layers.0.attn.c_gate", "gate", {3}, {0.1, 0.2, 0.3}, {1.0, -1.0, 0.5});
+    AdamW<float> opt({w.get(), w2.get(), c.get()}, {GroupConfig{"main", 1e-3, 0.01, 1.0, 0.9, 0.999, 1e-8},
+                                                    GroupConfig{"gate", 1e-2, 0.0, 1.0, 0.9, 0.999, 1e-8}});
+    double ref = 0;  // element by element, in double
+    for (Index i = 0; i < w->grad.size(); ++i) ref += double(w->grad[i]) * double(w->grad[i]);
+    for (Index i = 0; i < w2->grad.size(); ++i) ref += double(w2->grad[i]) * double(w2->grad[i]);
+    const Vec<float> g0 = w->grad;
+    const optim::GradNorms n = opt.clip_grad_norms();
+    CHECK(n.at("main") == Approx(std::sqrt(ref)).epsilon(1e-12));
+    CHECK(n.at("gate") == Approx(std::sqrt(1.0 + 1.0 + 0.25)).epsilon(1e-12));
+    const float coef = static_cast<float>(1.0 / (n.at("main") + 1e-6));
+    CHECK(n.at("main") > 10);  // so the clip scaled every chunk
+    CHECK((w->grad.array() == g0.array() * coef).all());
+    CHECK(opt.grad_norms().at("main") == Approx(1.0).epsilon(1e-5));
+    Out o{n.at("main"), n.at("gate"), std::vector<float>(w->grad.data(), w->grad.data() + w->numel())};
+
+    w2->grad[39999] = std::numeric_limits<float>::quiet_NaN();  // in the last chunk of the second parameter
+    CHECK_THROWS_WITH(opt.step(), Catch::Contains("'big.bias'") && Catch::Contains("index 39999"));
+    CHECK(opt.step_count("main") == 0);
+    opt.zero_grad();
+    CHECK(w->grad.isZero(0));
+    CHECK(w2->grad.isZero(0));
+    CHECK(c->grad.isZero(0));
+    set_num_threads(1);
+    return o;
+  };
+  const Out a = run(1), b = run(2);
+  CHECK(a.norm_main == b.norm_main);
+  CHECK(a.norm_gate == b.norm_gate);
+  CHECK(a.grad == b.grad);
+}
+
 TEST_CASE("AdamW: weight decay acts on a zero gradient, only in its group", "[optim]") {
   // g = 0: m = v = 0, the Adam term is 0/(0 + eps) = 0, so only the decay p(1 − lr·wd) remains.
   auto a = make_param<double>("x.weight", "main", {2}, {2.0, -4.0}, {0.0, 0.0});

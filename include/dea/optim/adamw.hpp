@@ -50,6 +50,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -190,7 +191,8 @@ public:
 
   /// Zeroes every managed gradient.
   void zero_grad() {
-    for (Slot& s : slots_) s.p->grad.setZero();
+    chunk_all();
+    for_chunks([&](const Task& t) { slots_[t.slot].p->grad.segment(t.i0, t.n).setZero(); });
   }
 
   // ---- clipping ---------------------------------------------------------------------------------------
@@ -213,7 +215,8 @@ public:
       const double coef = g.cfg.max_grad_norm / (total + 1e-6);
       if (coef < 1.0) {
         const S c = static_cast<S>(coef);
-        for (std::size_t k : g.members) slots_[k].p->grad *= c;
+        chunk(g.members);
+        for_chunks([&](const Task& t) { slots_[t.slot].p->grad.segment(t.i0, t.n) *= c; });
       }
     }
     return out;
@@ -224,11 +227,19 @@ public:
   /// Throws dea::Error naming the first parameter (in list order) whose gradient holds NaN or ±∞, or whose
   /// size changed since construction.
   void check_grads_finite() const {
-    for (const Slot& s : slots_) {
+    for (const Slot& s : slots_)
       check(s.p->value.size() == s.m.size() && s.p->grad.size() == s.m.size(), "AdamW: parameter '", s.p->name,
             "' changed size since the optimiser was built (", s.m.size(), " -> value ", s.p->value.size(), ", grad ",
             s.p->grad.size(), ")");
-      if (s.p->grad.allFinite()) continue;  // vectorised; the loop below only names the first bad element
+    // every chunk tested on the threads (vectorised); only when one fails, the loop below names the first bad value
+    chunk_all();
+    chunk_flag_.assign(tasks_.size(), 0);
+    for_chunks([&](const Task& t, std::size_t ti) {
+      chunk_flag_[ti] = slots_[t.slot].p->grad.segment(t.i0, t.n).allFinite() ? 0 : 1;
+    });
+    if (std::find(chunk_flag_.begin(), chunk_flag_.end(), 1) == chunk_flag_.end()) return;
+    for (const Slot& s : slots_) {
+      if (s.p->grad.allFinite()) continue;
       const S* g = s.p->grad.data();
       for (Index i = 0; i < s.p->grad.size(); ++i)
         if (!std::isfinite(g[i]))
@@ -256,12 +267,8 @@ public:
       const S eps = static_cast<S>(c.eps);
       // Element-wise, so any split gives the same bits: the group's parameters are cut into chunks of at most
       // kChunk elements (each update runs on cache-resident data), spread over the threads.
-      tasks_.clear();
-      for (std::size_t k : g.members)
-        for (Index i0 = 0; i0 < slots_[k].m.size(); i0 += kChunk)
-          tasks_.push_back({k, i0, std::min<Index>(kChunk, slots_[k].m.size() - i0)});
-      parallel_for(static_cast<Index>(tasks_.size()), [&](Index ti) {
-        const Task& tk = tasks_[static_cast<std::size_t>(ti)];
+      chunk(g.members);
+      for_chunks([&](const Task& tk) {
         Slot& s = slots_[tk.slot];
         auto p = s.p->value.segment(tk.i0, tk.n).array();
         auto m = s.m.segment(tk.i0, tk.n).array();
@@ -272,7 +279,7 @@ public:
         v = b2 * v + one_minus_b2 * grad * grad;                               // v ← β2 v + (1−β2) g²
         // p ← p − step · m / denom,   denom = √v / √(1 − β2^t) + eps
         p -= step_size * (m / (v.sqrt() / bc2_sqrt + eps));
-      }, tasks_.size() > 1);
+      });
     }
   }
 
@@ -387,7 +394,37 @@ private:
     Index i0, n;
   };
   static constexpr Index kChunk = 16384;
-  std::vector<Task> tasks_;  // step()'s work list, kept so that a step allocates nothing once it has run
+  // The work list of the element-wise passes (zeroing, norms, clipping, the finiteness test, the update) and the
+  // per-chunk results, kept so that a step allocates nothing once it has run.
+  mutable std::vector<Task> tasks_;
+  mutable std::vector<double> chunk_sq_;
+  mutable std::vector<unsigned char> chunk_flag_;
+
+  /// tasks_ = the gradients of `members` in chunks of at most kChunk elements, in parameter order. The chunks depend
+  /// on the parameters' sizes alone, so every result is the same for any number of threads.
+  void chunk(const std::vector<std::size_t>& members) const {
+    tasks_.clear();
+    for (std::size_t k : members)
+      for (Index i0 = 0; i0 < slots_[k].p->grad.size(); i0 += kChunk)
+        tasks_.push_back({k, i0, std::min<Index>(kChunk, slots_[k].p->grad.size() - i0)});
+  }
+  /// The same over every managed parameter.
+  void chunk_all() const {
+    tasks_.clear();
+    for (std::size_t k = 0; k < slots_.size(); ++k)
+      for (Index i0 = 0; i0 < slots_[k].p->grad.size(); i0 += kChunk)
+        tasks_.push_back({k, i0, std::min<Index>(kChunk, slots_[k].p->grad.size() - i0)});
+  }
+  /// f(task) or f(task, its index) for every task of tasks_, spread over the threads (each chunk's data are the
+  /// task's own: the writes never overlap).
+  template <class F>
+  void for_chunks(F&& f) const {
+    parallel_for(static_cast<Index>(tasks_.size()), [&](Index ti) {
+      const std::size_t i = static_cast<std::size_t>(ti);
+      if constexpr (std::is_invocable_v<F&, const Task&, std::size_t>) f(tasks_[i], i);
+      else f(tasks_[i]);
+    }, tasks_.size() > 1);
+  }
 
   static void validate(const GroupConfig& c) {
     check(!c.name.empty(), "AdamW: a parameter group has an empty name");
@@ -433,10 +470,16 @@ private:
     detail::raise("AdamW: no managed parameter named '" + name + "'");
   }
 
-  /// √(Σ g²) over the group's gradients, accumulated in double in parameter order.
+  /// √(Σ g²) over the group's gradients in double: each chunk's sum of squares on the threads, then the chunks'
+  /// sums added in parameter order (the same bits for any number of threads).
   double group_norm(const Group& g) const {
+    chunk(g.members);
+    chunk_sq_.assign(tasks_.size(), 0.0);
+    for_chunks([&](const Task& t, std::size_t ti) {
+      chunk_sq_[ti] = slots_[t.slot].p->grad.segment(t.i0, t.n).template cast<double>().squaredNorm();
+    });
     double sum_sq = 0.0;
-    for (std::size_t k : g.members) sum_sq += slots_[k].p->grad.template cast<double>().squaredNorm();
+    for (double v : chunk_sq_) sum_sq += v;
     return std::sqrt(sum_sq);
   }
 
