@@ -152,7 +152,6 @@ public:
     AlignedVec<S> frozen_copy;            ///< tiled: the frozen_alpha_hat test hook, when given
     std::uint64_t drop_seed = 0;          ///< seed of the counter-based dropout mask (detail::dropout_uniform)
     AlignedVec<S> tile_scratch;           ///< tiled: per-thread block scratch (tiled_scratch_size each)
-    AlignedVec<std::uint8_t> tile_has;    ///< tiled: per-thread [Tk] labelled flags of one row
 
     Index cell(Index b, Index h, Index i, Index j, Index H) const { return ((b * H + h) * Tq + i) * Tk + j; }
   };
@@ -395,7 +394,7 @@ private:
   struct TilePtrs {
     S *Kh, *Vh, *dKh, *dVh;                 // [Tk, Dh] row-major (TileMat); kPackedCore: dKh, dVh as [Dh, Tk]
     S *pKt, *pK, *pV, *pVt, *Ap, *Bpan;     // packed K_h^T, K_h, V_h, V_h^T as B operands; packed A; one B panel
-    S *kn, *lk, *mrow, *kbias, *col0, *col1, *g_reg, *g_spot;  // [Tk]
+    S *kn, *lk, *mrow, *kbias, *col0, *col1, *g_reg, *g_spot, *has;  // [Tk]; has: 1 at one row's labelled keys
     S *Qb, *Rb, *Db, *dQb, *dRb;            // [bq, Dh] row-major (TileMat)
     S *r0, *r1, *r2, *r3;                   // [bq]
     S *E0, *E1, *AM, *P, *dP, *X, *CL;      // [bq, Tk] row-major
@@ -421,7 +420,7 @@ private:
     const Index kb = std::min(2 * bq, pk::kKcMax);  // the deepest block of k of a product over a block's rows
     t.Ap = cv.take(std::max({pk::whole_a_size<S>(2 * bq, Dh), pk::whole_a_size<S>(2 * bq, Tk), pk::whole_a_size<S>(Dh, kb)}));
     t.Bpan = cv.take(pk::stream_b_size<S>(kb));
-    for (S** p : {&t.kn, &t.lk, &t.mrow, &t.kbias, &t.col0, &t.col1, &t.g_reg, &t.g_spot}) *p = cv.take(Tk);
+    for (S** p : {&t.kn, &t.lk, &t.mrow, &t.kbias, &t.col0, &t.col1, &t.g_reg, &t.g_spot, &t.has}) *p = cv.take(Tk);
     for (S** p : {&t.Qb, &t.Rb, &t.Db, &t.dQb, &t.dRb}) *p = cv.take(bq * Dh);
     for (S** p : {&t.r0, &t.r1, &t.r2, &t.r3}) *p = cv.take(bq);
     for (S** p : {&t.E0, &t.E1, &t.P, &t.AM, &t.dP, &t.X, &t.CL}) *p = cv.take(bq * Tk);
@@ -469,8 +468,7 @@ private:
   /// rows of R, the gate loss of each row and its gate partials; in backward the E1 clamp flags (CL).
   /// `gate` (forward with an oracle) points at the pair's [2, G + 1] partials.
   void tiled_block(bool fwd, Cache& c, const TilePtrs& tp_all, Index b, Index h, Index i0, Index n, bool any_real,
-                   const AttnContext<S>* ctx, bool target_per_head, GateLossSums<S>* sm, S* gate,
-                   std::uint8_t* has) {
+                   const AttnContext<S>* ctx, bool target_per_head, GateLossSums<S>* sm, S* gate) {
     const Index Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_, G = 2 * Dh + 2;
     const Index bh = b * H + h, row0 = bh * Tq + i0;
     const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh);
@@ -568,7 +566,8 @@ private:
       std::copy(tp.AM, tp.AM + n * Tk, c.alpha_hat.data() + row0 * Tk);
     // 7.-8. alpha_mix: the detached alpha-hat (or the frozen copy), with an oracle gamma a_eff + (1 - gamma) alpha-hat
     const S gamma = c.gamma_mix;
-    const std::uint8_t* km = c.km.data() + b * Tk;
+    const S* km = tp.mrow;  // 1 at the real keys
+    S* has = tp.has;
     for (Index r = 0; r < n; ++r) {
       const Index i = i0 + r;
       S* am = tp.AM + r * Tk;
@@ -579,9 +578,9 @@ private:
       }
       const S* orc = c.oracle_copy.data() + (c.oracle_per_head ? (bh * Tq + i) * Tk : (b * Tq + i) * Tk);
       S* a = tp.dP;  // the row's clamped oracle [Tk]: scratch in dP, which is free until the softmax
-      for (Index j = 0; j < Tk; ++j) {
+      for (Index j = 0; j < Tk; ++j) {  // masks of S, so that the row's loops vectorise at any Tk (gate_loss.hpp)
         const S o = orc[j];
-        has[j] = !std::isnan(o) && km[j];
+        has[j] = o == o ? km[j] : S(0);
         a[j] = std::isnan(o) ? S(0) : (o < 0 ? S(0) : (o > amax ? amax : o));
       }
       if (gate_loss) {
@@ -602,7 +601,7 @@ private:
             S* dl = tp.g_reg;
             for (Index j = 0; j < Tk; ++j) {
               const S prod = dl[j] * dsig[j];  // unconditional loads: vectorised
-              const S v = has[j] ? prod : S(0);
+              const S v = has[j] != S(0) ? prod : S(0);
               dl[j] = v;
               col[j] += v;
             }
@@ -627,7 +626,7 @@ private:
       }
       for (Index j = 0; j < Tk; ++j) {
         const S det = frozen ? frozen[j] : am[j];
-        const S a_eff = has[j] ? a[j] : det;
+        const S a_eff = has[j] != S(0) ? a[j] : det;
         am[j] = gamma * a_eff + (S(1) - gamma) * det;
       }
     }
@@ -667,26 +666,24 @@ private:
                               static_cast<double>(opt_.dropout));
   }
 
-  /// Grows (never shrinks) the per-thread block scratch to one slice per thread; returns the slices' sizes.
-  std::pair<Index, Index> tiled_scratch_reserve(Cache& c, Index bq) const {
+  /// Grows (never shrinks) the per-thread block scratch to one slice per thread; returns a slice's size.
+  Index tiled_scratch_reserve(Cache& c, Index bq) const {
     const int nt = num_threads() < 1 ? 1 : num_threads();
-    const Index per = tiled_scratch_size(bq, c.Tk, Dh_), per_has = aligned_count<std::uint8_t>(c.Tk);
+    const Index per = tiled_scratch_size(bq, c.Tk, Dh_);
     if (c.tile_scratch.size() < static_cast<std::size_t>(nt * per)) c.tile_scratch.resize(static_cast<std::size_t>(nt * per));
-    if (c.tile_has.size() < static_cast<std::size_t>(nt * per_has)) c.tile_has.resize(static_cast<std::size_t>(nt * per_has));
-    return {per, per_has};
+    return per;
   }
 
   /// One (b, h) task of either tiled pass: the calling thread's scratch and the pair's set-up.
   struct TiledTask {
     Index b, h;
     TilePtrs tp;
-    std::uint8_t* has;  ///< [Tk] labelled flags of one row
-    bool any_real;      ///< the sequence has at least one real key
+    bool any_real;  ///< the sequence has at least one real key
   };
-  TiledTask tiled_task_begin(Cache& c, Index bh, std::pair<Index, Index> sizes, bool backward) const {
+  TiledTask tiled_task_begin(Cache& c, Index bh, Index per, bool backward) const {
     const int th = thread_index();
-    Carve cv{c.tile_scratch.data() + th * sizes.first};
-    TiledTask t{bh / H_, bh % H_, tiled_take(cv, c.block_q, c.Tk, Dh_), c.tile_has.data() + th * sizes.second, false};
+    Carve cv{c.tile_scratch.data() + th * per};
+    TiledTask t{bh / H_, bh % H_, tiled_take(cv, c.block_q, c.Tk, Dh_), false};
     tiled_pair_setup(c, t.tp, t.b, t.h, t.any_real, backward);
     return t;
   }
@@ -767,7 +764,6 @@ private:
       const TiledTask t = tiled_task_begin(c, bh, sizes, false);
       const Index b = t.b, h = t.h;
       const TilePtrs& tp = t.tp;
-      std::uint8_t* has = t.has;
       const bool any_real = t.any_real;
       S* gate = has_oracle ? c.gate_part.data() + bh * 2 * (G + 1) : nullptr;
       if (has_oracle)
@@ -776,7 +772,7 @@ private:
       for (Index i0 = 0; i0 < Tq; i0 += bq) {
         const Index n = std::min(bq, Tq - i0);
         tiled_block(true, c, tp, b, h, i0, n, any_real, &ctx, target_per_head, &c.sums[static_cast<std::size_t>(bh)],
-                    gate, has);
+                    gate);
         // 10. dropout on the probabilities, then ctx_h = P V_h
         MatMap<S> P(tp.P, n, Tk);
         const S* pm = tp.P;
@@ -832,7 +828,6 @@ private:
       const TiledTask t = tiled_task_begin(c, bh, sizes, true);
       const Index b = t.b, h = t.h;
       const TilePtrs& tp = t.tp;
-      std::uint8_t* has = t.has;
       const bool any_real = t.any_real;
       Eigen::Map<const TileMat, Eigen::AlignedMax> Kh(tp.Kh, Tk, Dh), Vh(tp.Vh, Tk, Dh);
       Eigen::Map<TileMat, Eigen::AlignedMax> dKh(tp.dKh, Tk, Dh), dVh(tp.dVh, Tk, Dh);
@@ -848,7 +843,7 @@ private:
       for (Index i0 = 0; i0 < Tq; i0 += bq) {
         const Index n = std::min(bq, Tq - i0);
         const Index row0 = bh * Tq + i0;
-        tiled_block(false, c, t.tp, b, h, i0, n, any_real, nullptr, false, nullptr, nullptr, has);
+        tiled_block(false, c, t.tp, b, h, i0, n, any_real, nullptr, false, nullptr, nullptr);
         const TilePtrs bp = tiled_stack(t.tp, n, Tk, Dh);
         Eigen::Map<const TileMat, Eigen::AlignedMax> Qb(bp.Qb, n, Dh);
         Eigen::Map<const TileMat> Rb(bp.Rb, n, Dh);
@@ -1132,7 +1127,7 @@ void DualExpertAttention<S, Heads, DHead>::forward_impl(const Mat<S>& q_in, cons
     }
     // 7.-8. mixing coefficient: the detached alpha-hat, or with an oracle gamma a_eff + (1 - gamma) alpha-hat
     const S* frozen = ctx.frozen_alpha_hat ? ctx.frozen_alpha_hat->ptr() + off : nullptr;
-    std::vector<std::uint8_t> has(static_cast<std::size_t>(has_oracle ? Tk : 0));
+    std::vector<S> has(static_cast<std::size_t>(has_oracle ? Tk : 0));  // 1 at the row's labelled keys
     std::vector<S> a(static_cast<std::size_t>(has_oracle ? Tk : 0));
     GateLossSums<S>& sm = c.sums[static_cast<std::size_t>(bh)];
     for (Index i = 0; i < Tq; ++i) {
@@ -1147,7 +1142,7 @@ void DualExpertAttention<S, Heads, DHead>::forward_impl(const Mat<S>& q_in, cons
         const S o = orc[j];
         const bool hj = !std::isnan(o) && km[j];
         const S aj = std::isnan(o) ? S(0) : (o < 0 ? S(0) : (o > amax ? amax : o));
-        has[static_cast<std::size_t>(j)] = hj;
+        has[static_cast<std::size_t>(j)] = hj ? S(1) : S(0);
         a[static_cast<std::size_t>(j)] = aj;
         oref[j] = hj ? aj : std::numeric_limits<S>::quiet_NaN();
         const S a_eff = hj ? aj : det[j];
@@ -1158,7 +1153,7 @@ void DualExpertAttention<S, Heads, DHead>::forward_impl(const Mat<S>& q_in, cons
       if (ctx.target_idx)
         tgt = (*ctx.target_idx)[target_per_head ? (b * H + h) * Tq + i : b * Tq + i];
       const Index t = detail::gate_loss_row<S>(
-          Tk, c.e0n.data() + off + i * Tk, c.e1n.data() + off + i * Tk, ahat + i * Tk, a.data(), has.data(), km,
+          Tk, c.e0n.data() + off + i * Tk, c.e1n.data() + off + i * Tk, ahat + i * Tk, a.data(), has.data(), mrow.data(),
           ctx.target_idx == nullptr, tgt, opt_.gate, sm, c.g_reg.data() + off + i * Tk, c.g_spot.data() + off + i * Tk,
           c.beta.data() + off + i * Tk, c.w.data() + off + i * Tk, c.d_b.data() + off + i * Tk);
       c.target[static_cast<std::size_t>(bh * Tq + i)] = t;

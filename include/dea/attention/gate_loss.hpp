@@ -64,17 +64,18 @@ namespace detail {
 /// The photo-finish beta of keys [p0, p0 + m) against the target t: vk[k] = 1 and bc[k] = beta where the pair is
 /// valid (a real key other than t, |den| >= beta_eps, beta in [0, 1]), else 0 and 0. Returns the valid count.
 /// Every operand is loaded unconditionally, the tests are combined with & and the outputs do not alias the inputs,
-/// so the compiler vectorises the loop.
+/// so the compiler vectorises the loop. Masks are of S and the count an int, so every lane is as wide as S: a byte
+/// mask made the compiler pick 64 keys per vector step, and a row of fewer keys ran one key at a time.
 template <bool WithKm, class S>
-Index beta_chunk(Index m, Index p0, Index t, const S* e0p, const S* e1p, const std::uint8_t* km, S e0t, S dt, S beps,
+Index beta_chunk(Index m, Index p0, Index t, const S* e0p, const S* e1p, const S* km, S e0t, S dt, S beps,
                  S* __restrict vk, S* __restrict bc) {
-  Index nv = 0;
+  int nv = 0;
   for (Index k = 0; k < m; ++k) {
     const S num = e0p[k] - e0t;
     const S den = dt - (e1p[k] - e0p[k]);
     const S beta = num / (den + (den >= 0 ? beps : -beps));
     bool real = true;
-    if constexpr (WithKm) real = km[p0 + k] != 0;
+    if constexpr (WithKm) real = km[p0 + k] != S(0);
     // a NaN fails every comparison; beta in [0, 1] also excludes +-inf
     const bool ok = (p0 + k != t) & real & (std::abs(den) >= beps) & (beta >= 0) & (beta <= 1);
     vk[k] = ok ? S(1) : S(0);
@@ -87,15 +88,15 @@ Index beta_chunk(Index m, Index p0, Index t, const S* e0p, const S* e1p, const s
 /// Gate loss of one query row.
 ///   e0, e1 [Tk]      normalised experts (treated as constants)
 ///   ahat [Tk]        alpha-hat of the row
-///   a [Tk]           clamped oracle, 0 where unlabelled; has [Tk] labelled (and real) keys
-///   km [Tk]          real keys (nullptr = all real)
+///   a [Tk]           clamped oracle, 0 where unlabelled; has [Tk] 1 at labelled (and real) keys, else 0
+///   km [Tk]          1 at real keys, else 0 (nullptr = all real)
 ///   target           the given target key (-1 = none) or, when `winner` is true, ignored (oracle winner)
 /// Outputs: the row's sums; g_reg [Tk] += 2 (ahat - a) on labelled cells (to be divided by n_has);
 ///   g_spot [Tk] += d(sum of l_pair)/d ahat (only at t; to be divided by n_valid); beta, w, d_b [Tk] (NaN where
 ///   the pair is not valid; may be null). Returns the target index used (or -1 if the row is inactive).
 template <class S>
-Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* a, const std::uint8_t* has,
-                    const std::uint8_t* km, bool winner, std::int64_t target, const GateLossParams<S>& gp,
+Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* a, const S* has, const S* km,
+                    bool winner, std::int64_t target, const GateLossParams<S>& gp,
                     GateLossSums<S>& sums, S* g_reg, S* g_spot, S* beta_out, S* w_out, S* db_out) {
   using C = DeaConstants;
   const S nan = std::numeric_limits<S>::quiet_NaN();
@@ -112,14 +113,15 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
     const Index m = tk - p0 < kChunk ? tk - p0 : kChunk;
     dd.resize(m);
     S* ddp = dd.data();
-    Index n_has = 0;
+    int n_has = 0;
     for (Index k = 0; k < m; ++k) {
       const Index j = p0 + k;
       const S diff = ahat[j] - a[j];  // loaded unconditionally, so that the loop vectorises
-      const S d = has[j] ? diff : S(0);
+      const bool hj = has[j] != S(0);
+      const S d = hj ? diff : S(0);
       ddp[k] = d;
       g_reg[j] += 2 * d;
-      n_has += has[j] ? 1 : 0;
+      n_has += hj ? 1 : 0;
     }
     sums.reg += dd.square().sum();
     sums.n_has += n_has;
@@ -132,13 +134,14 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
   bool active = false, nan_seen = false;
   if (!winner) {
     t = target > 0 ? static_cast<Index>(target) : 0;
-    active = target >= 0 && has[t];
+    active = target >= 0 && has[t] != S(0);
   } else {
     // the first labelled key of the largest S*_j = (1 - a_j) e0_j + a_j e1_j (the oracle winner). The scores are
     // formed branch-free in chunks (-inf at unlabelled keys) and searched for their maximum; if a labelled score
     // is NaN, the scalar loop below decides (it keeps the reference's rule for that case).
     S top = -std::numeric_limits<S>::infinity();
-    Index first = -1, n_nan = 0;
+    Index first = -1;
+    int n_nan = 0;
     for (Index p0 = 0; p0 < tk && n_nan == 0; p0 += kChunk) {
       const Index m = tk - p0 < kChunk ? tk - p0 : kChunk;
       dd.resize(m);
@@ -146,14 +149,15 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
       for (Index k = 0; k < m; ++k) {
         const Index j = p0 + k;
         const S s = (1 - a[j]) * e0[j] + a[j] * e1[j];
-        sc[k] = has[j] ? s : -std::numeric_limits<S>::infinity();
-        n_nan += (has[j] && !(s == s)) ? 1 : 0;
+        const bool hj = has[j] != S(0);
+        sc[k] = hj ? s : -std::numeric_limits<S>::infinity();
+        n_nan += (hj && !(s == s)) ? 1 : 0;
       }
       if (n_nan > 0) break;
       const S cmax = dd.maxCoeff();
       if (first < 0 || cmax > top) {
         for (Index k = 0; k < m; ++k)
-          if (has[p0 + k] && sc[k] == cmax) {
+          if (has[p0 + k] != S(0) && sc[k] == cmax) {
             top = cmax;
             first = p0 + k;
             break;
@@ -169,7 +173,7 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
   if (winner && !active && nan_seen) {
     S best = -std::numeric_limits<S>::infinity();
     for (Index j = 0; j < tk; ++j) {
-      if (!has[j]) continue;
+      if (has[j] == S(0)) continue;
       const S s = (1 - a[j]) * e0[j] + a[j] * e1[j];  // S*_j at the oracle's alpha
       if (!active || s > best) {
         best = s;
@@ -214,7 +218,7 @@ Index gate_loss_row(Index tk, const S* e0, const S* e1, const S* ahat, const S* 
     const S *ezp = ez.data(), *lup = lu.data(), *zp = z.data(), *dfp = diff.data();
     S* ldp = ldec.data();
     S* sgp = sig.data();
-    Index n_side = 0;
+    int n_side = 0;
     for (Index k = 0; k < m; ++k) {  // every division runs unconditionally (by nonzero values): vectorised
       const S u = S(1) + ezp[k], um1 = u - S(1);
       const S q = ezp[k] / (um1 == S(0) ? S(1) : um1);
