@@ -230,6 +230,14 @@ TEST_CASE("AdamW: norms, clipping, zeroing and the finiteness test over many chu
 
     w2->grad[39999] = std::numeric_limits<float>::quiet_NaN();  // in the last chunk of the second parameter
     CHECK_THROWS_WITH(opt.step(), Catch::Contains("'big.bias'") && Catch::Contains("index 39999"));
+    w2->grad[39999] = 0;
+    for (const Index k : {Index(0), Index(16400), Index(70000)}) {  // +-inf: a chunk's first value, mid-chunk, the tail
+      const float saved = w->grad[k];
+      w->grad[k] = k == 16400 ? -std::numeric_limits<float>::infinity() : std::numeric_limits<float>::infinity();
+      CHECK_FALSE(std::isfinite(opt.grad_norms().at("main")));
+      CHECK_THROWS_WITH(opt.step(), Catch::Contains("'big.weight'") && Catch::Contains("index " + std::to_string(k)));
+      w->grad[k] = saved;
+    }
     CHECK(opt.step_count("main") == 0);
     opt.zero_grad();
     CHECK(w->grad.isZero(0));

