@@ -546,6 +546,48 @@ TEST_CASE("nn::Dropout: forward keeps the mask as bits; backward from them equal
   REQUIRE(e.sum() == 16.0f);
 }
 
+TEST_CASE("nn::Dropout: forward_add and backward_into give the bits of the separate passes", "[nn][dropout]") {
+  // x1 = x + Dropout(a) and y = x1 + Dropout(f) (out aliasing the branch), dx = g .* m: each against forward or
+  // backward followed by the add or preceded by the copy, in float and over several parallel chunks, active and not.
+  nn::Dropout d(0.25);
+  for (const Index rows : {Index(3), Index(700)}) {  // 700 x 30 spans several chunks
+    for (const int threads : {1, 2}) {
+      for (const bool training : {true, false}) {
+        set_num_threads(threads);
+        const Mat<float> x = randn(rows, 30, 41).cast<float>(), a0 = randn(rows, 30, 42).cast<float>();
+        Rng r1(7), r2(7);
+        nn::DropoutState s1, s2;
+        Mat<float> a1 = a0, a2 = a0, y1, y2;
+        d.forward(a1, training, &r1, s1);  // the separate passes
+        y1 = x + a1;
+        d.forward_add(a2, x, training, &r2, s2, y2);
+        CHECK((y1.array() == y2.array()).all());
+        CHECK((a1.array() == a2.array()).all());
+        CHECK(s1.active == s2.active);
+        CHECK(s1.seed == s2.seed);
+        CHECK(s1.kept == s2.kept);
+        Mat<float> f1 = a0, f2 = a0;  // out aliasing the dropped branch, as the FFN's residual does
+        d.forward(f1, training, &r1, s1);
+        f1 += x;
+        d.forward_add(f2, x, training, &r2, s2, f2);
+        CHECK((f1.array() == f2.array()).all());
+        const Mat<float> g = randn(rows, 30, 43).cast<float>();
+        Mat<float> dg1 = g, dg2;
+        nn::Dropout::backward(dg1, s1);
+        nn::Dropout::backward_into(g, s2, dg2);
+        CHECK((dg1.array() == dg2.array()).all());
+        CHECK((g.array() == randn(rows, 30, 43).cast<float>().array()).all());  // g unchanged
+        set_num_threads(1);
+      }
+    }
+  }
+  Mat<float> a = Mat<float>::Ones(2, 3), x = Mat<float>::Ones(3, 2), out;
+  Rng rng(1);
+  nn::DropoutState st;
+  CHECK_THROWS_WITH(d.forward_add(a, x, true, &rng, st, out), Catch::Contains("Dropout::forward_add"));
+  CHECK_THROWS_WITH(nn::Dropout::backward_into(a, st, a), Catch::Contains("must not be"));
+}
+
 TEST_CASE("EncoderLayer task-path gradients match finite differences", "[nn][encoder][gradcheck]") {
   struct LC {
     const char* name;

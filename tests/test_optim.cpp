@@ -159,18 +159,24 @@ TEMPLATE_TEST_CASE("AdamW: reference groups over several steps match the scalar 
   CHECK(opt.step_count("gate") == 6);
 }
 
+// "big.weight" (main): 70001 values ~ N(0, 1) with gradients ~ N(0, 0.1), drawn from `seed`: five work chunks of
+// the optimiser, the last one short.
+static std::unique_ptr<Param<float>> big_weight(std::uint64_t seed) {
+  std::vector<double> vals(70001), grads(70001);
+  Rng rng(seed);
+  for (std::size_t i = 0; i < vals.size(); ++i) {
+    vals[i] = rng.normal(0.0, 1.0);
+    grads[i] = rng.normal(0.0, 0.1);
+  }
+  return make_param<float>("big.weight", "main", {70001}, vals, grads);
+}
+
 TEST_CASE("AdamW: parameters larger than one work chunk give the same bits for 1 and 2 threads", "[optim][threads]") {
   // step() cuts every parameter into chunks and spreads them over the threads; the update is element-wise, so
   // the result must equal the whole-array formula exactly, whatever the thread count.
   auto run = [](int threads) {
     set_num_threads(threads);
-    std::vector<double> vals(70001), grads(70001);
-    Rng rng(5);
-    for (std::size_t i = 0; i < vals.size(); ++i) {
-      vals[i] = rng.normal(0.0, 1.0);
-      grads[i] = rng.normal(0.0, 0.1);
-    }
-    auto w = make_param<float>("big.weight", "main", {70001}, vals, grads);
+    auto w = big_weight(5);
     auto c = make_param<float>("layers.0.attn.c_gate", "gate", {3}, {0.1, 0.2, 0.3}, {1.0, -1.0, 0.5});
     AdamW<float> opt({w.get(), c.get()}, {GroupConfig{"main", 1e-3, 0.01, 1.0, 0.9, 0.999, 1e-8},
                                           GroupConfig{"gate", 1e-2, 0.0, 1.0, 0.9, 0.999, 1e-8}});
@@ -203,13 +209,7 @@ TEST_CASE("AdamW: norms, clipping, zeroing and the finiteness test over many chu
   };
   auto run = [](int threads) {
     set_num_threads(threads);
-    std::vector<double> vals(70001), grads(70001);
-    Rng rng(9);
-    for (std::size_t i = 0; i < vals.size(); ++i) {
-      vals[i] = rng.normal(0.0, 1.0);
-      grads[i] = rng.normal(0.0, 0.1);
-    }
-    auto w = make_param<float>("big.weight", "main", {70001}, vals, grads);
+    auto w = big_weight(9);
     auto w2 = make_param<float>("big.bias", "main", {40000}, std::vector<double>(40000, 0.5),
                                 std::vector<double>(40000, -0.01));
     auto c = make_param<float>("layers.0.attn.c_gate", "gate", {3}, {0.1, 0.2, 0.3}, {1.0, -1.0, 0.5});

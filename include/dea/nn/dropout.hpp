@@ -10,6 +10,10 @@
 // element again: hashing costs about four times as much as applying the bits. A state without the bits (one built
 // by hand from a seed) regenerates the mask from the seed: the same values. In evaluation mode (or p = 0) both
 // passes are the identity and no random number is drawn.
+//
+// Two fused forms for a residual block save a pass over the array each: forward_add (out = x + Dropout(a)) and
+// backward_into (out = g .* m, g unchanged). Each chunk is masked and then added or copied while it is in the
+// cache; the values are those of the separate passes, bit for bit.
 #pragma once
 
 #include "../core/error.hpp"
@@ -50,16 +54,21 @@ void for_dropout_chunks(Index n, F&& f) {
   }, n > kDropoutChunk);
 }
 
+/// Multiplies x[k0, k1) (a chunk of for_dropout_chunks) by the mask of st: from its bits when `bits`, else from
+/// (seed, p).
+template <class S>
+void apply_dropout_chunk(S* x, Index k0, Index k1, const DropoutState& st, bool bits) {
+  if (bits)
+    ops::dropout_apply_bits(x + k0, k1 - k0, st.kept.data() + k0 / 32, st.p);
+  else
+    ops::counter_dropout_apply(x + k0, k1 - k0, st.seed, static_cast<std::uint64_t>(k0), st.p);
+}
+
 /// Multiplies the n values at x by the mask of st: from its bits when they cover n values, else from (seed, p).
 template <class S>
 void apply_dropout_mask(S* x, Index n, const DropoutState& st) {
   const bool bits = Index(st.kept.size()) * 32 >= n;
-  for_dropout_chunks(n, [&](Index k0, Index k1) {
-    if (bits)
-      ops::dropout_apply_bits(x + k0, k1 - k0, st.kept.data() + k0 / 32, st.p);
-    else
-      ops::counter_dropout_apply(x + k0, k1 - k0, st.seed, static_cast<std::uint64_t>(k0), st.p);
-  });
+  for_dropout_chunks(n, [&](Index k0, Index k1) { apply_dropout_chunk(x, k0, k1, st, bits); });
 }
 
 }  // namespace detail
@@ -83,21 +92,33 @@ public:
   /// The same into `st` (a layer's cache keeps it between steps, so the bit mask's storage is reused).
   template <class S>
   void forward(Mat<S>& x, bool training, Rng* rng, DropoutState& st) const {
-    st.active = false;
-    st.p = 0;
-    st.seed = 0;
-    st.kept.clear();
-    if (!training || p_ == 0) return;
-    check(rng != nullptr, "Dropout::forward: training with p = ", p_, " needs an Rng");
-    st.active = true;
-    st.p = p_;
-    st.seed = rng->next_u64();
     const Index n = x.size();
-    st.kept.resize(static_cast<std::size_t>((n + 31) / 32));
+    if (!start(training, rng, n, st)) return;
     S* xp = x.data();
     std::uint32_t* kp = st.kept.data();
     detail::for_dropout_chunks(n, [&](Index k0, Index k1) {  // x = x .* m, and the bits of m
       ops::counter_dropout_apply_bits(xp + k0, k1 - k0, st.seed, static_cast<std::uint64_t>(k0), st.p, kp + k0 / 32);
+    });
+  }
+
+  /// out = x + Dropout(a), the add of a residual block in the same pass (a, x, out [N, C]; out is resized and may
+  /// be a or x); a is left holding Dropout(a) unless out is a. The same values and state as forward(a, ...) then
+  /// out = x + a.
+  template <class S>
+  void forward_add(Mat<S>& a, const Mat<S>& x, bool training, Rng* rng, DropoutState& st, Mat<S>& out) const {
+    check(x.rows() == a.rows() && x.cols() == a.cols(), "Dropout::forward_add: x is [", x.rows(), ", ", x.cols(),
+          "], the dropped branch [", a.rows(), ", ", a.cols(), "]");
+    const Index n = a.size();
+    const bool active = start(training, rng, n, st);
+    out.resize(a.rows(), a.cols());  // a no-op when out is a or x
+    S* ap = a.data();
+    const S* xp = x.data();
+    S* op = out.data();
+    std::uint32_t* kp = st.kept.data();
+    detail::for_dropout_chunks(n, [&](Index k0, Index k1) {
+      if (active)
+        ops::counter_dropout_apply_bits(ap + k0, k1 - k0, st.seed, static_cast<std::uint64_t>(k0), st.p, kp + k0 / 32);
+      for (Index k = k0; k < k1; ++k) op[k] = xp[k] + ap[k];
     });
   }
 
@@ -107,6 +128,22 @@ public:
     if (st.active) detail::apply_dropout_mask(g.data(), g.size(), st);  // y = x .* m  ->  dx = dy .* m
   }
 
+  /// out = g .* m (the forward's mask; a copy when it was inactive) with g unchanged: the copy and the mask in one
+  /// pass. out is resized; it must not be g.
+  template <class S>
+  static void backward_into(const Mat<S>& g, const DropoutState& st, Mat<S>& out) {
+    check(&out != &g, "Dropout::backward_into: out must not be the gradient it reads");
+    out.resize(g.rows(), g.cols());
+    const Index n = g.size();
+    const bool bits = Index(st.kept.size()) * 32 >= n;
+    const S* gp = g.data();
+    S* op = out.data();
+    detail::for_dropout_chunks(n, [&](Index k0, Index k1) {
+      std::copy(gp + k0, gp + k1, op + k0);
+      if (st.active) detail::apply_dropout_chunk(op, k0, k1, st, bits);
+    });
+  }
+
   /// Applies the mask of `st` to another array of the same size (e.g. to recompute a dropped activation).
   template <class S>
   static void apply(Mat<S>& x, const DropoutState& st) {
@@ -114,6 +151,22 @@ public:
   }
 
 private:
+  /// Resets st for a pass over n values; when the pass is active (training, p > 0) draws its seed from rng and sizes
+  /// the bits. Returns whether it is active.
+  bool start(bool training, Rng* rng, Index n, DropoutState& st) const {
+    st.active = false;
+    st.p = 0;
+    st.seed = 0;
+    st.kept.clear();
+    if (!training || p_ == 0) return false;
+    check(rng != nullptr, "Dropout::forward: training with p = ", p_, " needs an Rng");
+    st.active = true;
+    st.p = p_;
+    st.seed = rng->next_u64();
+    st.kept.resize(static_cast<std::size_t>((n + 31) / 32));
+    return true;
+  }
+
   double p_;
 };
 

@@ -95,13 +95,11 @@ public:
     } else {
       a = attn_.forward(h, batch, ctx, c.attn);                    // a = Attn(h)
     }
-    drop_.forward(a, ctx.training, ctx.rng, c.drop1);             // a = Dropout(a)
-    c.x1 = c.x + a;                                                // x1 = x + a
+    drop_.forward_add(a, c.x, ctx.training, ctx.rng, c.drop1, c.x1);  // x1 = x + Dropout(a)
     Mat<S> u;
     ln2_.forward(c.x1, u, c.ln2);                                  // u = LN2(x1)
     Mat<S> f = ff_.forward(u, ctx.training, ctx.rng, c.ff);        // f = FFN(u)
-    drop_.forward(f, ctx.training, ctx.rng, c.drop2);             // f = Dropout(f)
-    f += c.x1;                                                     // y = x1 + f
+    drop_.forward_add(f, c.x1, ctx.training, ctx.rng, c.drop2, f);  // y = x1 + Dropout(f)
     return f;
   }
 
@@ -110,8 +108,8 @@ public:
   Mat<S> backward(const Mat<S>& dy, Cache& c) {
     check(c.batch > 0, "EncoderLayer::backward: the cache holds no forward pass");
     check_matrix(dy, c.x1.rows(), d_model(), "EncoderLayer::backward: dy");
-    Mat<S> df = dy;
-    Dropout::backward(df, c.drop2);                                // f = Dropout(f)  ->  df = dy .* m2
+    Mat<S> df;
+    Dropout::backward_into(dy, c.drop2, df);                       // f = Dropout(f)  ->  df = dy .* m2
     Mat<S> u;
     typename LayerNorm<S>::Cache scratch;
     ln2_.forward(c.x1, u, scratch);                                // recompute u = LN2(x1)
@@ -119,8 +117,8 @@ public:
     Mat<S> dx1;
     ln2_.backward(du, c.x1, c.ln2, dx1);                           // u = LN2(x1)
     dx1 += dy;                                                     // y = x1 + f
-    Mat<S> da = dx1;
-    Dropout::backward(da, c.drop1);                                // a = Dropout(a)  ->  da = dx1 .* m1
+    Mat<S> da;
+    Dropout::backward_into(dx1, c.drop1, da);                      // a = Dropout(a)  ->  da = dx1 .* m1
     const Mat<S> dh = attn_.backward(da, c.attn);                  // a = Attn(h)
     Mat<S> dx;
     ln1_.backward(dh, c.x, c.ln1, dx);                             // h = LN1(x)
