@@ -159,7 +159,7 @@ private:
     st.seed = 0;
     st.kept.clear();
     if (!training || p_ == 0) return false;
-    check(rng != nullptr, "Dropout::forward: training with p = ", p_, " needs an Rng");
+    check(rng != nullptr, "Dropout: training with p = ", p_, " needs an Rng");
     st.active = true;
     st.p = p_;
     st.seed = rng->next_u64();

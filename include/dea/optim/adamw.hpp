@@ -21,7 +21,9 @@
 //
 // Gradient clipping of one group (clip_grad_norm_ with norm_type 2):
 //
-//     total = √(Σ over the group's parameters and elements of g²)     (accumulated in double)
+//     total = √(Σ over the group's parameters and elements of g²)     (accumulated in double, in fixed chunks
+//                                                                       spread over the threads: the same bits
+//                                                                       for any thread count)
 //     coef  = max_norm / (total + 1e-6);   if coef < 1: g ← g · coef
 //
 // step() does NOT clip: call clip_grad_norms() first (or clip_and_step(), which does both), as the reference
@@ -395,7 +397,8 @@ private:
   };
   static constexpr Index kChunk = 16384;
   // The work list of the element-wise passes (zeroing, norms, clipping, the finiteness test, the update) and the
-  // per-chunk results, kept so that a step allocates nothing once it has run.
+  // per-chunk results, kept so that a step allocates nothing once it has run. The const methods that use them
+  // (grad_norms, check_grads_finite) must therefore not run concurrently on one optimiser.
   mutable std::vector<Task> tasks_;
   mutable std::vector<double> chunk_sq_;
   mutable std::vector<unsigned char> chunk_flag_;
