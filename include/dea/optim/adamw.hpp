@@ -136,6 +136,7 @@ public:
             shape_str(p->shape), " but ", p->value.size(), " values");
       const std::size_t gi = group_index_for_param(*p);
       groups_[gi].members.push_back(slots_.size());
+      all_slots_.push_back(slots_.size());
       slots_.push_back(Slot{p, gi, Vec<S>::Zero(p->value.size()), Vec<S>::Zero(p->value.size())});
       params_.push_back(p);
     }
@@ -402,6 +403,7 @@ private:
   mutable std::vector<Task> tasks_;
   mutable std::vector<double> chunk_sq_;
   mutable std::vector<unsigned char> chunk_flag_;
+  std::vector<std::size_t> all_slots_;  // 0, 1, ..., slots_.size() - 1: every parameter, for chunk_all()
 
   /// tasks_ = the gradients of `members` in chunks of at most kChunk elements, in parameter order. The chunks depend
   /// on the parameters' sizes alone, so every result is the same for any number of threads.
@@ -445,12 +447,7 @@ private:
     return z == S(0);
   }
   /// The same over every managed parameter.
-  void chunk_all() const {
-    tasks_.clear();
-    for (std::size_t k = 0; k < slots_.size(); ++k)
-      for (Index i0 = 0; i0 < slots_[k].p->grad.size(); i0 += kChunk)
-        tasks_.push_back({k, i0, std::min<Index>(kChunk, slots_[k].p->grad.size() - i0)});
-  }
+  void chunk_all() const { chunk(all_slots_); }
   /// f(task) or f(task, its index) for every task of tasks_, spread over the threads (each chunk's data are the
   /// task's own: the writes never overlap).
   template <class F>
