@@ -29,6 +29,7 @@
 #include "../ops/softmax.hpp"
 #include "context.hpp"
 #include "gate_loss.hpp"
+#include "gate_stats.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -60,16 +61,6 @@ namespace detail {
 /// whatever the thread count or the block size. A cell is dropped when this is < p.
 inline double dropout_uniform(std::uint64_t seed, std::uint64_t cell) { return ops::counter_uniform(seed, cell); }
 }  // namespace detail
-
-/// Gate-loss statistics of one forward pass (the reference's `stats`).
-struct GateStats {
-  double loss_reg = 0;            ///< mean (alpha_hat - alpha)^2 over labelled cells (every head)
-  double loss_spot = 0;           ///< mean l_pair over valid (b, h, i, p)
-  double loss_decision = 0;       ///< mean L_decision over valid pairs
-  double decision_side_acc = 0;   ///< fraction of valid pairs on the oracle's side of beta (NaN without pairs)
-  Index n_decision_pairs = 0;     ///< number of valid pairs
-  Index n_labelled = 0;           ///< number of labelled cells (counted once per head)
-};
 
 template <class S, int Heads = Dynamic, int DHead = Dynamic>
 class DualExpertAttention {

@@ -13,7 +13,7 @@
 #pragma once
 
 #include "../attention/context.hpp"
-#include "../attention/dual_expert.hpp"
+#include "../attention/gate_stats.hpp"
 #include "../core/tensor.hpp"
 
 #include <cstdint>
