@@ -28,6 +28,7 @@
 #include "../ops/linear.hpp"
 #include "../ops/softmax.hpp"
 #include "context.hpp"
+#include "inputs.hpp"
 #include "gate_loss.hpp"
 #include "gate_stats.hpp"
 
@@ -60,6 +61,30 @@ namespace detail {
 /// cell's mask in backward (the tiled kernel does) and every kernel draws the same mask for the same seed,
 /// whatever the thread count or the block size. A cell is dropped when this is < p.
 inline double dropout_uniform(std::uint64_t seed, std::uint64_t cell) { return ops::counter_uniform(seed, cell); }
+
+/// Transitional: an AttnContext that points into an AttnInputs (the kernels still read AttnContext).
+template <class S>
+struct ContextFromInputs {
+  Tensor<std::uint8_t> mask;
+  AttnContext<S> ctx;
+  explicit ContextFromInputs(const AttnInputs<S>& in) {
+    if (in.has_key_mask()) {
+      mask = Tensor<std::uint8_t>({in.batch(), in.k_len()});
+      for (Index b = 0; b < in.batch(); ++b)
+        for (Index j = 0; j < in.k_len(); ++j) mask[b * in.k_len() + j] = in.key_mask(b)[j];
+      ctx.key_mask = &mask;
+    }
+    if (in.has_oracle()) ctx.alpha_oracle = &in.oracle();
+    if (in.has_targets()) ctx.target_idx = &in.targets();
+    if (in.has_frozen_alpha_hat()) ctx.frozen_alpha_hat = &in.frozen_alpha_hat();
+    ctx.gamma_mix = in.gamma_mix();
+    ctx.causal = in.causal();
+    ctx.training = in.training();
+    ctx.rng = in.rng();
+    ctx.keep_maps = in.keep_maps();
+    ctx.keep_alpha_hat = in.keep_alpha_hat();
+  }
+};
 }  // namespace detail
 
 template <class S, int Heads = Dynamic, int DHead = Dynamic>
@@ -228,6 +253,39 @@ public:
   void forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, Index batch, const AttnContext<S>& ctx,
                Cache& cache, Mat<S>& y) {
     forward_impl(q_in, k_in, v_in, batch, ctx, cache, false, y);
+  }
+
+  /// What this class accepts of AttnInputs (causal masking is refused until causal Dual-Expert attention exists).
+  static constexpr AttnSupport kSupport{/*oracle*/ true, /*causal*/ false, /*frozen_alpha_hat*/ true, /*keep_maps*/ true};
+
+  /// Self-attention on x [B*T, D] with the inputs of this forward (B = in.batch()). Returns the output [B*T, D].
+  Mat<S> forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& cache) {
+    Mat<S> y;
+    forward(x, in, cache, y);
+    return y;
+  }
+  /// Self-attention into `y` [B*T, D] (no allocation once the shapes repeat, as the AttnContext overload).
+  void forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& cache, Mat<S>& y) {
+    check(in.batch() > 0 && x.rows() == in.batch() * in.q_len(), "DualExpertAttention::forward: x: expected ",
+          in.batch() * in.q_len(), " rows (B*T of the attention inputs), got ", x.rows());
+    in.require(kSupport, H_, in.batch(), in.q_len(), in.k_len(), "DualExpertAttention");
+    const detail::ContextFromInputs<S> a(in);
+    forward_impl(x, x, x, in.batch(), a.ctx, cache, true, y);
+  }
+  /// Cross-attention: q_in [B*Tq, D], k_in and v_in [B*Tk, D]. Returns the output [B*Tq, D].
+  Mat<S> forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, const AttnInputs<S>& in, Cache& cache) {
+    Mat<S> y;
+    forward(q_in, k_in, v_in, in, cache, y);
+    return y;
+  }
+  void forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, const AttnInputs<S>& in, Cache& cache,
+               Mat<S>& y) {
+    check(in.batch() > 0 && q_in.rows() == in.batch() * in.q_len() && k_in.rows() == in.batch() * in.k_len(),
+          "DualExpertAttention::forward: q_in/k_in: expected ", in.batch() * in.q_len(), " and ", in.batch() * in.k_len(),
+          " rows (B*Tq and B*Tk of the attention inputs), got ", q_in.rows(), " and ", k_in.rows());
+    in.require(kSupport, H_, in.batch(), in.q_len(), in.k_len(), "DualExpertAttention");
+    const detail::ContextFromInputs<S> a(in);
+    forward_impl(q_in, k_in, v_in, in.batch(), a.ctx, cache, false, y);
   }
 
   /// Task backward of a self-attention forward: adds into the gradients of W_q, W_k, W_v, W_o and W_rel (never
