@@ -4,7 +4,7 @@
 # The block is extracted at build time (readme_extract.cmake, re-run whenever README.md changes) into
 # <build>/tests/readme_program.cpp; a program that no longer compiles fails the build, and the test fails when the
 # program exits non-zero (it checks its own result). Compiler errors name README.md and the line in it.
-set(DEA_README_SOURCE ${PROJECT_SOURCE_DIR}/README.md)
+get_filename_component(DEA_README_SOURCE ${CMAKE_CURRENT_LIST_DIR}/../README.md ABSOLUTE)
 set(DEA_README_PROGRAM ${CMAKE_CURRENT_BINARY_DIR}/readme_program.cpp)
 add_custom_command(
   OUTPUT ${DEA_README_PROGRAM}
