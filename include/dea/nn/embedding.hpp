@@ -13,6 +13,7 @@
 #include "../core/error.hpp"
 #include "../core/parallel.hpp"
 #include "../core/param.hpp"
+#include "../core/init.hpp"
 #include "../core/rng.hpp"
 
 #include <algorithm>

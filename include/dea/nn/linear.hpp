@@ -8,6 +8,7 @@
 #pragma once
 
 #include "../core/param.hpp"
+#include "../core/init.hpp"
 #include "../core/rng.hpp"
 #include "../ops/linear.hpp"
 
