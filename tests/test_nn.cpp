@@ -5,6 +5,8 @@
 // accumulation contract, thread-count independence, parameter names and bad input.
 #include <catch2/catch.hpp>
 #include <dea/attention/dot_product.hpp>
+#include <dea/attention/laplacian.hpp>
+#include <dea/attention/token_routed.hpp>
 #include <dea/nn/transformer.hpp>
 #include <dea/ops/cross_entropy.hpp>
 #include <dea/ops/gelu.hpp>
@@ -1246,3 +1248,24 @@ TEST_CASE("TransformerModel: one spelling of an absent input, and inputs the att
                           Catch::Contains("not supported"));
   REQUIRE(dp.forward(make_batch(mn), 0.5, false, nullptr, dc).logits.allFinite());
 }
+
+// What the model asks of an attention class is told apart at compile time (nn/attention_traits.hpp).
+static_assert(nn::traits::takes_token_ids<TokenRoutedAttention<double>>::value, "token-routed forward takes ids");
+static_assert(!nn::traits::takes_token_ids<DotProductAttention<double>>::value, "dot-product forward takes no ids");
+static_assert(!nn::traits::takes_token_ids<LaplacianAttention<double>>::value, "Laplacian forward takes no ids");
+static_assert(!nn::traits::takes_token_ids<DualExpertAttention<double>>::value, "Dual-Expert forward takes no ids");
+static_assert(nn::traits::has_gate_loss<DualExpertAttention<double>>::value, "Dual-Expert has a gate loss");
+static_assert(!nn::traits::has_gate_loss<DotProductAttention<double>>::value, "dot-product has no gate loss");
+static_assert(nn::traits::support<DualExpertAttention<double>>().oracle &&
+                  !nn::traits::support<DualExpertAttention<double>>().causal,
+              "Dual-Expert: oracle, no causal masking");
+static_assert(!nn::traits::support<DotProductAttention<double>>().oracle &&
+                  nn::traits::support<LaplacianAttention<double>>().causal &&
+                  nn::traits::support<TokenRoutedAttention<double>>().causal,
+              "dot-product, Laplacian, token-routed: causal masking, no oracle");
+namespace {
+struct NoSupportDeclared {};  // a class that declares no kSupport accepts none of the optional inputs
+}  // namespace
+static_assert(!nn::traits::support<NoSupportDeclared>().oracle && !nn::traits::support<NoSupportDeclared>().causal &&
+                  !nn::traits::support<NoSupportDeclared>().keep_maps,
+              "no kSupport: nothing optional");

@@ -17,9 +17,9 @@
 #pragma once
 
 #include "../core/error.hpp"
+#include "../core/init.hpp"
 #include "../core/parallel.hpp"
 #include "../core/param.hpp"
-#include "../core/init.hpp"
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
 #include "../ops/dropout.hpp"

@@ -32,9 +32,9 @@
 // bitwise identical for any thread count.
 #pragma once
 
+#include "../core/init.hpp"
 #include "../core/param.hpp"
 #include "../core/parallel.hpp"
-#include "../core/init.hpp"
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
 #include "../ops/gemm.hpp"
