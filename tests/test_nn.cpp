@@ -7,6 +7,7 @@
 #include <dea/attention/dot_product.hpp>
 #include <dea/attention/laplacian.hpp>
 #include <dea/attention/token_routed.hpp>
+#include <dea/data/collate.hpp>
 #include <dea/nn/transformer.hpp>
 #include <dea/ops/cross_entropy.hpp>
 #include <dea/ops/gelu.hpp>
@@ -1247,6 +1248,16 @@ TEST_CASE("TransformerModel: one spelling of an absent input, and inputs the att
                       Catch::Contains("DotProductAttention") && Catch::Contains("oracle") &&
                           Catch::Contains("not supported"));
   REQUIRE(dp.forward(make_batch(mn), 0.5, false, nullptr, dc).logits.allFinite());
+  // a collated batch in which no record is labelled has no oracle (absent, not an all-NaN tensor)
+  data::SimpleTokenizer tok;
+  tok.build_vocab({"paris france car wheel"});
+  std::vector<data::Record> recs{data::make_record("paris", "france", 1, "conceptnet", "capital", "strong"),
+                                 data::make_record("car", "wheel", 0, "conceptnet", "random_negative", "none")};
+  const data::PairBatch<double> none = data::collate_pairs<double>(recs, tok, 16);
+  REQUIRE(none.alpha_oracle.dim() == 0);
+  recs[1].alpha = 0.25;
+  const data::PairBatch<double> one = data::collate_pairs<double>(recs, tok, 16);
+  REQUIRE(one.alpha_oracle.shape == Shape{2, one.seq_len(), one.seq_len()});
 }
 
 // What the model asks of an attention class is told apart at compile time (nn/attention_traits.hpp).
