@@ -1,7 +1,7 @@
 // dea/core/init.hpp: parameter initialisers (uniform, normal, Xavier, orthogonal), drawn from an Rng.
 //
-// Each fills a matrix, vector or Map element by element in row-major order, so a seed gives the same values on
-// every platform.
+// uniform, normal and xavier_uniform fill a matrix, vector or Map element by element in row-major order, and
+// orthogonal draws its Gaussian matrix in that order too, so a seed gives the same values on every platform.
 #pragma once
 
 #include "config.hpp"
