@@ -14,7 +14,7 @@
 // training configurations' FFN (2048x256x128, 2048x1024x256, 4096x2048x512); threads 1,2; 5 rounds; float.
 // Exit status: 0 done, 1 failure, 2 bad command line, 3 the two products disagree.
 #include <dea/core/allocator.hpp>
-#include <dea/core/rng.hpp>
+#include <dea/core/init.hpp>
 #include <dea/io/cli.hpp>
 #include <dea/ops/gemm.hpp>
 #include <dea/ops/linear.hpp>

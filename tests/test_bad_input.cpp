@@ -2,7 +2,11 @@
 // kind of bad input, what the library does (a dea::Error whose message names the problem, or a defined result).
 // A row's test feeds that kind of input through the public API a user calls and checks the outcome, never by
 // catching "anything": the exact exception type and the words of the message are checked.
+#include <dea/attention/dot_product.hpp>
 #include <dea/attention/dual_expert.hpp>
+#include <dea/attention/inputs.hpp>
+#include <dea/attention/laplacian.hpp>
+#include <dea/attention/token_routed.hpp>
 #include <dea/data/loaders.hpp>
 #include <dea/data/tokenizer.hpp>
 #include <dea/io/jsonl.hpp>
@@ -119,13 +123,13 @@ TEST_CASE("bad input B1 wrong shapes: a dea::Error naming the argument, expected
   Rng rng(1);
   DualExpertAttention<S> layer(8, 2, rng);
   DualExpertAttention<S>::Cache c;
-  AttnContext<S> ctx;
+  const AttnInputs<S> in(2, 5);
   const Mat<S> x = Mat<S>::Zero(10, 8);
-  CHECK_THROWS_WITH(layer.forward(Mat<S>::Zero(10, 6), 2, ctx, c), Contains("8 columns") && Contains("got 6"));
-  CHECK_THROWS_WITH(layer.forward(x, 3, ctx, c), Contains("B = 3") && Contains("10 rows"));
+  CHECK_THROWS_WITH(layer.forward(Mat<S>::Zero(10, 6), in, c), Contains("8 columns") && Contains("got 6"));
+  CHECK_THROWS_WITH(layer.forward(x, AttnInputs<S>(3, 5), c), Contains("expected 15 rows") && Contains("got 10"));
   Tensor<std::uint8_t> km({2, 4}, 1);
-  ctx.key_mask = &km;
-  CHECK_THROWS_WITH(layer.forward(x, 2, ctx, c), Contains("key_mask") && Contains("[2, 5]") && Contains("[2, 4]"));
+  AttnInputs<S> masked(2, 5);
+  CHECK_THROWS_WITH(masked.set_key_mask(km), Contains("key_mask") && Contains("[2, 5]") && Contains("[2, 4]"));
 
   nn::TransformerModel<S> model(tiny_model_config(), rng);
   nn::TransformerModel<S>::Cache mc;
@@ -189,22 +193,22 @@ TEST_CASE("bad input B3 NaN or Inf in inputs: attention inputs and oracle are ch
   Rng rng(2);
   DualExpertAttention<S> layer(8, 2, rng);
   DualExpertAttention<S>::Cache c;
-  AttnContext<S> ctx;
+  AttnInputs<S> in(2, 5);
   Mat<S> x = Mat<S>::Zero(10, 8);
   x(7, 3) = kNaN;
-  CHECK_THROWS_WITH(layer.forward(x, 2, ctx, c), Contains("x: non-finite") && Contains("row 7"));
+  CHECK_THROWS_WITH(layer.forward(x, in, c), Contains("x: non-finite") && Contains("row 7"));
   x(7, 3) = kInf;
-  CHECK_THROWS_WITH(layer.forward(x, 2, ctx, c), Contains("x: non-finite") && Contains("row 7"));
+  CHECK_THROWS_WITH(layer.forward(x, in, c), Contains("x: non-finite") && Contains("row 7"));
   x(7, 3) = 0;
-  // oracle alpha: NaN means "unlabelled" (a defined value); +-Inf is refused
+  // oracle alpha: NaN means "unlabelled" (a defined value); +-Inf is refused when the inputs are built
   Tensor<S> oracle({2, 5, 5}, kNaN);
   oracle[3] = 0.5;
-  ctx.alpha_oracle = &oracle;
-  ctx.gamma_mix = 0.5;
-  Mat<S> y = layer.forward(x, 2, ctx, c);
+  in.set_oracle(oracle).set_gamma_mix(0.5);
+  Mat<S> y = layer.forward(x, in, c);
   CHECK(y.allFinite());
   oracle[4] = kInf;
-  CHECK_THROWS_WITH(layer.forward(x, 2, ctx, c), Contains("alpha_oracle") && Contains("inf"));
+  CHECK_THROWS_WITH(AttnInputs<S>(2, 5).set_oracle(oracle), Contains("alpha") && Contains("inf") &&
+                                                               Contains("flat position 4"));
   // cross-entropy of non-finite logits: the loss is NaN (not an exception); training stops on it (B5)
   Mat<S> logits(1, 2);
   logits << kNaN, 0.0;
@@ -300,13 +304,11 @@ TEST_CASE("bad input B7 out-of-range targets: labels and target keys are checked
   CHECK_THROWS_WITH(model.forward(b, 0.0, false, nullptr, mc), Contains("labels[1]") && Contains("got 2"));
   DualExpertAttention<S> layer(8, 2, rng);
   DualExpertAttention<S>::Cache c;
-  AttnContext<S> ctx;
-  Tensor<S> oracle({2, 5, 5}, 0.5);
+  AttnInputs<S> in(2, 5);
   Tensor<std::int64_t> target({2, 5}, 0);
   target[3] = 5;
-  ctx.alpha_oracle = &oracle;
-  ctx.target_idx = &target;
-  CHECK_THROWS_WITH(layer.forward(Mat<S>::Zero(10, 8), 2, ctx, c), Contains("target_idx") && Contains("got 5"));
+  in.set_oracle(Tensor<S>({2, 5, 5}, 0.5));
+  CHECK_THROWS_WITH(in.set_targets(target), Contains("target") && Contains("[0, 5)") && Contains("got 5"));
   // a record label other than 0 / 1 in a records file
   const std::string dir = temp_dir("b7");
   write(dir + "/r.jsonl", "{\"q_text\": \"a\", \"k_text\": \"b\", \"label\": 2}\n");
@@ -317,16 +319,15 @@ TEST_CASE("bad input B8 fully masked rows: zeros, never NaN, in attention and in
   Rng rng(6);
   DualExpertAttention<S> layer(8, 2, rng);
   DualExpertAttention<S>::Cache c;
-  AttnContext<S> ctx;
   Mat<S> x(10, 8);
   init::normal(x, rng, 0, 1);
   Tensor<std::uint8_t> km({2, 5}, 1);
   for (Index j = 0; j < 5; ++j) km[5 + j] = 0;  // batch item 1: every key masked
-  Tensor<S> oracle({2, 5, 5}, 0.4);
-  ctx.key_mask = &km;
-  ctx.alpha_oracle = &oracle;
-  ctx.gamma_mix = 0.5;
-  const Mat<S> y = layer.forward(x, 2, ctx, c);
+  AttnInputs<S> in(2, 5);
+  in.set_key_mask(km).set_oracle(Tensor<S>({2, 5, 5}, 0.4)).set_gamma_mix(0.5);
+  CHECK(in.n_real(0) == 5);
+  CHECK(in.n_real(1) == 0);
+  const Mat<S> y = layer.forward(x, in, c);
   REQUIRE(y.allFinite());
   // with every key masked the attention context is zero, so the output is the output projection's bias
   for (Index r = 5; r < 10; ++r) CHECK((y.row(r) - y.row(5)).cwiseAbs().maxCoeff() == 0.0);
@@ -574,4 +575,124 @@ TEST_CASE("bad input B18 interrupted writes: the target holds the old or the new
   std::size_t files = 0;
   for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
   CHECK(files == 1);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Attention inputs
+// ---------------------------------------------------------------------------------------------------------------
+
+TEST_CASE("bad input B20 attention inputs: each argument is validated once, naming it", "[bad_input][inputs]") {
+  CHECK_THROWS_WITH(AttnInputs<S>(0, 5), Contains("batch must be positive") && Contains("got 0"));
+  CHECK_THROWS_WITH(AttnInputs<S>(2, 0), Contains("q_len must be positive"));
+  CHECK_THROWS_WITH(AttnInputs<S>(2, 3, -1), Contains("k_len must be positive"));
+  AttnInputs<S> empty;
+  CHECK_THROWS_WITH(empty.set_key_mask(Tensor<std::uint8_t>({2, 5}, 1)), Contains("set_key_mask") && Contains("empty"));
+  AttnInputs<S> in(2, 5);
+  // shapes
+  CHECK_THROWS_WITH(in.set_key_mask(Tensor<std::uint8_t>({5, 2}, 1)),
+                    Contains("key_mask") && Contains("[2, 5]") && Contains("got [5, 2]"));
+  CHECK_THROWS_WITH(in.set_oracle(Tensor<S>({2, 5, 4}, 0.5)),
+                    Contains("set_oracle: alpha") && Contains("[2, 5, 5]") && Contains("got [2, 5, 4]"));
+  CHECK_THROWS_WITH(in.set_frozen_alpha_hat(Tensor<S>({2, 5, 5}, 0.5)),
+                    Contains("alpha_hat") && Contains("[2, H, 5, 5]") && Contains("got [2, 5, 5]"));
+  // +-inf in the oracle (NaN is "unlabelled", a defined value)
+  Tensor<S> oracle({2, 5, 5}, kNaN);
+  oracle[7] = -kInf;
+  CHECK_THROWS_WITH(in.set_oracle(oracle), Contains("alpha") && Contains("-inf") && Contains("flat position 7"));
+  // targets without an oracle, of the wrong shape, out of range
+  CHECK_THROWS_WITH(in.set_targets(Tensor<std::int64_t>({2, 5}, 0)),
+                    Contains("set_targets") && Contains("without an oracle"));
+  oracle[7] = 0.5;
+  in.set_oracle(oracle);
+  CHECK(in.has_oracle());
+  CHECK_THROWS_WITH(in.set_targets(Tensor<std::int64_t>({2, 4}, 0)),
+                    Contains("target") && Contains("[2, 5]") && Contains("got [2, 4]"));
+  Tensor<std::int64_t> target({2, 5}, -1);
+  target[9] = -2;
+  CHECK_THROWS_WITH(in.set_targets(target), Contains("target") && Contains("got -2") && Contains("flat position 9"));
+  target[9] = 5;
+  CHECK_THROWS_WITH(in.set_targets(target), Contains("target") && Contains("[0, 5)") && Contains("got 5"));
+  target[9] = 4;
+  in.set_targets(target);
+  CHECK(in.has_targets());
+  // gamma_mix in [0, 1]
+  CHECK_THROWS_WITH(in.set_gamma_mix(S(1.5)), Contains("gamma_mix") && Contains("[0, 1]") && Contains("1.5"));
+  CHECK_THROWS_WITH(in.set_gamma_mix(S(-0.1)), Contains("gamma_mix"));
+  CHECK_THROWS_WITH(in.set_gamma_mix(S(kNaN)), Contains("gamma_mix"));
+  // causal masking needs Tq == Tk
+  CHECK_THROWS_WITH(AttnInputs<S>(2, 3, 4).set_causal(true), Contains("causal") && Contains("Tq == Tk"));
+  // without_oracle() drops oracle and targets and shares the rest
+  in.set_key_mask(Tensor<std::uint8_t>({2, 5}, 1));
+  const AttnInputs<S> u = in.without_oracle();
+  CHECK_FALSE(u.has_oracle());
+  CHECK_FALSE(u.has_targets());
+  CHECK(u.key_mask(1) == in.key_mask(1));
+  // inputs built for other sizes than the call
+  Rng rng(7);
+  DotProductAttention<S> dp(8, 2, rng);
+  DotProductAttention<S>::Cache dc;
+  CHECK_THROWS_WITH(dp.forward(Mat<S>::Zero(12, 8), AttnInputs<S>(2, 5), dc),
+                    Contains("DotProductAttention") && Contains("expected B*T = 10 rows") && Contains("got 12"));
+  AttnInputs<S> per_head(2, 5);
+  per_head.set_oracle(Tensor<S>({2, 3, 5, 5}, 0.5));  // 3 heads
+  DualExpertAttention<S> dea(8, 2, rng);
+  DualExpertAttention<S>::Cache ec;
+  CHECK_THROWS_WITH(dea.forward(Mat<S>::Zero(10, 8), per_head, ec),
+                    Contains("DualExpertAttention") && Contains("alpha_oracle") && Contains("[2, 2, 5, 5]") &&
+                        Contains("got [2, 3, 5, 5]"));
+}
+
+TEST_CASE("bad input B21 attention inputs a class does not support: refused, naming the class and the input",
+          "[bad_input][inputs]") {
+  const Index B = 2, T = 5, D = 8, H = 2;
+  Rng rng(8);
+  Mat<S> x(B * T, D);
+  init::normal(x, rng, 0, 1);
+  const Tensor<S> oracle({B, T, T}, 0.5);
+  AttnInputs<S> causal(B, T);
+  causal.set_causal(true);
+  AttnInputs<S> with_oracle(B, T);
+  with_oracle.set_oracle(oracle);
+  AttnInputs<S> with_targets = with_oracle;
+  with_targets.set_targets(Tensor<std::int64_t>({B, T}, 0));
+  AttnInputs<S> frozen(B, T);
+  frozen.set_frozen_alpha_hat(Tensor<S>({B, H, T, T}, 0.5));
+  auto refused = [](auto&& call, const char* cls, const char* input) {
+    CHECK_THROWS_WITH(call(), Contains(cls) && Contains(input) && Contains("not supported"));
+  };
+  // Dual-Expert attention: the oracle, targets and frozen alpha-hat are its own inputs; causal masking is not
+  // implemented, so it is refused
+  static_assert(DualExpertAttention<S>::kSupport.oracle && !DualExpertAttention<S>::kSupport.causal, "");
+  DualExpertAttention<S> dea(D, H, rng);
+  DualExpertAttention<S>::Cache ec;
+  refused([&] { return dea.forward(x, causal, ec); }, "DualExpertAttention", "causal");
+  CHECK(dea.forward(x, with_targets, ec).allFinite());
+  CHECK(dea.forward(x, frozen, ec).allFinite());
+  // dot-product, Laplacian and token-routed attention: causal masking yes, the Dual-Expert inputs no
+  DotProductAttention<S> dp(D, H, rng);
+  DotProductAttention<S>::Cache dc;
+  refused([&] { return dp.forward(x, with_oracle, dc); }, "DotProductAttention", "oracle");
+  refused([&] { return dp.forward(x, frozen, dc); }, "DotProductAttention", "frozen_alpha_hat");
+  CHECK(dp.forward(x, causal, dc).allFinite());
+  LaplacianAttention<S> lp(D, H, rng);
+  LaplacianAttention<S>::Cache lc;
+  refused([&] { return lp.forward(x, with_oracle, lc); }, "LaplacianAttention", "oracle");
+  refused([&] { return lp.forward(x, frozen, lc); }, "LaplacianAttention", "frozen_alpha_hat");
+  CHECK(lp.forward(x, causal, lc).allFinite());
+  TokenRoutedOptions to;
+  to.num_experts = 4;
+  to.vocab_size = 12;
+  TokenRoutedAttention<S> tr(D, H, rng, to);
+  TokenRoutedAttention<S>::Cache tc;
+  const Tensor<std::int64_t> ids({B, T}, 3);
+  refused([&] { return tr.forward(x, ids, with_oracle, tc); }, "TokenRoutedAttention", "oracle");
+  refused([&] { return tr.forward(x, ids, frozen, tc); }, "TokenRoutedAttention", "frozen_alpha_hat");
+  CHECK(tr.forward(x, ids, causal, tc).allFinite());
+  // a model whose attention takes no oracle refuses a batch that carries one
+  nn::TransformerModel<S, DotProductAttention<S>> model(tiny_model_config(), rng);
+  nn::TransformerModel<S, DotProductAttention<S>>::Cache mc;
+  nn::ModelBatch<S> b = tiny_batch();
+  b.alpha_oracle = oracle;
+  CHECK_THROWS_WITH(model.forward(b, 0.5, false, nullptr, mc),
+                    Contains("DotProductAttention") && Contains("oracle") && Contains("not supported"));
 }

@@ -1,5 +1,6 @@
 // Tests of dea/core: errors, tensors, parameters, the RNG and initialisers, the gradient checker itself.
 #include <catch2/catch.hpp>
+#include <dea/core/init.hpp>
 #include <dea/dea.hpp>
 #include <dea/testing/gradcheck.hpp>
 #include <dea/ops/dropout.hpp>

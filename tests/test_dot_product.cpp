@@ -39,7 +39,7 @@ Tensor<std::uint8_t> make_mask(const std::vector<std::string>& rows) {
 
 /// Naive reference: loops straight from the formulas, in double, from the parameters by name.
 Mat<double> reference_forward(DotProductAttention<double>& att, const Mat<double>& x, Index B,
-                              const AttnContext<double>& ctx) {
+                              const AttnInputs<double>& in) {
   const Index N = x.rows(), D = att.d_model(), H = att.n_heads(), dh = att.d_head(), T = N / B;
   auto params = att.parameters();
   auto lin = [&](const std::string& name, const Mat<double>& in) {
@@ -68,7 +68,7 @@ Mat<double> reference_forward(DotProductAttention<double>& att, const Mat<double
           double acc = 0;
           for (Index c = 0; c < dh; ++c) acc += Q(b * T + i, h * dh + c) * K(b * T + j, h * dh + c);
           s[j] = acc / std::sqrt(double(dh));
-          real[j] = (!ctx.key_mask || (*ctx.key_mask)[b * T + j]) && !(ctx.causal && j > i);
+          real[j] = in.key_mask(b)[j] && !(in.causal() && j > i);
           if (real[j]) mx = std::max(mx, s[j]);
         }
         if (mx == -INFINITY) continue;  // every key masked: zero row
@@ -108,24 +108,21 @@ double gradcheck_attention(const Config& cfg, std::uint64_t seed) {
   const Mat<double> R = testing::random_projection(N, D, seed + 3);
   Tensor<std::uint8_t> mask = cfg.mask == 1 ? make_mask({"1101", "1110"}) : make_mask({"0110", "0000"});
   Rng drop_rng(99);
-  AttnContext<double> ctx;
-  ctx.causal = cfg.causal;
-  if (cfg.mask) ctx.key_mask = &mask;
-  if (cfg.dropout > 0) {
-    ctx.training = true;
-    ctx.rng = &drop_rng;
-  }
+  AttnInputs<double> in(B, T);
+  in.set_causal(cfg.causal);
+  if (cfg.mask) in.set_key_mask(mask);
+  if (cfg.dropout > 0) in.set_training(true, &drop_rng);
   typename Att::Cache cache;
   Mat<double> dx = Mat<double>::Zero(N, D);
   auto objective = [&] {
     drop_rng.reseed(99);  // the same dropout mask at every evaluation
-    const Mat<double> y = att.forward(x, B, ctx, cache);
+    const Mat<double> y = att.forward(x, in, cache);
     return (y.array() * R.array()).sum();
   };
   auto analytic = [&] {
     att.zero_grad();
     drop_rng.reseed(99);
-    att.forward(x, B, ctx, cache);
+    att.forward(x, in, cache);
     const Mat<double> g = att.backward(R, cache);
     dx = g;
   };
@@ -195,12 +192,12 @@ TEST_CASE("DotProductAttention: forward equals the naive reference", "[dot_produ
   const Mat<double> x = random_input<double>(B * T, D, 4, 2.0);
   Tensor<std::uint8_t> mask = make_mask({"11111", "11010", "00000"});
   for (int variant = 0; variant < 4; ++variant) {
-    AttnContext<double> ctx;
-    ctx.causal = variant & 1;
-    if (variant & 2) ctx.key_mask = &mask;
+    AttnInputs<double> in(B, T);
+    in.set_causal(variant & 1);
+    if (variant & 2) in.set_key_mask(mask);
     DotProductAttention<double>::Cache cache;
-    const Mat<double> y = att.forward(x, B, ctx, cache);
-    const Mat<double> ref = reference_forward(att, x, B, ctx);
+    const Mat<double> y = att.forward(x, in, cache);
+    const Mat<double> ref = reference_forward(att, x, B, in);
     INFO("variant " << variant);
     REQUIRE((y - ref).cwiseAbs().maxCoeff() < 1e-12);
     // attention rows sum to 1 (or are 0 when every key is masked), and masked keys get exactly 0
@@ -210,7 +207,7 @@ TEST_CASE("DotProductAttention: forward equals the naive reference", "[dot_produ
       for (Index i = 0; i < T; ++i) {
         bool any = false;
         for (Index j = 0; j < T; ++j) {
-          const bool real = (!ctx.key_mask || mask[b * T + j]) && !(ctx.causal && j > i);
+          const bool real = (!in.has_key_mask() || mask[b * T + j]) && !(in.causal() && j > i);
           any = any || real;
           if (!real) REQUIRE(P(i, j) == 0.0);
         }
@@ -254,15 +251,14 @@ TEST_CASE("DotProductAttention: dropout is inverted, seeded and off in eval", "[
   DotProductAttention<double> att(D, H, rng, opt);
   const Mat<double> x = random_input<double>(B * T, D, 6);
   DotProductAttention<double>::Cache c1, c2, c3;
-  AttnContext<double> ctx;
-  const Mat<double> y_eval = att.forward(x, B, ctx, c1);
+  AttnInputs<double> in(B, T);
+  const Mat<double> y_eval = att.forward(x, in, c1);
   REQUIRE(c1.drop.size() == 0);
   Rng r1(7), r2(7);
-  ctx.training = true;
-  ctx.rng = &r1;
-  const Mat<double> ya = att.forward(x, B, ctx, c2);
-  ctx.rng = &r2;
-  const Mat<double> yb = att.forward(x, B, ctx, c3);
+  in.set_training(true, &r1);
+  const Mat<double> ya = att.forward(x, in, c2);
+  in.set_training(true, &r2);
+  const Mat<double> yb = att.forward(x, in, c3);
   REQUIRE(ya == yb);  // the same seed gives the same mask
   REQUIRE((ya - y_eval).cwiseAbs().maxCoeff() > 1e-3);
   const Index n = c2.drop.size();
@@ -273,8 +269,8 @@ TEST_CASE("DotProductAttention: dropout is inverted, seeded and off in eval", "[
     zeros += c2.drop[k] == 0.0;
   }
   REQUIRE(std::abs(double(zeros) / n - 0.25) < 0.03);
-  ctx.rng = nullptr;
-  REQUIRE_THROWS_WITH(att.forward(x, B, ctx, c3), Catch::Contains("ctx.rng"));
+  in.set_training(true, nullptr);
+  REQUIRE_THROWS_WITH(att.forward(x, in, c3), Catch::Contains("DotProductAttention: rng") && Catch::Contains("dropout"));
 }
 
 TEST_CASE("DotProductAttention: fully masked rows give zeros, never NaN", "[dot_product]") {
@@ -285,11 +281,10 @@ TEST_CASE("DotProductAttention: fully masked rows give zeros, never NaN", "[dot_
   DotProductAttention<double> att(D, H, rng, opt);
   const Mat<double> x = random_input<double>(B * T, D, 9);
   Tensor<std::uint8_t> mask = make_mask({"0111", "0000"});
-  AttnContext<double> ctx;
-  ctx.key_mask = &mask;
-  ctx.causal = true;  // query 0 of batch 0 sees only key 0, which is padded
+  AttnInputs<double> in(B, T);
+  in.set_key_mask(mask).set_causal(true);  // query 0 of batch 0 sees only key 0, which is padded
   DotProductAttention<double>::Cache cache;
-  const Mat<double> y = att.forward(x, B, ctx, cache);
+  const Mat<double> y = att.forward(x, in, cache);
   REQUIRE(y.allFinite());
   REQUIRE(y.row(0).cwiseAbs().maxCoeff() == 0.0);
   REQUIRE(y.bottomRows(T).cwiseAbs().maxCoeff() == 0.0);
@@ -309,10 +304,10 @@ TEST_CASE("DotProductAttention: backward accumulates", "[dot_product]") {
   randomise_biases(att, 12);
   const Mat<double> x = random_input<double>(B * T, D, 13);
   const Mat<double> dy = testing::random_projection(B * T, D, 14);
-  AttnContext<double> ctx;
-  ctx.causal = true;
+  AttnInputs<double> in(B, T);
+  in.set_causal(true);
   DotProductAttention<double>::Cache cache;
-  att.forward(x, B, ctx, cache);
+  att.forward(x, in, cache);
   att.zero_grad();
   const Mat<double> dx1 = att.backward(dy, cache);
   std::vector<Vec<double>> once;
@@ -341,12 +336,10 @@ TEST_CASE("DotProductAttention: 1 and 2 threads give identical bits", "[dot_prod
     Tensor<std::uint8_t> mask({B, T}, 1);
     for (Index t = 17; t < T; ++t) mask[2 * T + t] = 0;
     Rng drop(17);
-    AttnContext<float> ctx;
-    ctx.key_mask = &mask;
-    ctx.training = true;
-    ctx.rng = &drop;
+    AttnInputs<float> in(B, T);
+    in.set_key_mask(mask).set_training(true, &drop);
     DotProductAttention<float, 4, 16>::Cache cache;
-    y = att.forward(x, B, ctx, cache);
+    y = att.forward(x, in, cache);
     dx = att.backward(testing::random_projection(B * T, D, 18).cast<float>(), cache);
     for (auto* p : att.parameters()) grads.push_back(p->grad);
   };
@@ -366,13 +359,14 @@ TEST_CASE("DotProductAttention: float agrees with double on a realistic size", "
   DotProductAttention<double> ad(D, H, r1);
   DotProductAttention<float> af(D, H, r2);
   const Mat<double> x = random_input<double>(B * T, D, 20);
-  AttnContext<double> cd;
-  AttnContext<float> cf;
-  cd.causal = cf.causal = true;
+  AttnInputs<double> cd(B, T);
+  AttnInputs<float> cf(B, T);
+  cd.set_causal(true);
+  cf.set_causal(true);
   DotProductAttention<double>::Cache kd;
   DotProductAttention<float>::Cache kf;
-  const Mat<double> yd = ad.forward(x, B, cd, kd);
-  const Mat<float> yf = af.forward(x.cast<float>(), B, cf, kf);
+  const Mat<double> yd = ad.forward(x, cd, kd);
+  const Mat<float> yf = af.forward(x.cast<float>(), cf, kf);
   REQUIRE((yd - yf.cast<double>()).cwiseAbs().maxCoeff() < 1e-5 * (1 + yd.cwiseAbs().maxCoeff()));
   const Mat<double> dy = testing::random_projection(B * T, D, 21);
   const Mat<double> dxd = ad.backward(dy, kd);
@@ -395,28 +389,98 @@ TEST_CASE("DotProductAttention: bad arguments throw dea::Error naming them", "[d
 
   DotProductAttention<double> att(8, 2, rng);
   DotProductAttention<double>::Cache cache;
-  AttnContext<double> ctx;
+  const AttnInputs<double> in(2, 3);
   const Mat<double> x = random_input<double>(6, 8, 23);
   REQUIRE_THROWS_WITH(att.backward(x, cache), Catch::Contains("cache is empty"));
-  REQUIRE_THROWS_WITH(att.forward(random_input<double>(6, 7, 1), 2, ctx, cache),
+  REQUIRE_THROWS_WITH(att.forward(random_input<double>(6, 7, 1), in, cache),
                       Catch::Contains("x: expected 8 columns") && Catch::Contains("got 7"));
-  REQUIRE_THROWS_WITH(att.forward(x, 4, ctx, cache), Catch::Contains("x: expected batch*T rows"));
-  REQUIRE_THROWS_WITH(att.forward(x, 0, ctx, cache), Catch::Contains("batch"));
-  REQUIRE_THROWS_WITH(att.forward(Mat<double>(0, 8), 1, ctx, cache), Catch::Contains("x"));
+  REQUIRE_THROWS_WITH(att.forward(x, AttnInputs<double>(4, 3), cache),
+                      Catch::Contains("x: expected B*T = 12 rows") && Catch::Contains("got 6"));
+  REQUIRE_THROWS_WITH(att.forward(x, AttnInputs<double>(), cache), Catch::Contains("attention inputs are empty"));
+  REQUIRE_THROWS_WITH(AttnInputs<double>(0, 3), Catch::Contains("batch"));
+  REQUIRE_THROWS_WITH(att.forward(x, AttnInputs<double>(2, 3, 4), cache), Catch::Contains("Tq = 3, Tk = 4"));
   Mat<double> xn = x;
   xn(4, 3) = std::numeric_limits<double>::quiet_NaN();
-  REQUIRE_THROWS_WITH(att.forward(xn, 2, ctx, cache), Catch::Contains("x") && Catch::Contains("row 4, column 3"));
+  REQUIRE_THROWS_WITH(att.forward(xn, in, cache), Catch::Contains("x") && Catch::Contains("row 4, column 3"));
   xn(4, 3) = std::numeric_limits<double>::infinity();
-  REQUIRE_THROWS_AS(att.forward(xn, 2, ctx, cache), Error);
+  REQUIRE_THROWS_AS(att.forward(xn, in, cache), Error);
   Tensor<std::uint8_t> mask({2, 4}, 1);
-  ctx.key_mask = &mask;
-  REQUIRE_THROWS_WITH(att.forward(x, 2, ctx, cache), Catch::Contains("key_mask") && Catch::Contains("[2, 3]") &&
-                                                         Catch::Contains("[2, 4]"));
-  ctx.key_mask = nullptr;
-  att.forward(x, 2, ctx, cache);
+  AttnInputs<double> masked(2, 3);
+  REQUIRE_THROWS_WITH(masked.set_key_mask(mask), Catch::Contains("key_mask") && Catch::Contains("[2, 3]") &&
+                                                     Catch::Contains("[2, 4]"));
+  att.forward(x, in, cache);
   REQUIRE_THROWS_WITH(att.backward(random_input<double>(6, 6, 2), cache),
                       Catch::Contains("dy") && Catch::Contains("[6, 8]") && Catch::Contains("[6, 6]"));
   Mat<double> dyn = x;
   dyn(0, 0) = std::numeric_limits<double>::quiet_NaN();
   REQUIRE_THROWS_WITH(att.backward(dyn, cache), Catch::Contains("dy"));
+}
+
+TEST_CASE("DotProductAttention: the AttnContext overload (transitional) gives the bits of AttnInputs", "[dot_product]") {
+  const Index B = 2, T = 4, D = 8, H = 2;
+  Rng rng(24);
+  DotProductAttention<double>::Options opt;
+  opt.dropout = 0.2;
+  DotProductAttention<double> att(D, H, rng, opt);
+  const Mat<double> x = random_input<double>(B * T, D, 25);
+  Tensor<std::uint8_t> mask = make_mask({"1101", "1110"});
+  Rng r1(3), r2(3);
+  AttnContext<double> ctx;
+  ctx.key_mask = &mask;
+  ctx.causal = true;
+  ctx.training = true;
+  ctx.rng = &r1;
+  AttnInputs<double> in(B, T);
+  in.set_key_mask(mask).set_causal(true).set_training(true, &r2);
+  DotProductAttention<double>::Cache c1, c2;
+  const Mat<double> y1 = att.forward(x, B, ctx, c1), y2 = att.forward(x, in, c2);
+  REQUIRE(y1 == y2);
+  REQUIRE(att.backward(y1, c1) == att.backward(y2, c2));
+  // the into-y overload writes the same output
+  DotProductAttention<double>::Cache c3;
+  Mat<double> y3;
+  Rng r3(3);
+  in.set_training(true, &r3);
+  att.forward(x, in, c3, y3);
+  REQUIRE(y3 == y2);
+  // the adapter's own argument checks
+  REQUIRE_THROWS_WITH(att.forward(x, 3, ctx, c1), Catch::Contains("x: expected batch*T rows"));
+  REQUIRE_THROWS_WITH(att.forward(x, 0, ctx, c1), Catch::Contains("batch"));
+  Tensor<std::uint8_t> bad({2, 3}, 1);
+  ctx.key_mask = &bad;
+  REQUIRE_THROWS_WITH(att.forward(x, B, ctx, c1), Catch::Contains("DotProductAttention: ctx.key_mask") &&
+                                                      Catch::Contains("[2, 4]") && Catch::Contains("[2, 3]"));
+}
+
+TEST_CASE("DotProductAttention refuses the inputs it does not support, naming itself and the input",
+          "[dot_product][errors]") {
+  const Index B = 2, T = 3, D = 8, H = 2;
+  Rng rng(26);
+  DotProductAttention<double> att(D, H, rng);
+  static_assert(!DotProductAttention<double>::kSupport.oracle && DotProductAttention<double>::kSupport.causal,
+                "dot-product attention: causal masking, no oracle");
+  DotProductAttention<double>::Cache cache;
+  const Mat<double> x = random_input<double>(B * T, D, 27);
+  const Tensor<double> oracle({B, T, T}, 0.5);
+  auto refuses = [&](const AttnInputs<double>& in, const char* what) {
+    REQUIRE_THROWS_WITH(att.forward(x, in, cache), Catch::Contains("DotProductAttention") && Catch::Contains(what) &&
+                                                       Catch::Contains("not supported"));
+  };
+  AttnInputs<double> with_oracle(B, T);
+  with_oracle.set_oracle(oracle);
+  refuses(with_oracle, "oracle");
+  AttnInputs<double> with_targets = with_oracle;
+  with_targets.set_targets(Tensor<std::int64_t>({B, T}, 0));
+  refuses(with_targets, "oracle");
+  refuses(AttnInputs<double>(B, T).set_frozen_alpha_hat(Tensor<double>({B, H, T, T}, 0.5)), "frozen_alpha_hat");
+  // the transitional AttnContext overload refuses them too (it used to ignore them)
+  AttnContext<double> ctx;
+  ctx.alpha_oracle = &oracle;
+  REQUIRE_THROWS_WITH(att.forward(x, B, ctx, cache), Catch::Contains("DotProductAttention") &&
+                                                         Catch::Contains("oracle") && Catch::Contains("not supported"));
+  // what it supports runs: causal masking, keep_maps (its probabilities are always in the cache), training
+  AttnInputs<double> ok(B, T);
+  ok.set_causal(true).set_keep_maps(true).set_training(true, nullptr);
+  REQUIRE(att.forward(x, ok, cache).allFinite());
+  REQUIRE(cache.p.size() == B * H * T * T);
 }

@@ -50,7 +50,7 @@ struct Reference {
 
 /// Naive reference straight from spec sections 4a and 4b (loops, double): no kernel of the library is used.
 template <class Att>
-Reference reference(Att& att, const Mat<double>& x, Index B, const AttnContext<double>& ctx, const Mat<double>& dy) {
+Reference reference(Att& att, const Mat<double>& x, Index B, const AttnInputs<double>& in, const Mat<double>& dy) {
   const Index N = x.rows(), D = att.d_model(), H = att.n_heads(), dh = att.d_head(), T = N / B;
   auto params = att.parameters();
   auto has = [&](const std::string& n) {
@@ -84,7 +84,7 @@ Reference reference(Att& att, const Mat<double>& x, Index B, const AttnContext<d
   Mat<double> O = Mat<double>::Zero(N, D);
   auto idx = [&](Index b, Index h, Index i, Index j) { return static_cast<std::size_t>(((b * H + h) * T + i) * T + j); };
   auto real = [&](Index b, Index i, Index j) {
-    return (!ctx.key_mask || (*ctx.key_mask)[b * T + j]) && !(ctx.causal && j > i);
+    return in.key_mask(b)[j] && !(in.causal() && j > i);
   };
   for (Index b = 0; b < B; ++b)
     for (Index h = 0; h < H; ++h) {
@@ -220,26 +220,23 @@ double gradcheck_laplacian(const Config& cfg, std::uint64_t seed) {
     const Mat<double> R = testing::random_projection(N, D, seed + 3);
     Tensor<std::uint8_t> mask = cfg.mask == 1 ? make_mask({"1101", "1110"}) : make_mask({"0110", "0000"});
     Rng drop_rng(99);
-    AttnContext<double> ctx;
-    ctx.causal = cfg.causal;
-    if (cfg.mask) ctx.key_mask = &mask;
-    if (cfg.dropout > 0) {
-      ctx.training = true;
-      ctx.rng = &drop_rng;
-    }
+    AttnInputs<double> in(B, T);
+    in.set_causal(cfg.causal);
+    if (cfg.mask) in.set_key_mask(mask);
+    if (cfg.dropout > 0) in.set_training(true, &drop_rng);
     typename Att::Cache cache;
-    att.forward(x, B, ctx, cache);
+    att.forward(x, in, cache);
     if (kink_gap(cache.u(), cache.w(), B, H, D / H) < 1e-4) continue;  // too close to a kink: draw another input
     Mat<double> dx = Mat<double>::Zero(N, D);
     auto objective = [&] {
       drop_rng.reseed(99);
-      const Mat<double> y = att.forward(x, B, ctx, cache);
+      const Mat<double> y = att.forward(x, in, cache);
       return (y.array() * R.array()).sum();
     };
     auto analytic = [&] {
       att.zero_grad();
       drop_rng.reseed(99);
-      att.forward(x, B, ctx, cache);
+      att.forward(x, in, cache);
       const Mat<double> g = att.backward(R, cache);
       dx = g;
     };
@@ -511,12 +508,12 @@ TEST_CASE("LaplacianAttention: forward equals the naive reference, logits are -D
   const Mat<double> dy = testing::random_projection(B * T, D, 5);
   Tensor<std::uint8_t> mask = make_mask({"11111", "11010", "00000"});
   for (int variant = 0; variant < 4; ++variant) {
-    AttnContext<double> ctx;
-    ctx.causal = variant & 1;
-    if (variant & 2) ctx.key_mask = &mask;
+    AttnInputs<double> in(B, T);
+    in.set_causal(variant & 1);
+    if (variant & 2) in.set_key_mask(mask);
     LaplacianAttention<double>::Cache cache;
-    const Mat<double> y = att.forward(x, B, ctx, cache);
-    const Reference ref = reference(att, x, B, ctx, dy);
+    const Mat<double> y = att.forward(x, in, cache);
+    const Reference ref = reference(att, x, B, in, dy);
     INFO("variant " << variant);
     REQUIRE((y - ref.y).cwiseAbs().maxCoeff() < 1e-12);
     for (std::size_t k = 0; k < ref.dist.size(); ++k) {
@@ -580,9 +577,9 @@ TEST_CASE("LaplacianAttention: exact ties u = w follow sgn(0) = 0, on purpose", 
   find_param(params, "k.bias").value = find_param(params, "q.bias").value;
   Mat<double> x = random_input<double>(B * T, D, 8, 1.5);
   const Mat<double> R = testing::random_projection(B * T, D, 9);
-  AttnContext<double> ctx;
+  const AttnInputs<double> in(B, T);
   LaplacianAttention<double>::Cache cache;
-  att.forward(x, B, ctx, cache);
+  att.forward(x, in, cache);
   REQUIRE(cache.u() == cache.w());  // the ties are exact
   for (Index bh = 0; bh < B * H; ++bh)
     for (Index i = 0; i < T; ++i) REQUIRE(cache.dist[bh * T * T + i * T + i] == 0.0);
@@ -597,16 +594,16 @@ TEST_CASE("LaplacianAttention: exact ties u = w follow sgn(0) = 0, on purpose", 
   // The analytic gradients equal the spec's formulas with sgn(0) = 0 ...
   att.zero_grad();
   const Mat<double> dx = att.backward(R, cache);
-  const Reference ref = reference(att, x, B, ctx, R);
+  const Reference ref = reference(att, x, B, in, R);
   REQUIRE((dx - ref.dx).cwiseAbs().maxCoeff() < 1e-12);
   for (auto* p : params) REQUIRE((p->grad - ref.grad.at(p->name)).cwiseAbs().maxCoeff() < 1e-12);
   // ... and central differences, which are symmetric at the kink, agree. Perturbing q.weight moves u off the
   // tie in both directions (a one-sided subgradient +-1 would fail here); x and the k side stay smooth.
   Mat<double> gx = Mat<double>::Zero(B * T, D);
-  auto objective = [&] { return (att.forward(x, B, ctx, cache).array() * R.array()).sum(); };
+  auto objective = [&] { return (att.forward(x, in, cache).array() * R.array()).sum(); };
   auto analytic = [&] {
     att.zero_grad();
-    att.forward(x, B, ctx, cache);
+    att.forward(x, in, cache);
     const Mat<double> g = att.backward(R, cache);
     gx = g;  // a copy into the registered buffer (assigning the temporary would move a new buffer in)
   };
@@ -657,13 +654,13 @@ TEST_CASE("LaplacianAttention: entropy rises with the bandwidth", "[laplacian]")
   Rng rng(10);
   LaplacianAttention<double> att(D, H, rng);
   const Mat<double> x = random_input<double>(B * T, D, 11);
-  AttnContext<double> ctx;
+  const AttnInputs<double> in(B, T);
   Param<double>& theta = find_param(att.parameters(), "theta");
   double last = 0;
   for (double scale : {0.5, 1.0, 2.0}) {
     theta.value.setConstant(ops::softplus_inverse(0.7 * scale));
     LaplacianAttention<double>::Cache cache;
-    att.forward(x, B, ctx, cache);
+    att.forward(x, in, cache);
     const double e = mean_row_entropy(cache.p, T);
     REQUIRE(e > last);
     REQUIRE(e < std::log(double(T)));
@@ -679,11 +676,10 @@ TEST_CASE("LaplacianAttention: fully masked rows give zeros, never NaN", "[lapla
   LaplacianAttention<double> att(D, H, rng, opt);
   const Mat<double> x = random_input<double>(B * T, D, 13);
   Tensor<std::uint8_t> mask = make_mask({"0111", "0000"});
-  AttnContext<double> ctx;
-  ctx.key_mask = &mask;
-  ctx.causal = true;
+  AttnInputs<double> in(B, T);
+  in.set_key_mask(mask).set_causal(true);
   LaplacianAttention<double>::Cache cache;
-  const Mat<double> y = att.forward(x, B, ctx, cache);
+  const Mat<double> y = att.forward(x, in, cache);
   REQUIRE(y.allFinite());
   REQUIRE(y.row(0).cwiseAbs().maxCoeff() == 0.0);
   REQUIRE(y.bottomRows(T).cwiseAbs().maxCoeff() == 0.0);
@@ -695,7 +691,7 @@ TEST_CASE("LaplacianAttention: fully masked rows give zeros, never NaN", "[lapla
   // a sharp kernel (s -> 1e-6) saturates without NaN
   find_param(att.parameters(), "theta").value.setConstant(-60.0);
   LaplacianAttention<double>::Cache c2;
-  const Mat<double> y2 = att.forward(x, B, ctx, c2);
+  const Mat<double> y2 = att.forward(x, in, c2);
   REQUIRE(y2.allFinite());
   REQUIRE(att.backward(testing::random_projection(B * T, D, 15), c2).allFinite());
 }
@@ -706,10 +702,10 @@ TEST_CASE("LaplacianAttention: backward accumulates", "[laplacian]") {
   LaplacianAttention<double> att(D, H, rng);
   const Mat<double> x = random_input<double>(B * T, D, 17);
   const Mat<double> dy = testing::random_projection(B * T, D, 18);
-  AttnContext<double> ctx;
-  ctx.causal = true;
+  AttnInputs<double> in(B, T);
+  in.set_causal(true);
   LaplacianAttention<double>::Cache cache;
-  att.forward(x, B, ctx, cache);
+  att.forward(x, in, cache);
   att.zero_grad();
   const Mat<double> dx1 = att.backward(dy, cache);
   std::vector<Vec<double>> once;
@@ -738,13 +734,10 @@ TEST_CASE("LaplacianAttention: 1 and 2 threads give identical bits", "[laplacian
     Tensor<std::uint8_t> mask({B, T}, 1);
     for (Index t = 11; t < T; ++t) mask[3 * T + t] = 0;
     Rng drop(21);
-    AttnContext<float> ctx;
-    ctx.key_mask = &mask;
-    ctx.causal = true;
-    ctx.training = true;
-    ctx.rng = &drop;
+    AttnInputs<float> in(B, T);
+    in.set_key_mask(mask).set_causal(true).set_training(true, &drop);
     LaplacianAttention<float, 2, 32>::Cache cache;
-    y = att.forward(x, B, ctx, cache);
+    y = att.forward(x, in, cache);
     dx = att.backward(testing::random_projection(B * T, D, 22).cast<float>(), cache);
     for (auto* p : att.parameters()) grads.push_back(p->grad);
   };
@@ -764,12 +757,12 @@ TEST_CASE("LaplacianAttention: float agrees with double on the benchmark's size"
   LaplacianAttention<double> ad(D, H, r1);
   LaplacianAttention<float, 2, 32> af(D, H, r2);
   const Mat<double> x = random_input<double>(B * T, D, 24);
-  AttnContext<double> cd;
-  AttnContext<float> cf;
+  const AttnInputs<double> cd(B, T);
+  const AttnInputs<float> cf(B, T);
   LaplacianAttention<double>::Cache kd;
   LaplacianAttention<float, 2, 32>::Cache kf;
-  const Mat<double> yd = ad.forward(x, B, cd, kd);
-  const Mat<float> yf = af.forward(x.cast<float>(), B, cf, kf);
+  const Mat<double> yd = ad.forward(x, cd, kd);
+  const Mat<float> yf = af.forward(x.cast<float>(), cf, kf);
   REQUIRE((yd - yf.cast<double>()).cwiseAbs().maxCoeff() < 1e-5 * (1 + yd.cwiseAbs().maxCoeff()));
   const Mat<double> dy = testing::random_projection(B * T, D, 25);
   const Mat<double> dxd = ad.backward(dy, kd);
@@ -797,22 +790,80 @@ TEST_CASE("LaplacianAttention: bad arguments throw dea::Error naming them", "[la
 
   LaplacianAttention<double> att(8, 2, rng);
   LaplacianAttention<double>::Cache cache;
-  AttnContext<double> ctx;
+  const AttnInputs<double> in(2, 3);
   const Mat<double> x = random_input<double>(6, 8, 27);
   REQUIRE_THROWS_WITH(att.backward(x, cache), Catch::Contains("cache is empty"));
-  REQUIRE_THROWS_WITH(att.forward(random_input<double>(6, 7, 1), 2, ctx, cache),
+  REQUIRE_THROWS_WITH(att.forward(random_input<double>(6, 7, 1), in, cache),
                       Catch::Contains("LaplacianAttention: x") && Catch::Contains("got 7"));
-  REQUIRE_THROWS_WITH(att.forward(x, 4, ctx, cache), Catch::Contains("x: expected batch*T rows"));
+  REQUIRE_THROWS_WITH(att.forward(x, AttnInputs<double>(4, 3), cache), Catch::Contains("x: expected B*T = 12 rows"));
+  REQUIRE_THROWS_WITH(att.forward(x, AttnInputs<double>(), cache), Catch::Contains("attention inputs are empty"));
   Mat<double> xn = x;
   xn(2, 5) = -std::numeric_limits<double>::infinity();
-  REQUIRE_THROWS_WITH(att.forward(xn, 2, ctx, cache), Catch::Contains("x") && Catch::Contains("row 2, column 5"));
+  REQUIRE_THROWS_WITH(att.forward(xn, in, cache), Catch::Contains("x") && Catch::Contains("row 2, column 5"));
+  // the transitional AttnContext overload checks its key mask against batch and T
   Tensor<std::uint8_t> mask({3, 2}, 1);
+  AttnContext<double> ctx;
   ctx.key_mask = &mask;
-  REQUIRE_THROWS_WITH(att.forward(x, 2, ctx, cache), Catch::Contains("key_mask") && Catch::Contains("[3, 2]"));
-  ctx.key_mask = nullptr;
+  REQUIRE_THROWS_WITH(att.forward(x, 2, ctx, cache), Catch::Contains("LaplacianAttention: ctx.key_mask") &&
+                                                         Catch::Contains("[3, 2]"));
+  REQUIRE_THROWS_WITH(att.forward(x, 4, AttnContext<double>{}, cache), Catch::Contains("x: expected batch*T rows"));
   find_param(att.parameters(), "theta").value[1] = std::numeric_limits<double>::quiet_NaN();
-  REQUIRE_THROWS_WITH(att.forward(x, 2, ctx, cache), Catch::Contains("theta"));
+  REQUIRE_THROWS_WITH(att.forward(x, in, cache), Catch::Contains("theta"));
   find_param(att.parameters(), "theta").value[1] = 0.0;
-  att.forward(x, 2, ctx, cache);
+  att.forward(x, in, cache);
   REQUIRE_THROWS_WITH(att.backward(random_input<double>(3, 8, 2), cache), Catch::Contains("dy"));
+}
+
+TEST_CASE("LaplacianAttention: the AttnContext overload (transitional) gives the bits of AttnInputs", "[laplacian]") {
+  const Index B = 2, T = 4, D = 8, H = 2;
+  Rng rng(28);
+  LaplacianAttention<double>::Options opt;
+  opt.dropout = 0.2;
+  LaplacianAttention<double> att(D, H, rng, opt);
+  const Mat<double> x = random_input<double>(B * T, D, 29);
+  Tensor<std::uint8_t> mask = make_mask({"1101", "1110"});
+  Rng r1(3), r2(3), r3(3);
+  AttnContext<double> ctx;
+  ctx.key_mask = &mask;
+  ctx.causal = true;
+  ctx.training = true;
+  ctx.rng = &r1;
+  AttnInputs<double> in(B, T);
+  in.set_key_mask(mask).set_causal(true).set_training(true, &r2);
+  LaplacianAttention<double>::Cache c1, c2, c3;
+  const Mat<double> y1 = att.forward(x, B, ctx, c1), y2 = att.forward(x, in, c2);
+  REQUIRE(y1 == y2);
+  REQUIRE(att.backward(y1, c1) == att.backward(y2, c2));
+  Mat<double> y3;
+  in.set_training(true, &r3);
+  att.forward(x, in, c3, y3);  // into y
+  REQUIRE(y3 == y2);
+}
+
+TEST_CASE("LaplacianAttention refuses the inputs it does not support, naming itself and the input",
+          "[laplacian][errors]") {
+  const Index B = 2, T = 3, D = 8, H = 2;
+  Rng rng(30);
+  LaplacianAttention<double> att(D, H, rng);
+  static_assert(!LaplacianAttention<double>::kSupport.oracle && LaplacianAttention<double>::kSupport.causal,
+                "Laplacian attention: causal masking, no oracle");
+  LaplacianAttention<double>::Cache cache;
+  const Mat<double> x = random_input<double>(B * T, D, 31);
+  const Tensor<double> oracle({B, T, T}, 0.5);
+  AttnInputs<double> with_oracle(B, T);
+  with_oracle.set_oracle(oracle);
+  REQUIRE_THROWS_WITH(att.forward(x, with_oracle, cache), Catch::Contains("LaplacianAttention") &&
+                                                              Catch::Contains("oracle") && Catch::Contains("not supported"));
+  AttnInputs<double> frozen(B, T);
+  frozen.set_frozen_alpha_hat(Tensor<double>({B, H, T, T}, 0.5));
+  REQUIRE_THROWS_WITH(att.forward(x, frozen, cache), Catch::Contains("LaplacianAttention") &&
+                                                         Catch::Contains("frozen_alpha_hat") &&
+                                                         Catch::Contains("not supported"));
+  AttnContext<double> ctx;  // the transitional overload refuses it too (it used to ignore it)
+  ctx.alpha_oracle = &oracle;
+  REQUIRE_THROWS_WITH(att.forward(x, B, ctx, cache), Catch::Contains("LaplacianAttention") &&
+                                                         Catch::Contains("oracle") && Catch::Contains("not supported"));
+  AttnInputs<double> ok(B, T);
+  ok.set_causal(true).set_keep_maps(true);
+  REQUIRE(att.forward(x, ok, cache).allFinite());
 }

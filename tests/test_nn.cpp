@@ -5,6 +5,9 @@
 // accumulation contract, thread-count independence, parameter names and bad input.
 #include <catch2/catch.hpp>
 #include <dea/attention/dot_product.hpp>
+#include <dea/attention/laplacian.hpp>
+#include <dea/attention/token_routed.hpp>
+#include <dea/data/collate.hpp>
 #include <dea/nn/transformer.hpp>
 #include <dea/ops/cross_entropy.hpp>
 #include <dea/ops/gelu.hpp>
@@ -614,30 +617,29 @@ TEST_CASE("EncoderLayer task-path gradients match finite differences", "[nn][enc
       Tensor<double> oracle({B, T, T});
       Rng orng(23);
       for (Index k = 0; k < oracle.numel(); ++k) oracle[k] = orng.uniform() < 0.4 ? kNaN : orng.uniform();
-      AttnContext<double> ctx;
-      if (lc.mask) ctx.key_mask = &km;
-      if (lc.oracle) ctx.alpha_oracle = &oracle;
-      ctx.gamma_mix = 0.5;
+      AttnInputs<double> in(B, T);
+      if (lc.mask) in.set_key_mask(km);
+      if (lc.oracle) in.set_oracle(oracle);
+      in.set_gamma_mix(0.5);
       Rng drop(31);
-      ctx.training = lc.dropout > 0;
-      ctx.rng = &drop;
+      in.set_training(lc.dropout > 0, &drop);
       nn::EncoderLayer<double>::Cache c0;
-      layer.forward(x, B, ctx, c0);
+      layer.forward(x, in, c0);
       Tensor<double> frozen({B, H, T, T});
       for (Index k = 0; k < frozen.numel(); ++k) frozen[k] = c0.attn.alpha_hat[static_cast<std::size_t>(k)];
-      ctx.frozen_alpha_hat = &frozen;
+      in.set_frozen_alpha_hat(frozen);
       const Mat<double> R = testing::random_projection(B * T, D, 24);
       Mat<double> dx = Mat<double>::Zero(B * T, D);
       auto objective = [&] {
         drop.reseed(31);
         nn::EncoderLayer<double>::Cache c;
-        return dot(layer.forward(x, B, ctx, c), R);
+        return dot(layer.forward(x, in, c), R);
       };
       auto analytic = [&] {
         drop.reseed(31);
         layer.zero_grad();
         nn::EncoderLayer<double>::Cache c;
-        layer.forward(x, B, ctx, c);
+        layer.forward(x, in, c);
         const Mat<double> g = layer.backward(R, c);
         dx = g;  // copy into the registered buffer
       };
@@ -1162,3 +1164,119 @@ TEST_CASE("TransformerModel in float: realistic sizes run and stay finite", "[nn
   }
   REQUIRE(model.verify_gradient_isolation(b, 0.5f).ok);
 }
+
+TEST_CASE("TransformerModel builds one set of attention inputs per forward: every layer reads one oracle",
+          "[nn][model][inputs]") {
+  ModelCase mc;
+  mc.L = 3;
+  mc.targets = true;
+  mc.supervise = std::vector<Index>{0, 2};
+  Model model = make_model<Model>(mc);
+  const nn::ModelBatch<double> batch = make_batch(mc);
+  Model::Cache c;
+  const auto out = model.forward(batch, mc.gamma, false, nullptr, c);
+  // the model's cache holds the inputs: one copy of the oracle and targets, validated once
+  REQUIRE(c.inputs.batch() == mc.B);
+  REQUIRE(c.inputs.q_len() == mc.T);
+  REQUIRE(c.inputs.has_oracle());
+  REQUIRE(c.inputs.has_targets());
+  REQUIRE(c.inputs.has_key_mask());
+  REQUIRE(c.inputs.gamma_mix() == mc.gamma);
+  REQUIRE(c.inputs.oracle().ptr() != batch.alpha_oracle.ptr());  // a copy: the caller keeps its batch
+  for (Index k = 0; k < batch.alpha_oracle.numel(); ++k) {
+    const double a = batch.alpha_oracle[k], b = c.inputs.oracle()[k];
+    REQUIRE(((std::isnan(a) && std::isnan(b)) || a == b));
+  }
+  // supervised layers read that very tensor (shared, not copied); the others read the same mask without it
+  for (Index l : {0, 2}) {
+    const auto& li = c.layers[static_cast<std::size_t>(l)].inputs;
+    REQUIRE(li.has_oracle());
+    REQUIRE(&li.oracle() == &c.inputs.oracle());
+    REQUIRE(&li.targets() == &c.inputs.targets());
+    REQUIRE(li.key_mask(0) == c.inputs.key_mask(0));
+  }
+  const auto& u = c.layers[1].inputs;
+  REQUIRE_FALSE(u.has_oracle());
+  REQUIRE_FALSE(u.has_targets());
+  REQUIRE(u.key_mask(1) == c.inputs.key_mask(1));
+  REQUIRE(u.key_bias(1) == c.inputs.key_bias(1));
+  REQUIRE(out.layer_supervised == std::vector<std::uint8_t>{1, 0, 1});
+  // a batch given away: its oracle is moved in (no copy at all), with the same results bit for bit
+  nn::ModelBatch<double> moved = batch;
+  const double* storage = moved.alpha_oracle.ptr();
+  Model::Cache cm;
+  const auto om = model.forward(std::move(moved), mc.gamma, false, nullptr, cm);
+  REQUIRE(cm.inputs.oracle().ptr() == storage);
+  REQUIRE(om.logits == out.logits);
+  REQUIRE(om.loss_gate == out.loss_gate);
+  REQUIRE(om.task_loss == out.task_loss);
+  model.zero_grad();
+  model.backward(c);
+  std::vector<Vec<double>> g1;
+  for (Param<double>* p : model.parameters()) g1.push_back(p->grad);
+  model.zero_grad();
+  model.backward(cm);
+  const ParamList<double> ps = model.parameters();
+  for (std::size_t k = 0; k < ps.size(); ++k) REQUIRE(ps[k]->grad == g1[k]);
+}
+
+TEST_CASE("TransformerModel: one spelling of an absent input, and inputs the attention cannot take are refused",
+          "[nn][model][inputs][errors]") {
+  ModelCase mc;
+  Model model = make_model<Model>(mc);
+  Model::Cache c;
+  // absent = default-constructed: no oracle reaches any layer
+  ModelCase mn = mc;
+  mn.oracle = false;
+  model.forward(make_batch(mn), 0.5, false, nullptr, c);
+  REQUIRE_FALSE(c.inputs.has_oracle());
+  REQUIRE_FALSE(c.has_oracle);
+  // targets need the oracle
+  auto b = make_batch(mn);
+  b.target_idx = Tensor<std::int64_t>({mc.B, mc.T}, 0);
+  REQUIRE_THROWS_WITH(model.forward(b, 0.5, false, nullptr, c),
+                      Catch::Contains("target_idx") && Catch::Contains("without alpha_oracle"));
+  // +-inf in the oracle is rejected once, naming the argument
+  auto bi = make_batch(mc);
+  bi.alpha_oracle[3] = std::numeric_limits<double>::infinity();
+  REQUIRE_THROWS_WITH(model.forward(bi, 0.5, false, nullptr, c), Catch::Contains("alpha") && Catch::Contains("inf"));
+  // a model on dot-product attention refuses an oracle instead of ignoring it
+  using DPModel = nn::TransformerModel<double, DotProductAttention<double>>;
+  DPModel dp = make_model<DPModel>(mc);
+  DPModel::Cache dc;
+  REQUIRE_THROWS_WITH(dp.forward(make_batch(mc), 0.5, false, nullptr, dc),
+                      Catch::Contains("DotProductAttention") && Catch::Contains("oracle") &&
+                          Catch::Contains("not supported"));
+  REQUIRE(dp.forward(make_batch(mn), 0.5, false, nullptr, dc).logits.allFinite());
+  // a collated batch in which no record is labelled has no oracle (absent, not an all-NaN tensor)
+  data::SimpleTokenizer tok;
+  tok.build_vocab({"paris france car wheel"});
+  std::vector<data::Record> recs{data::make_record("paris", "france", 1, "conceptnet", "capital", "strong"),
+                                 data::make_record("car", "wheel", 0, "conceptnet", "random_negative", "none")};
+  const data::PairBatch<double> none = data::collate_pairs<double>(recs, tok, 16);
+  REQUIRE(none.alpha_oracle.dim() == 0);
+  recs[1].alpha = 0.25;
+  const data::PairBatch<double> one = data::collate_pairs<double>(recs, tok, 16);
+  REQUIRE(one.alpha_oracle.shape == Shape{2, one.seq_len(), one.seq_len()});
+}
+
+// What the model asks of an attention class is told apart at compile time (nn/attention_traits.hpp).
+static_assert(nn::traits::takes_token_ids<TokenRoutedAttention<double>>::value, "token-routed forward takes ids");
+static_assert(!nn::traits::takes_token_ids<DotProductAttention<double>>::value, "dot-product forward takes no ids");
+static_assert(!nn::traits::takes_token_ids<LaplacianAttention<double>>::value, "Laplacian forward takes no ids");
+static_assert(!nn::traits::takes_token_ids<DualExpertAttention<double>>::value, "Dual-Expert forward takes no ids");
+static_assert(nn::traits::has_gate_loss<DualExpertAttention<double>>::value, "Dual-Expert has a gate loss");
+static_assert(!nn::traits::has_gate_loss<DotProductAttention<double>>::value, "dot-product has no gate loss");
+static_assert(nn::traits::support<DualExpertAttention<double>>().oracle &&
+                  !nn::traits::support<DualExpertAttention<double>>().causal,
+              "Dual-Expert: oracle, no causal masking");
+static_assert(!nn::traits::support<DotProductAttention<double>>().oracle &&
+                  nn::traits::support<LaplacianAttention<double>>().causal &&
+                  nn::traits::support<TokenRoutedAttention<double>>().causal,
+              "dot-product, Laplacian, token-routed: causal masking, no oracle");
+namespace {
+struct NoSupportDeclared {};  // a class that declares no kSupport accepts none of the optional inputs
+}  // namespace
+static_assert(!nn::traits::support<NoSupportDeclared>().oracle && !nn::traits::support<NoSupportDeclared>().causal &&
+                  !nn::traits::support<NoSupportDeclared>().keep_maps,
+              "no kSupport: nothing optional");

@@ -7,7 +7,7 @@
 // in (full or cut by an edge) and the thread count. A double-precision product checks the values independently.
 #include <catch2/catch.hpp>
 
-#include <dea/core/rng.hpp>
+#include <dea/core/init.hpp>
 #include <dea/ops/gemm.hpp>
 #include <dea/ops/linear.hpp>
 #include <dea/ops/packed_gemm.hpp>

@@ -97,13 +97,21 @@ bool allclose(const Mat<double>& a, const Mat<double>& b, double rtol = 1e-5, do
   return ((a - b).array().abs() <= atol + rtol * b.array().abs()).all();
 }
 
+/// The attention inputs of a self-attention call on x [B*T, D] with nothing optional set.
+template <class S>
+AttnInputs<S> plain(const Mat<S>& x, Index B) {
+  return AttnInputs<S>(B, x.rows() / B);
+}
+
 /// Runs the finite-difference check of every parameter and the input x of `layer` on L = <y, R>.
 testing::GradCheckReport gradcheck_layer(TRA& layer, Mat<double>& x, Index batch, const IdTensor* ids,
-                                         const AttnContext<double>& ctx = {}) {
+                                         const Tensor<std::uint8_t>* key_mask = nullptr) {
   const Mat<double> R = testing::random_projection(x.rows(), x.cols(), 77);
   Mat<double> dx;
   TRA::Cache cache;
-  auto run = [&] { return ids ? layer.forward(x, batch, *ids, ctx, cache) : layer.forward_plain(x, batch, ctx, cache); };
+  AttnInputs<double> in(batch, x.rows() / batch);
+  if (key_mask) in.set_key_mask(*key_mask);
+  auto run = [&] { return ids ? layer.forward(x, *ids, in, cache) : layer.forward_plain(x, in, cache); };
   testing::GradCheck gc;
   gc.add(layer.parameters());
   dx = Mat<double>::Zero(x.rows(), x.cols());
@@ -205,7 +213,7 @@ TEST_CASE("ref 1: one K/V head per query head; shapes", "[token_routed][ref]") {
   REQUIRE(find_param(layer.parameters(), "v_proj.weight").shape == Shape{32, 32});
   const Mat<double> x = randn(16, 32, rng);
   TRA::Cache cache;
-  const Mat<double> y = layer.forward(x, 2, random_ids(2, 8, rng), {}, cache);
+  const Mat<double> y = layer.forward(x, random_ids(2, 8, rng), plain(x, 2), cache);
   REQUIRE(y.rows() == 16);
   REQUIRE(y.cols() == 32);
   REQUIRE(y.allFinite());
@@ -219,8 +227,8 @@ TEST_CASE("ref 2: the id prior is balanced and the context verifies it (v1)", "[
   const Mat<double> xb = xa + 3.0 * randn(64, 32, rng);
   const IdTensor ids = iota_ids(1, 64);
   TRA::Cache ca, cb;
-  layer.forward(xa, 1, ids, {}, ca);
-  layer.forward(xb, 1, ids, {}, cb);
+  layer.forward(xa, ids, plain(xa, 1), ca);
+  layer.forward(xb, ids, plain(xb, 1), cb);
   REQUIRE(ca.route_probs.rows() == 64);
   REQUIRE(ca.route_probs.cols() == 4);
   REQUIRE(ca.route_idx.rows() == 64);
@@ -244,9 +252,9 @@ TEST_CASE("ref 3: the adapters change Q and V, never K (v1)", "[token_routed][re
   Param<double>& alpha = find_param(layer.parameters(), "adapter_output_gate");
   TRA::Cache c0, c1;
   alpha.value[0] = 0.0;
-  layer.forward(x, 2, ids, {}, c0);
+  layer.forward(x, ids, plain(x, 2), c0);
   alpha.value[0] = 0.1;
-  layer.forward(x, 2, ids, {}, c1);
+  layer.forward(x, ids, plain(x, 2), c1);
   REQUIRE(bitwise_equal(c0.k, c1.k));
   REQUIRE_FALSE(allclose(c0.q, c1.q));
   REQUIRE_FALSE(allclose(c0.v, c1.v));
@@ -261,7 +269,7 @@ TEST_CASE("ref 4: the KV cache equals full causal attention (v1 and v2)", "[toke
     const Mat<double> x = randn(B * T, 32, rng);
     const IdTensor ids = random_ids(B, T, rng);
     TRA::Cache cache;
-    const Mat<double> full = layer.forward(x, B, ids, {}, cache);
+    const Mat<double> full = layer.forward(x, ids, plain(x, B), cache);
     // single-token steps, each with its own token id
     TRA::KVCache kv;
     Mat<double> steps(B * T, 32);
@@ -304,7 +312,7 @@ TEST_CASE("ref 5: the router and the adapters get gradients (v1)", "[token_route
     TRA layer(32, 4, rng, o);
     const Mat<double> x = randn(16, 32, rng);
     TRA::Cache cache;
-    const Mat<double> y = layer.forward(x, 2, random_ids(2, 8, rng), {}, cache);
+    const Mat<double> y = layer.forward(x, random_ids(2, 8, rng), plain(x, 2), cache);
     layer.zero_grad();
     layer.backward(2.0 * y / static_cast<double>(y.size()), cache);  // L = mean(y^2)
     const auto ps = layer.parameters();
@@ -321,7 +329,7 @@ TEST_CASE("v1 with k = 1: w = 1, so the router gets exactly zero gradient (§9)"
   randomise(layer, rng);
   const Mat<double> x = randn(16, 32, rng);
   TRA::Cache cache;
-  layer.forward(x, 2, random_ids(2, 8, rng), {}, cache);
+  layer.forward(x, random_ids(2, 8, rng), plain(x, 2), cache);
   REQUIRE((cache.route_weights.array() == 1.0).all());
   layer.zero_grad();
   layer.backward(randn(16, 32, rng), cache);
@@ -341,11 +349,11 @@ TEST_CASE("ref 6: v2 is exactly neutral at init", "[token_routed][ref]") {
   const Mat<double> x = randn(16, 32, rng);
   const IdTensor ids = random_ids(2, 8, rng);
   TRA::Cache c0, cp, c1;
-  const Mat<double> y0 = layer.forward(x, 2, ids, {}, c0);
-  const Mat<double> yp = layer.forward_plain(x, 2, {}, cp);
+  const Mat<double> y0 = layer.forward(x, ids, plain(x, 2), c0);
+  const Mat<double> yp = layer.forward_plain(x, plain(x, 2), cp);
   REQUIRE(bitwise_equal(y0, yp));  // stronger than the reference: against the plain-MHA computation
   init::normal(up.value, rng, 0.0, 0.02);
-  const Mat<double> y1 = layer.forward(x, 2, ids, {}, c1);
+  const Mat<double> y1 = layer.forward(x, ids, plain(x, 2), c1);
   REQUIRE(bitwise_equal(c0.k, c1.k));
   REQUIRE_FALSE(allclose(c0.q, c1.q));
   REQUIRE_FALSE(allclose(c0.v, c1.v));
@@ -361,8 +369,8 @@ TEST_CASE("ref 7: v2 candidates are fixed, the context reweights them", "[token_
   const Mat<double> xb = xa + randn(32, 32, rng);
   const IdTensor ids = iota_ids(1, 32);
   TRA::Cache ca, cb;
-  layer.forward(xa, 1, ids, {}, ca);
-  layer.forward(xb, 1, ids, {}, cb);
+  layer.forward(xa, ids, plain(xa, 1), ca);
+  layer.forward(xb, ids, plain(xb, 1), cb);
   REQUIRE(ca.route_idx == cb.route_idx);
   for (Index n = 0; n < 32; ++n) {
     REQUIRE(ca.route_idx(n, 0) != ca.route_idx(n, 1));
@@ -386,7 +394,7 @@ TEST_CASE("ref 8: v2's neutral branch can start learning", "[token_routed][ref]"
     TRA layer(32, 4, rng, o);
     const Mat<double> x = randn(16, 32, rng);
     TRA::Cache cache;
-    const Mat<double> y = layer.forward(x, 2, random_ids(2, 8, rng), {}, cache);
+    const Mat<double> y = layer.forward(x, random_ids(2, 8, rng), plain(x, 2), cache);
     layer.zero_grad();
     layer.backward(2.0 * y / static_cast<double>(y.size()), cache);
     const auto ps = layer.parameters();
@@ -409,9 +417,9 @@ TEST_CASE("ref 9: v2 v-only adapts V alone", "[token_routed][ref]") {
   const Mat<double> x = randn(16, 32, rng);
   const IdTensor ids = random_ids(2, 8, rng);
   TRA::Cache c0, c1;
-  layer.forward(x, 2, ids, {}, c0);
+  layer.forward(x, ids, plain(x, 2), c0);
   init::normal(up.value, rng, 0.0, 0.02);
-  layer.forward(x, 2, ids, {}, c1);
+  layer.forward(x, ids, plain(x, 2), c1);
   REQUIRE(bitwise_equal(c0.k, c1.k));
   REQUIRE(bitwise_equal(c0.q, c1.q));
   REQUIRE_FALSE(allclose(c0.v, c1.v));
@@ -432,7 +440,7 @@ TEST_CASE("candidates: floor modulo with the layer shift; negative ids; top-k ca
   const std::int64_t vals[6] = {0, 1, 5, -1, -6, 1000001};
   for (int i = 0; i < 6; ++i) ids[i] = vals[i];
   TRA::Cache c;
-  layer.forward(x, 1, ids, {}, c);
+  layer.forward(x, ids, plain(x, 1), c);
   for (Index n = 0; n < 6; ++n) {
     const std::int64_t p = (((vals[n] + 3) % 4) + 4) % 4;
     REQUIRE(c.route_idx(n, 0) == p);
@@ -449,7 +457,7 @@ TEST_CASE("candidates: floor modulo with the layer shift; negative ids; top-k ca
   const Mat<double> x2 = randn(64, 32, rng);
   const IdTensor ids2 = random_ids(1, 64, rng);
   TRA::Cache c2;
-  v1.forward(x2, 1, ids2, {}, c2);
+  v1.forward(x2, ids2, plain(x2, 1), c2);
   int noncand = 0;
   for (Index n = 0; n < 64; ++n) {
     const std::int64_t p = ids2[n] % 4, s = (p + 1) % 4;
@@ -472,7 +480,7 @@ TEST_CASE("telemetry at init: gate, verifier, entropy H(softmax(2,1,-2,...)), ba
     const Mat<double> x = randn(8 * E, 32, rng);
     const IdTensor ids = iota_ids(1, 8 * E);
     TRA::Cache c;
-    layer.forward(x, 1, ids, {}, c);
+    layer.forward(x, ids, plain(x, 1), c);
     const auto& t = layer.telemetry();
     REQUIRE(t.gate == Approx(0.1).epsilon(1e-15));
     REQUIRE(t.verifier_strength == Approx(0.1).epsilon(1e-12));
@@ -546,7 +554,7 @@ TEST_CASE("gradcheck v1 with context-driven routing (non-candidate experts selec
   Mat<double> x = randn(B * T, 16, rng);
   const IdTensor ids = random_ids(B, T, rng);
   TRA::Cache c;
-  layer.forward(x, B, ids, {}, c);
+  layer.forward(x, ids, plain(x, B), c);
   // routing held fixed: the top-k margin dwarfs what a 1e-6 perturbation can move z by
   REQUIRE(min_topk_gap(c.joint_logits, 2) > 1e-3);
   int noncand = 0;
@@ -559,7 +567,7 @@ TEST_CASE("gradcheck v1 with context-driven routing (non-candidate experts selec
   auto rep = gradcheck_layer(layer, x, B, &ids);
   INFO(rep.str());
   REQUIRE(rep.ok);
-  layer.forward(x, B, ids, {}, c);
+  layer.forward(x, ids, plain(x, B), c);
   REQUIRE(c.route_idx == idx0);
   WARN("v1 gradcheck worst relative error " << rep.worst_rel_error);
 }
@@ -578,12 +586,12 @@ TEST_CASE("gradcheck v1 with top-3, layer shift, no qk-norm and a key mask", "[t
   const IdTensor ids = random_ids(B, T, rng);
   Tensor<std::uint8_t> mask({B, T}, 1);
   mask[1] = 0;  // batch 0, key 1 masked
-  AttnContext<double> ctx;
-  ctx.key_mask = &mask;
+  AttnInputs<double> in(B, T);
+  in.set_key_mask(mask);
   TRA::Cache c;
-  layer.forward(x, B, ids, ctx, c);
+  layer.forward(x, ids, in, c);
   REQUIRE(min_topk_gap(c.joint_logits, 3) > 1e-3);
-  auto rep = gradcheck_layer(layer, x, B, &ids, ctx);
+  auto rep = gradcheck_layer(layer, x, B, &ids, &mask);
   INFO(rep.str());
   REQUIRE(rep.ok);
 }
@@ -634,7 +642,7 @@ TEST_CASE("gradients accumulate over backward calls; compile-time sizes give the
   const IdTensor ids = random_ids(2, 8, rng);
   TRA::Cache c;
   layer.zero_grad();
-  const Mat<double> y = layer.forward(x, 2, ids, {}, c);
+  const Mat<double> y = layer.forward(x, ids, plain(x, 2), c);
   const Mat<double> dx = layer.backward(dy, c);
   std::vector<Vec<double>> g1;
   for (auto* p : pd) g1.push_back(p->grad);
@@ -643,7 +651,7 @@ TEST_CASE("gradients accumulate over backward calls; compile-time sizes give the
 
   decltype(fixed)::Cache cf;
   fixed.zero_grad();
-  const Mat<double> yf = fixed.forward(x, 2, ids, {}, cf);
+  const Mat<double> yf = fixed.forward(x, ids, plain(x, 2), cf);
   const Mat<double> dxf = fixed.backward(dy, cf);
   REQUIRE((yf - y).cwiseAbs().maxCoeff() <= 1e-14);
   REQUIRE((dxf - dx).cwiseAbs().maxCoeff() <= 1e-13);
@@ -667,7 +675,7 @@ TEST_CASE("1 and 2 threads give identical bits", "[token_routed][threads]") {
       set_num_threads(threads);
       TRA::Cache c;
       layer.zero_grad();
-      y = layer.forward(x, B, ids, {}, c);
+      y = layer.forward(x, ids, plain(x, B), c);
       dx = layer.backward(dy, c);
       g.clear();
       for (auto* p : layer.parameters()) g.push_back(p->grad);
@@ -704,8 +712,9 @@ TEST_CASE("float smoke test at a realistic size agrees with double", "[token_rou
   const IdTensor ids = random_ids(B, T, rng, 1000);
   TRA::Cache cd;
   TokenRoutedAttention<float>::Cache cf;
-  const Mat<double> yd = ld.forward(x, B, ids, {}, cd);
-  const Mat<float> yf = lf.forward(x.cast<float>(), B, ids, {}, cf);
+  const Mat<double> yd = ld.forward(x, ids, plain(x, B), cd);
+  const Mat<float> xf = x.cast<float>();
+  const Mat<float> yf = lf.forward(xf, ids, plain(xf, B), cf);
   REQUIRE(cd.route_idx == cf.route_idx);
   ld.zero_grad();
   lf.zero_grad();
@@ -758,30 +767,35 @@ TEST_CASE("bad arguments throw dea::Error naming the argument, expected and actu
   TRA::Cache c;
   const Mat<double> x = randn(12, 32, rng);
   const IdTensor ids = random_ids(2, 6, rng);
-  REQUIRE_THROWS_WITH(layer.forward(randn(12, 31, rng), 2, ids, {}, c),
+  const Mat<double> x31 = randn(12, 31, rng);
+  REQUIRE_THROWS_WITH(layer.forward(x31, ids, plain(x31, 2), c),
                       Catch::Contains("x expected 32 columns") && Catch::Contains("[12, 31]"));
+  REQUIRE_THROWS_WITH(layer.forward(x, ids, AttnInputs<double>(5, 6), c),
+                      Catch::Contains("x: expected B*T = 30 rows") && Catch::Contains("got 12"));
+  REQUIRE_THROWS_WITH(layer.forward(x, ids, AttnInputs<double>(), c), Catch::Contains("attention inputs are empty"));
   REQUIRE_THROWS_WITH(layer.forward(x, 5, ids, {}, c), Catch::Contains("multiple of batch = 5") && Catch::Contains("got 12"));
   REQUIRE_THROWS_WITH(layer.forward(x, 0, ids, {}, c), Catch::Contains("batch must be positive"));
-  REQUIRE_THROWS_WITH(layer.forward(x, 2, random_ids(3, 4, rng), {}, c),
+  REQUIRE_THROWS_WITH(layer.forward(x, random_ids(3, 4, rng), plain(x, 2), c),
                       Catch::Contains("token_ids expected shape [2, 6]") && Catch::Contains("got [3, 4]"));
   IdTensor bad = ids;
   bad[7] = 64;
-  REQUIRE_THROWS_WITH(layer.forward(x, 2, bad, {}, c),
+  REQUIRE_THROWS_WITH(layer.forward(x, bad, plain(x, 2), c),
                       Catch::Contains("token_ids[7]") && Catch::Contains("[0, 64)") && Catch::Contains("got 64"));
   bad[7] = -1;
-  REQUIRE_THROWS_WITH(layer.forward(x, 2, bad, {}, c), Catch::Contains("got -1"));
+  REQUIRE_THROWS_WITH(layer.forward(x, bad, plain(x, 2), c), Catch::Contains("got -1"));
   Mat<double> xn = x;
   xn(4, 9) = std::numeric_limits<double>::quiet_NaN();
-  REQUIRE_THROWS_WITH(layer.forward(xn, 2, ids, {}, c), Catch::Contains("non-finite") && Catch::Contains("row 4, column 9"));
+  REQUIRE_THROWS_WITH(layer.forward(xn, ids, plain(xn, 2), c),
+                      Catch::Contains("non-finite") && Catch::Contains("row 4, column 9"));
   xn(4, 9) = INFINITY;
-  REQUIRE_THROWS_AS(layer.forward(xn, 2, ids, {}, c), Error);
+  REQUIRE_THROWS_AS(layer.forward(xn, ids, plain(xn, 2), c), Error);
   Tensor<std::uint8_t> mask({2, 5}, 1);
-  AttnContext<double> ctx;
+  AttnContext<double> ctx;  // the transitional AttnContext overload checks its key mask against batch and T
   ctx.key_mask = &mask;
   REQUIRE_THROWS_WITH(layer.forward(x, 2, ids, ctx, c), Catch::Contains("key_mask") && Catch::Contains("[2, 6]"));
   TRA::Cache empty;
   REQUIRE_THROWS_WITH(layer.backward(x, empty), Catch::Contains("run forward first"));
-  layer.forward(x, 2, ids, {}, c);
+  layer.forward(x, ids, plain(x, 2), c);
   REQUIRE_THROWS_WITH(layer.backward(randn(12, 16, rng), c), Catch::Contains("dy") && Catch::Contains("[12, 32]"));
   Mat<double> dyn = x;
   dyn(0, 0) = std::numeric_limits<double>::quiet_NaN();
@@ -800,10 +814,10 @@ TEST_CASE("a query whose keys are all masked gives zeros, never NaN", "[token_ro
   const IdTensor ids = random_ids(2, 6, rng);
   Tensor<std::uint8_t> mask({2, 6}, 1);
   mask[0] = 0;  // batch 0, key 0: query 0 of batch 0 sees no key under the causal mask
-  AttnContext<double> ctx;
-  ctx.key_mask = &mask;
+  AttnInputs<double> in(2, 6);
+  in.set_key_mask(mask);
   TRA::Cache c;
-  const Mat<double> y = layer.forward(x, 2, ids, ctx, c);
+  const Mat<double> y = layer.forward(x, ids, in, c);
   REQUIRE(y.allFinite());
   REQUIRE(y.row(0).cwiseAbs().maxCoeff() == 0.0);
   const Mat<double> dx = layer.backward(randn(12, 32, rng), c);
@@ -851,8 +865,8 @@ TEST_CASE("golden v2_init_neutral: bitwise plain MHA, exact zero routed gradient
   st.get_into<double>("in.grad_output", go.data(), go.size());
   const IdTensor ids = st.get<std::int64_t>("in.token_ids");
   TRA::Cache c, cp;
-  const Mat<double> y = layer.forward(x, 2, ids, {}, c);
-  REQUIRE(bitwise_equal(y, layer.forward_plain(x, 2, {}, cp)));
+  const Mat<double> y = layer.forward(x, ids, plain(x, 2), c);
+  REQUIRE(bitwise_equal(y, layer.forward_plain(x, plain(x, 2), cp)));
   layer.zero_grad();
   layer.backward(go, c);
   const auto ps = layer.parameters();
@@ -878,4 +892,40 @@ TEST_CASE("the golden runner reports a mismatch instead of passing it", "[token_
   REQUIRE_FALSE(res.ok);
   REQUIRE_THROWS_AS(io::run_tr_mha_case<double>(std::string(DEA_TEST_DATA_DIR) + "/golden/tr_mha/missing.safetensors"),
                     Error);
+}
+
+TEST_CASE("TokenRoutedAttention refuses the inputs it does not support, naming itself and the input",
+          "[token_routed][errors]") {
+  static_assert(!TRA::kSupport.oracle && TRA::kSupport.causal, "token-routed attention: causal masking, no oracle");
+  Rng rng(13);
+  TRA layer(32, 4, rng, small_options(TrVariant::v1));
+  const Mat<double> x = randn(12, 32, rng);
+  const IdTensor ids = random_ids(2, 6, rng);
+  const Tensor<double> oracle({2, 6, 6}, 0.5);
+  TRA::Cache c;
+  AttnInputs<double> with_oracle(2, 6);
+  with_oracle.set_oracle(oracle);
+  REQUIRE_THROWS_WITH(layer.forward(x, ids, with_oracle, c), Catch::Contains("TokenRoutedAttention") &&
+                                                                 Catch::Contains("oracle") &&
+                                                                 Catch::Contains("not supported"));
+  REQUIRE_THROWS_WITH(layer.forward_plain(x, with_oracle, c), Catch::Contains("TokenRoutedAttention") &&
+                                                                  Catch::Contains("oracle"));
+  AttnInputs<double> frozen(2, 6);
+  frozen.set_frozen_alpha_hat(Tensor<double>({2, 4, 6, 6}, 0.5));
+  REQUIRE_THROWS_WITH(layer.forward(x, ids, frozen, c), Catch::Contains("TokenRoutedAttention") &&
+                                                            Catch::Contains("frozen_alpha_hat"));
+  AttnContext<double> ctx;  // the transitional overload refuses it too (it used to ignore it)
+  ctx.alpha_oracle = &oracle;
+  REQUIRE_THROWS_WITH(layer.forward(x, 2, ids, ctx, c), Catch::Contains("TokenRoutedAttention") &&
+                                                            Catch::Contains("oracle") && Catch::Contains("not supported"));
+  // the AttnContext overloads give the bits of the AttnInputs ones
+  Tensor<std::uint8_t> mask({2, 6}, 1);
+  mask[3] = 0;
+  AttnContext<double> mc;
+  mc.key_mask = &mask;
+  AttnInputs<double> in(2, 6);
+  in.set_key_mask(mask).set_causal(true).set_keep_maps(true);
+  TRA::Cache c1, c2;
+  REQUIRE(bitwise_equal(layer.forward(x, 2, ids, mc, c1), layer.forward(x, ids, in, c2)));
+  REQUIRE(bitwise_equal(layer.forward_plain(x, 2, mc, c1), layer.forward_plain(x, in, c2)));
 }

@@ -1,4 +1,4 @@
-// The double-precision orthogonal initialisation every scalar type shares (see dea/core/rng.hpp).
-#include <dea/core/rng.hpp>
+// The double-precision orthogonal initialisation every scalar type shares (see dea/core/init.hpp).
+#include <dea/core/init.hpp>
 
 template Eigen::MatrixXd dea::init::detail::orthogonal_double<void>(dea::Index n, dea::Rng& rng);

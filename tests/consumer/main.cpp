@@ -4,6 +4,8 @@
 // minute and a half per build; test_inference and the embedded profile check instantiate it on use, as a user's
 // program does.)
 #include <dea/attention/dot_product.hpp>
+#include <dea/attention/inputs.hpp>
+#include <dea/core/init.hpp>
 #include <dea/dea.hpp>
 
 #include <iostream>
@@ -13,9 +15,9 @@ int main() {
   dea::DotProductAttention<float> attn(64, 4, rng);
   dea::Mat<float> x(2 * 10, 64);  // B = 2 sequences of T = 10 tokens
   dea::init::normal(x, rng, 0, 1);
-  dea::AttnContext<float> ctx;
+  const dea::AttnInputs<float> in(2, 10);
   decltype(attn)::Cache cache;
-  const dea::Mat<float> y = attn.forward(x, 2, ctx, cache);
+  const dea::Mat<float> y = attn.forward(x, in, cache);
   const dea::Mat<float> dx = attn.backward(y, cache);  // d(0.5 |y|^2)/dy = y
   const bool ok = y.allFinite() && dx.allFinite() && dx.cwiseAbs().sum() > 0;
   std::cout << "consumer: y " << y.rows() << "x" << y.cols() << ", |dx| " << dx.norm() << (ok ? " OK" : " FAILED")

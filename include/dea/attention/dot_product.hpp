@@ -17,6 +17,7 @@
 #pragma once
 
 #include "../core/error.hpp"
+#include "../core/init.hpp"
 #include "../core/parallel.hpp"
 #include "../core/param.hpp"
 #include "../core/rng.hpp"
@@ -26,6 +27,7 @@
 #include "../ops/linear.hpp"
 #include "../ops/softmax.hpp"
 #include "context.hpp"
+#include "inputs.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -62,23 +64,38 @@ void check_all_finite(const Eigen::MatrixBase<Derived>& m, const std::string& wh
   if (!(probe == S(0))) check_finite(m, what.c_str());
 }
 
-/// Validates one self-attention forward call: batch > 0; x is [batch*T, d_model] with T >= 1 and finite;
-/// ctx.key_mask (if any) is [batch, T]; ctx.rng is set when dropout is active. Returns T.
+/// Validates one self-attention forward call of class `cls` (which supports `sup`, has `n_heads` heads and the
+/// given dropout): the inputs are built (B = in.batch() sequences of T = in.q_len() tokens, Tk == Tq), every
+/// optional input is one the class supports (AttnInputs::require), x is [B*T, d_model] and finite, and in.rng()
+/// is set when dropout is active. Returns T.
 template <class S>
-Index check_self_attention_input(const char* cls, const Mat<S>& x, Index batch, Index d_model,
-                                 const AttnContext<S>& ctx, S dropout) {
+Index check_self_attention_input(const char* cls, const AttnSupport& sup, const Mat<S>& x, const AttnInputs<S>& in,
+                                 Index d_model, Index n_heads, S dropout) {
+  check(in.batch() > 0, cls, "::forward: the attention inputs are empty (build them with AttnInputs(batch, seq_len))");
+  const Index B = in.batch(), T = in.q_len();
+  check(in.k_len() == T, cls, "::forward: self-attention needs as many keys as queries; the attention inputs have Tq = ",
+        T, ", Tk = ", in.k_len());
+  in.require(sup, n_heads, B, T, T, cls);
+  check(x.cols() == d_model, cls, ": x: expected ", d_model, " columns (d_model), got ", x.cols(), " (x is [",
+        x.rows(), ", ", x.cols(), "])");
+  check(x.rows() == B * T, cls, ": x: expected B*T = ", B * T, " rows (B = ", B, ", T = ", T,
+        " of the attention inputs), got ", x.rows());
+  check_all_finite(x, std::string(cls) + ": x");
+  if (in.training() && dropout > S(0))
+    check(in.rng() != nullptr, cls, ": rng: expected a random generator for dropout ", dropout,
+          " in training mode (AttnInputs::set_training), got nullptr");
+  return T;
+}
+
+/// Transitional (for the AttnContext overloads): T of a self-attention call on x [batch*T, d_model].
+template <class S>
+Index context_seq_len(const char* cls, const Mat<S>& x, Index batch, Index d_model) {
   check(batch > 0, cls, ": batch: expected > 0, got ", batch);
   check(x.cols() == d_model, cls, ": x: expected ", d_model, " columns (d_model), got ", x.cols(), " (x is [",
         x.rows(), ", ", x.cols(), "])");
   check(x.rows() > 0 && x.rows() % batch == 0, cls, ": x: expected batch*T rows with batch = ", batch,
         " and T >= 1, got ", x.rows(), " rows");
-  const Index T = x.rows() / batch;
-  check_all_finite(x, std::string(cls) + ": x");
-  if (ctx.key_mask) check_shape(*ctx.key_mask, {batch, T}, (std::string(cls) + ": ctx.key_mask").c_str());
-  if (ctx.training && dropout > S(0))
-    check(ctx.rng != nullptr, cls, ": ctx.rng: expected a random generator for dropout ", dropout,
-          " in training mode, got nullptr");
-  return T;
+  return x.rows() / batch;
 }
 
 /// Validates a backward call against the cache its forward filled.
@@ -417,7 +434,8 @@ struct DotProductAttentionOptions {
   S dropout = 0;
 };
 
-/// Multi-head scaled dot-product self-attention with optional key mask, causal mask and attention dropout.
+/// Multi-head scaled dot-product self-attention with optional key mask, causal mask and attention dropout
+/// (kSupport: an oracle, targets or a frozen alpha-hat in the inputs is an error).
 ///
 /// Parameters (PyTorch state_dict names): W_q.weight, W_q.bias, W_k.weight, W_k.bias, W_v.weight, W_v.bias,
 /// W_o.weight, W_o.bias; weights [D, D] Xavier-uniform (bound sqrt(6/(2D))), drawn in that order; biases 0.
@@ -483,11 +501,24 @@ public:
     for (Proj* p : {&q_, &k_, &v_, &o_}) p->zero_grad();
   }
 
-  /// x [B*T, D] (row b*T + t), batch = B  ->  y [B*T, D]. Fills `cache` for backward (it keeps a copy of x in
-  /// cache.x; a caller may compute x straight into cache.x and pass that, which saves the copy).
-  Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) const {
+  /// What this class accepts of AttnInputs: a key mask, causal masking and (always kept) its maps; no oracle,
+  /// targets or frozen alpha-hat (Dual-Expert inputs). Self-attention only.
+  static constexpr AttnSupport kSupport{/*oracle*/ false, /*causal*/ true, /*frozen_alpha_hat*/ false,
+                                        /*keep_maps: P is always in the cache*/ true};
+
+  /// x [B*T, D] (row b*T + t, B = in.batch(), T = in.q_len())  ->  y [B*T, D]. Reads the key mask, causal,
+  /// training and rng of `in`. Fills `cache` for backward (it keeps a copy of x in cache.x; a caller may compute x
+  /// straight into cache.x and pass that, which saves the copy).
+  Mat<S> forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& cache) const {
+    Mat<S> y;
+    forward(x, in, cache, y);
+    return y;
+  }
+  /// The same, into y [B*T, D].
+  void forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& cache, Mat<S>& y) const {
     const char* cls = "DotProductAttention";
-    const Index T = detail::mha::check_self_attention_input(cls, x, batch, d_model_, ctx, opt_.dropout);
+    const Index T = detail::mha::check_self_attention_input(cls, kSupport, x, in, d_model_, n_heads_, opt_.dropout);
+    const Index batch = in.batch();
     const Index H = n_heads_, dh = d_head_, TT = T * T, D = d_model_;
     Cache& c = cache;
     c.batch = batch;
@@ -495,16 +526,16 @@ public:
     c.d_model = D;
     if (&x != &c.x) c.x = x;  // x may be cache.x itself (the caller wrote its input there): no copy
     detail::mha::qkv_forward(x, q_, k_, v_, c.w_cat, c.b_cat, c.qkv);  // [Q K V] = x [W_q; W_k; W_v]^T + b  [N, 3D]
-    const bool dropping = ctx.training && opt_.dropout > S(0);
+    const bool dropping = in.training() && opt_.dropout > S(0);
     if (dropping)
-      ops::dropout_mask(c.drop, batch * H * TT, opt_.dropout, *ctx.rng);
+      ops::dropout_mask(c.drop, batch * H * TT, opt_.dropout, *in.rng());
     else
       c.drop.resize(0);
     c.p.resize(batch * H * TT);
     c.ctx.resize(x.rows(), D);
     const S scale = S(1) / std::sqrt(static_cast<S>(dh));
-    const std::uint8_t* km = ctx.key_mask ? ctx.key_mask->ptr() : nullptr;
-    const bool causal = ctx.causal;
+    const bool masked = in.has_key_mask();
+    const bool causal = in.causal();
     const Mat<S>& qkv = c.qkv;
     parallel_for(batch * H, [&](Index bh) {
       const Index b = bh / H, h = bh % H;
@@ -517,13 +548,19 @@ public:
       detail::mha::transpose_into<S>(T, dh, K.data(), K.outerStride(), kt.data());
       detail::mha::head_product<S>(T, T, dh, Q.data(), Q.outerStride(), 1, kt.data(), T, P.data(), T);  // S = Q K^T
       P *= scale;                                                                    //     / sqrt(Dh)
-      detail::mha::masked_softmax_inplace(P, km ? km + b * T : nullptr, causal);     // P = softmax over real keys
+      detail::mha::masked_softmax_inplace(P, masked ? in.key_mask(b) : nullptr, causal);  // P = softmax over real keys
       detail::mha::attend_values<S>(ConstMatMap<S>(P.data(), T, T), dropping ? c.drop.data() + bh * TT : nullptr,
                                     V, O);                                           // O = (P .* M) V
     }, double(batch * H) * double(TT) * double(4 * dh + 10) > kParallelMinFlops);
-    Mat<S> y;
     o_.forward(c.ctx, y);  // y = O W_o^T + b_o
-    return y;
+  }
+
+  /// Transitional: the AttnContext form (x [batch*T, D]); builds the AttnInputs of `ctx` (to_inputs) and runs the
+  /// forward above, so an input this class does not support is refused here too.
+  Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) const {
+    const char* cls = "DotProductAttention";
+    const Index T = detail::mha::context_seq_len(cls, x, batch, d_model_);
+    return forward(x, to_inputs(ctx, batch, T, T, cls), cache);
   }
 
   /// dy [B*T, D] -> dx [B*T, D]. ADDS into every parameter's grad (two calls accumulate); only the cache's

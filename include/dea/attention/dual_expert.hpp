@@ -21,6 +21,7 @@
 
 #include "../core/param.hpp"
 #include "../core/parallel.hpp"
+#include "../core/init.hpp"
 #include "../core/rng.hpp"
 #include "../core/workspace.hpp"
 #include "../ops/dropout.hpp"

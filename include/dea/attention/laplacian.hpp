@@ -29,6 +29,7 @@
 #pragma once
 
 #include "../core/error.hpp"
+#include "../core/init.hpp"
 #include "../core/parallel.hpp"
 #include "../core/param.hpp"
 #include "../core/rng.hpp"
@@ -38,6 +39,7 @@
 #include "../ops/l1_distance.hpp"
 #include "../ops/softmax.hpp"
 #include "context.hpp"
+#include "inputs.hpp"
 #include "dot_product.hpp"
 
 #include <cmath>
@@ -59,7 +61,8 @@ struct LaplacianAttentionOptions {
 };
 
 /// First-Spike Laplacian self-attention: a row-normalised Laplace kernel exp(-|sigmoid(q_i) - sigmoid(k_j)|_1 / s_h)
-/// with a learned per-head bandwidth. See the file comment for shapes, parameters and the backward.
+/// with a learned per-head bandwidth. See the file comment for shapes, parameters and the backward; kSupport for
+/// the attention inputs it accepts (an oracle, targets or a frozen alpha-hat is an error).
 template <class S, int Heads = Eigen::Dynamic, int DHead = Eigen::Dynamic>
 class LaplacianAttention {
   static_assert(std::is_floating_point<S>::value, "LaplacianAttention: Scalar must be a floating-point type");
@@ -145,11 +148,24 @@ public:
     return ops::softplus(theta_.value[h]) + static_cast<S>(kBandwidthEps);
   }
 
-  /// x [B*T, D] (row b*T + t), batch = B  ->  y [B*T, D]. Fills `cache` for backward (it keeps a copy of x in
-  /// cache.x; a caller may compute x straight into cache.x and pass that, which saves the copy).
-  Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) const {
+  /// What this class accepts of AttnInputs: a key mask, causal masking and (always kept) its maps; no oracle,
+  /// targets or frozen alpha-hat (Dual-Expert inputs). Self-attention only.
+  static constexpr AttnSupport kSupport{/*oracle*/ false, /*causal*/ true, /*frozen_alpha_hat*/ false,
+                                        /*keep_maps: dist and P are always in the cache*/ true};
+
+  /// x [B*T, D] (row b*T + t, B = in.batch(), T = in.q_len())  ->  y [B*T, D]. Reads the key mask, causal,
+  /// training and rng of `in`. Fills `cache` for backward (it keeps a copy of x in cache.x; a caller may compute x
+  /// straight into cache.x and pass that, which saves the copy).
+  Mat<S> forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& cache) const {
+    Mat<S> y;
+    forward(x, in, cache, y);
+    return y;
+  }
+  /// The same, into y [B*T, D].
+  void forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& cache, Mat<S>& y) const {
     const char* cls = "LaplacianAttention";
-    const Index T = detail::mha::check_self_attention_input(cls, x, batch, d_model_, ctx, opt_.dropout);
+    const Index T = detail::mha::check_self_attention_input(cls, kSupport, x, in, d_model_, n_heads_, opt_.dropout);
+    const Index batch = in.batch();
     detail::mha::check_all_finite(theta_.value, "LaplacianAttention: theta");
     const Index H = n_heads_, dh = d_head_, TT = T * T, D = d_model_;
     Cache& c = cache;
@@ -164,16 +180,16 @@ public:
       c.s[h] = ops::softplus(theta_.value[h]) + static_cast<S>(kBandwidthEps);  // s_h = softplus(theta_h) + eps
       c.ds_dtheta[h] = ops::sigmoid(theta_.value[h]);                          // ds/dtheta = sigmoid(theta)
     }
-    const bool dropping = ctx.training && opt_.dropout > S(0);
+    const bool dropping = in.training() && opt_.dropout > S(0);
     if (dropping)
-      ops::dropout_mask(c.drop, batch * H * TT, opt_.dropout, *ctx.rng);
+      ops::dropout_mask(c.drop, batch * H * TT, opt_.dropout, *in.rng());
     else
       c.drop.resize(0);
     c.dist.resize(batch * H * TT);
     c.p.resize(batch * H * TT);
     c.ctx.resize(x.rows(), D);
-    const std::uint8_t* km = ctx.key_mask ? ctx.key_mask->ptr() : nullptr;
-    const bool causal = ctx.causal;
+    const bool masked = in.has_key_mask();
+    const bool causal = in.causal();
     parallel_for(batch * H, [&](Index bh) {
       const Index b = bh / H, h = bh % H;
       auto U = detail::mha::head<DHead>(c.qkv, b * T, h * dh, T, dh);                  // [T, Dh]
@@ -186,13 +202,19 @@ public:
       MatMap<S> P(c.p.data() + bh * TT, T, T);                                          // [T, T]
       ops::l1_distance<DHead>(U, W, Dm);                                 // Dist_ij = sum_c |U_ic - W_jc|
       P.array() = -Dm.array() / c.s[h];                                  // L = -Dist / s_h
-      detail::mha::masked_softmax_inplace(P, km ? km + b * T : nullptr, causal);  // P = softmax over real keys
+      detail::mha::masked_softmax_inplace(P, masked ? in.key_mask(b) : nullptr, causal);  // P = softmax over real keys
       detail::mha::attend_values<S>(ConstMatMap<S>(P.data(), T, T), dropping ? c.drop.data() + bh * TT : nullptr,
                                     V, O);                               // O = (P .* M) V
     }, double(batch * H) * double(TT) * double(5 * dh + 10) > kParallelMinFlops);
-    Mat<S> y;
     o_.forward(c.ctx, y);  // y = O W_o^T + b_o
-    return y;
+  }
+
+  /// Transitional: the AttnContext form (x [batch*T, D]); builds the AttnInputs of `ctx` (to_inputs) and runs the
+  /// forward above, so an input this class does not support is refused here too.
+  Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) const {
+    const char* cls = "LaplacianAttention";
+    const Index T = detail::mha::context_seq_len(cls, x, batch, d_model_);
+    return forward(x, to_inputs(ctx, batch, T, T, cls), cache);
   }
 
   /// dy [B*T, D] -> dx [B*T, D]. ADDS into every parameter's grad (two calls accumulate); only the cache's

@@ -32,6 +32,7 @@
 // bitwise identical for any thread count.
 #pragma once
 
+#include "../core/init.hpp"
 #include "../core/param.hpp"
 #include "../core/parallel.hpp"
 #include "../core/rng.hpp"
@@ -42,6 +43,7 @@
 #include "../ops/rope.hpp"
 #include "../ops/softmax.hpp"
 #include "context.hpp"
+#include "inputs.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -97,7 +99,7 @@ struct TokenRoutedOptions {
   bool use_qk_norm = true;            ///< per-head RMSNorm of Q' and K with gains [d_h] shared by the heads
   double qk_norm_eps = 1e-6;
   double rope_theta = 10000.0;
-  bool causal = true;                 ///< the reference is always causal (AttnContext::causal also turns it on)
+  bool causal = true;                 ///< the reference is always causal (AttnInputs::causal also turns it on)
   /// When > 0, token ids must lie in [0, vocab_size) (dea::Error otherwise). When 0, any id is accepted and
   /// mapped by floor modulo, as the reference does (negative ids included).
   std::int64_t vocab_size = 0;
@@ -288,22 +290,36 @@ public:
   // ---------------------------------------------------------------------------------------------------------
   // Forward / backward
 
-  /// Routed forward. x [B*T, D] (rows b*T + t), token_ids [B, T] (or [B*T]) used for routing only.
-  /// Reads ctx.key_mask ([B, T], optional; the reference's fused causal path ignores a caller mask) and
-  /// ctx.causal (or-ed with Options::causal); the other fields are not used (attention dropout is 0, as in the
-  /// reference). Returns y [B*T, D] and fills `cache` for backward.
-  Mat<S> forward(const Mat<S>& x, Index batch, const Tensor<std::int64_t>& token_ids, const AttnContext<S>& ctx,
-                 Cache& cache) {
-    validate_input_(x, batch, ctx);
-    validate_ids_(token_ids, batch, x.rows() / batch);
-    return forward_impl_(x, batch, &token_ids, ctx, cache);
+  /// What this class accepts of AttnInputs: a key mask, causal masking (always on with Options::causal, the
+  /// reference's setting) and (always kept) its maps; no oracle, targets or frozen alpha-hat (Dual-Expert inputs).
+  /// The training flag and rng are not used (the reference has no attention dropout). Self-attention only.
+  static constexpr AttnSupport kSupport{/*oracle*/ false, /*causal*/ true, /*frozen_alpha_hat*/ false,
+                                        /*keep_maps: the probabilities are always in the cache*/ true};
+
+  /// Routed forward. x [B*T, D] (rows b*T + t, B = in.batch(), T = in.q_len()), token_ids [B, T] (or [B*T]) used
+  /// for routing only. Reads the key mask of `in` (optional; the reference's fused causal path ignores a caller
+  /// mask) and in.causal() (or-ed with Options::causal). Returns y [B*T, D] and fills `cache` for backward.
+  Mat<S> forward(const Mat<S>& x, const Tensor<std::int64_t>& token_ids, const AttnInputs<S>& in, Cache& cache) {
+    validate_input_(x, in);
+    validate_ids_(token_ids, in.batch(), in.q_len());
+    return forward_impl_(x, &token_ids, in, cache);
   }
 
   /// The same module's plain-MHA computation: the shared path with no routing and no adapter delta (the
   /// reference's MultiHeadAttention with these weights). Backward works on its cache too.
+  Mat<S> forward_plain(const Mat<S>& x, const AttnInputs<S>& in, Cache& cache) {
+    validate_input_(x, in);
+    return forward_impl_(x, nullptr, in, cache);
+  }
+
+  /// Transitional: the AttnContext forms (x [batch*T, D]); they build the AttnInputs of `ctx` (to_inputs) and run
+  /// the forwards above, so an input this class does not support is refused here too.
+  Mat<S> forward(const Mat<S>& x, Index batch, const Tensor<std::int64_t>& token_ids, const AttnContext<S>& ctx,
+                 Cache& cache) {
+    return forward(x, token_ids, context_inputs_(x, batch, ctx), cache);
+  }
   Mat<S> forward_plain(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) {
-    validate_input_(x, batch, ctx);
-    return forward_impl_(x, batch, nullptr, ctx, cache);
+    return forward_plain(x, context_inputs_(x, batch, ctx), cache);
   }
 
   /// Backward of forward / forward_plain: dy [B*T, D]. ADDS into every parameter gradient, returns dx [B*T, D].
@@ -353,14 +369,34 @@ private:
     return e / (S(1) + e);
   }
 
-  void validate_input_(const Mat<S>& x, Index batch, const AttnContext<S>& ctx) const {
+  /// x [batch*T, D] with T >= 1, finite.
+  void validate_x_(const Mat<S>& x, Index batch) const {
     check(batch > 0, "TokenRoutedAttention: batch must be positive, got ", batch);
     check(x.cols() == D_, "TokenRoutedAttention: x expected ", D_, " columns (d_model), got shape [", x.rows(), ", ",
           x.cols(), "]");
     check(x.rows() > 0 && x.rows() % batch == 0, "TokenRoutedAttention: x rows expected a positive multiple of batch = ",
           batch, " (B*T), got ", x.rows());
     check_finite(x, "TokenRoutedAttention: x");
-    if (ctx.key_mask) check_shape(*ctx.key_mask, {batch, x.rows() / batch}, "TokenRoutedAttention: ctx.key_mask");
+  }
+
+  /// The inputs fit this class (AttnInputs::require) and x is [B*T, D] for their B and T.
+  void validate_input_(const Mat<S>& x, const AttnInputs<S>& in) const {
+    check(in.batch() > 0, "TokenRoutedAttention::forward: the attention inputs are empty (build them with "
+          "AttnInputs(batch, seq_len))");
+    const Index B = in.batch(), T = in.q_len();
+    check(in.k_len() == T, "TokenRoutedAttention::forward: self-attention needs as many keys as queries; the "
+          "attention inputs have Tq = ", T, ", Tk = ", in.k_len());
+    in.require(kSupport, H_, B, T, T, "TokenRoutedAttention");
+    check(x.rows() == B * T, "TokenRoutedAttention: x: expected B*T = ", B * T, " rows (B = ", B, ", T = ", T,
+          " of the attention inputs), got ", x.rows());
+    validate_x_(x, B);
+  }
+
+  /// Transitional: the AttnInputs of an AttnContext call.
+  AttnInputs<S> context_inputs_(const Mat<S>& x, Index batch, const AttnContext<S>& ctx) const {
+    validate_x_(x, batch);
+    const Index T = x.rows() / batch;
+    return to_inputs(ctx, batch, T, T, "TokenRoutedAttention");
   }
 
   void validate_ids_(const Tensor<std::int64_t>& ids, Index batch, Index T) const {
@@ -373,8 +409,7 @@ private:
               opt_.vocab_size, ") (vocab_size), got ", ids[n]);
   }
 
-  Mat<S> forward_impl_(const Mat<S>& x, Index batch, const Tensor<std::int64_t>* ids, const AttnContext<S>& ctx,
-                       Cache& cache);
+  Mat<S> forward_impl_(const Mat<S>& x, const Tensor<std::int64_t>* ids, const AttnInputs<S>& in, Cache& cache);
 
   /// K, Q', V' of x (with the routed deltas when ids is non-null) into cache.k/q/v, plus the routing state.
   /// Cached inference: one head's new query or key rows, RMS-normalised with `gain` (when use_qk_norm) and rotated
@@ -515,11 +550,11 @@ private:
   }
 
   // Attention core per (b, h): qk-norm, RoPE, causal (masked) softmax, P V'. Fills qhat/khat, rstd, qr/kr, att, o.
-  void attention_forward_(const AttnContext<S>& ctx, Cache& cache) {
+  void attention_forward_(const AttnInputs<S>& in, Cache& cache) {
     const Index B = cache.batch, T = cache.seq, N = B * T, D = D_, H = H_, dh = dh_;
     const S scale = S(1) / std::sqrt(static_cast<S>(dh));
     const S eps = static_cast<S>(opt_.qk_norm_eps);
-    const bool causal = opt_.causal || ctx.causal;
+    const bool causal = opt_.causal || in.causal();
     rope_.reserve(T);
     cache.qhat.resize(N, D);
     cache.khat.resize(N, D);
@@ -552,7 +587,7 @@ private:
       if (causal)
         for (Index i = 0; i < T; ++i)
           for (Index j = i + 1; j < T; ++j) P(i, j) = -std::numeric_limits<S>::infinity();
-      const std::uint8_t* mask = ctx.key_mask ? ctx.key_mask->ptr() + b * T : nullptr;
+      const std::uint8_t* mask = in.has_key_mask() ? in.key_mask(b) : nullptr;
       ops::masked_softmax_rows<S>(P, mask, P);                          // P = softmax(S) (all-masked row -> 0)
       cache.o.block(r0, c0, T, dh).noalias() = P * cache.v.block(r0, c0, T, dh);  // O = P V'
     });
@@ -671,14 +706,14 @@ private:
 // (below) keeps other translation units from instantiating them ----
 
 template <class S, int Heads, int DHead>
-auto TokenRoutedAttention<S, Heads, DHead>::forward_impl_(const Mat<S>& x, Index batch, const Tensor<std::int64_t>* ids,
-                                                         const AttnContext<S>& ctx, Cache& cache) -> Mat<S> {
-  const Index N = x.rows(), T = N / batch;
+auto TokenRoutedAttention<S, Heads, DHead>::forward_impl_(const Mat<S>& x, const Tensor<std::int64_t>* ids,
+                                                         const AttnInputs<S>& in, Cache& cache) -> Mat<S> {
+  const Index batch = in.batch(), T = in.q_len();
   cache.batch = batch;
   cache.seq = T;
   project_(x, batch, ids, cache);
   if (ids) telemetry_ = cache.telemetry;
-  attention_forward_(ctx, cache);
+  attention_forward_(in, cache);
   Mat<S> y;
   ops::linear_forward<S>(cache.o, o_proj_.mat(), nullptr, y);  // y = O W_o^T
   return y;
@@ -746,8 +781,7 @@ auto TokenRoutedAttention<S, Heads, DHead>::backward(const Mat<S>& dy, Cache& ca
 template <class S, int Heads, int DHead>
 auto TokenRoutedAttention<S, Heads, DHead>::forward_cached(const Mat<S>& x, Index batch,
                                                           const Tensor<std::int64_t>& token_ids, KVCache& kv) -> Mat<S> {
-  AttnContext<S> ctx;
-  validate_input_(x, batch, ctx);
+  validate_x_(x, batch);
   const Index Sn = x.rows() / batch, D = D_, H = H_, dh = dh_;
   validate_ids_(token_ids, batch, Sn);
   if (kv.length == 0) {

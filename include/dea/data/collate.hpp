@@ -4,7 +4,9 @@
 // the longest sequence T of the batch, and carries the oracle tensor [B, T, T]: NaN everywhere ("unlabelled")
 // except the block rows = q tokens (queries) x columns = k tokens (keys), which holds the record's alpha. The
 // block is asymmetric: CLS, SEP, q x q, k x q, k x k and padding stay NaN. No target index is produced, so
-// the gate loss uses the oracle winner. A record whose alpha is NaN (no oracle attached) leaves its block NaN.
+// the gate loss uses the oracle winner. A record whose alpha is NaN (no oracle attached) leaves its block NaN,
+// and a batch in which no record labels a cell has no oracle at all (alpha_oracle absent, dim() == 0: the one
+// spelling of "no oracle" that nn::ModelBatch and the attention inputs use).
 #pragma once
 
 #include "../core/error.hpp"
@@ -15,6 +17,7 @@
 #include "tokenizer.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <numeric>
@@ -27,9 +30,9 @@ template <class S>
 struct PairBatch {
   Tensor<std::int64_t> input_ids;       ///< [B, T], right-padded with pad_id
   Tensor<std::int64_t> token_type_ids;  ///< [B, T], 0 over [CLS] q [SEP], 1 over k [SEP], 0 on padding
-  Tensor<std::uint8_t> attention_mask;  ///< [B, T], 1 = real token (usable as AttnContext::key_mask)
+  Tensor<std::uint8_t> attention_mask;  ///< [B, T], 1 = real token (the key mask: AttnInputs::set_key_mask)
   Tensor<std::int64_t> labels;          ///< [B], the records' 0/1 labels
-  Tensor<S> alpha_oracle;               ///< [B, T, T], NaN = unlabelled
+  Tensor<S> alpha_oracle;               ///< [B, T, T], NaN = unlabelled; absent when no cell is labelled
   std::vector<std::pair<Index, Index>> span_a, span_b;  ///< per row, half-open token ranges of q and k
   Index batch() const { return input_ids.dim() ? input_ids.size(0) : 0; }
   Index seq_len() const { return input_ids.dim() ? input_ids.size(1) : 0; }
@@ -55,6 +58,7 @@ PairBatch<S> collate_pairs(const std::vector<Record>& recs, const std::vector<st
   out.attention_mask = Tensor<std::uint8_t>({B, T}, 0);
   out.labels = Tensor<std::int64_t>({B}, 0);
   out.alpha_oracle = Tensor<S>({B, T, T}, std::numeric_limits<S>::quiet_NaN());
+  bool labelled = false;
   for (Index b = 0; b < B; ++b) {
     const Encoding& e = enc[static_cast<std::size_t>(b)];
     const Record& r = recs[idx[static_cast<std::size_t>(b)]];
@@ -70,10 +74,12 @@ PairBatch<S> collate_pairs(const std::vector<Record>& recs, const std::vector<st
       // alpha_oracle[b, i, j] = alpha for i in q's tokens (queries), j in k's tokens (keys)
       for (Index i = a0; i < a1; ++i)
         for (Index j = b0; j < b1; ++j) out.alpha_oracle[(b * T + i) * T + j] = static_cast<S>(r.alpha);
+      labelled = labelled || !std::isnan(static_cast<S>(r.alpha));
     }
     out.span_a.push_back(e.span_a);
     out.span_b.push_back(e.span_b);
   }
+  if (!labelled) out.alpha_oracle = Tensor<S>();  // no labelled cell: no oracle
   return out;
 }
 

@@ -2,18 +2,19 @@
 //
 // Every attention class of the library has the same core shape:
 //   Attention(Index d_model, Index n_heads, Rng& rng, Options opt);   typename Attention::Options / ::Cache / ::Scalar
-//   Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache);   x, y [B*T, D]
-//   Mat<S> backward(const Mat<S>& dy, Cache& cache);                                         adds parameter grads
+//   Mat<S> forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& cache);   x, y [B*T, D], B = in.batch()
+//   Mat<S> backward(const Mat<S>& dy, Cache& cache);                          adds parameter grads
 //   ParamList<S> parameters();   void zero_grad();
+//   static constexpr AttnSupport kSupport;   the optional inputs it accepts (any other is an error at forward)
 // Optional parts, used when present:
 //   - a gate loss: void backward_gate(Cache&, S scale) and Cache::loss_gate (Dual-Expert Attention);
 //   - gate statistics: Cache::stats of type GateStats;
-//   - token-routed forward: forward(x, batch, const Tensor<int64_t>& token_ids, ctx, cache);
+//   - token-routed forward: forward(x, const Tensor<int64_t>& token_ids, in, cache) (instead of the plain one);
 //   - options: Options::dropout (set to the model's dropout), Options::layer_idx / num_layers (set per layer).
 #pragma once
 
-#include "../attention/context.hpp"
 #include "../attention/gate_stats.hpp"
+#include "../attention/inputs.hpp"
 #include "../core/tensor.hpp"
 
 #include <cstdint>
@@ -42,9 +43,24 @@ struct takes_token_ids : std::false_type {};
 template <class A>
 struct takes_token_ids<
     A, std::void_t<decltype(std::declval<A&>().forward(
-           std::declval<const Mat<typename A::Scalar>&>(), Index{}, std::declval<const Tensor<std::int64_t>&>(),
-           std::declval<const AttnContext<typename A::Scalar>&>(), std::declval<typename A::Cache&>()))>>
+           std::declval<const Mat<typename A::Scalar>&>(), std::declval<const Tensor<std::int64_t>&>(),
+           std::declval<const AttnInputs<typename A::Scalar>&>(), std::declval<typename A::Cache&>()))>>
     : std::true_type {};
+
+template <class A, class = void>
+struct has_support : std::false_type {};
+template <class A>
+struct has_support<A, std::enable_if_t<std::is_same<std::decay_t<decltype(A::kSupport)>, AttnSupport>::value>>
+    : std::true_type {};
+
+/// The optional attention inputs class A accepts: A::kSupport, or none of them for a class that declares nothing.
+template <class A>
+constexpr AttnSupport support() {
+  if constexpr (has_support<A>::value)
+    return A::kSupport;
+  else
+    return AttnSupport{};
+}
 
 template <class O, class = void>
 struct has_dropout_option : std::false_type {};

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "../core/error.hpp"
+#include "../core/init.hpp"
 #include "../core/parallel.hpp"
 #include "../core/param.hpp"
 #include "../core/rng.hpp"

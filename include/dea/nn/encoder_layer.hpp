@@ -2,7 +2,7 @@
 //
 // Shapes: x [N, D] with N = B*T (row b*T + t) -> y [N, D]:
 //   h  = LN1(x)                                    (LayerNorm, eps 1e-5)
-//   a  = Attn(h, h, h; ctx)                        (self-attention; the context carries mask, oracle, gamma, ...)
+//   a  = Attn(h, h, h; in)                         (self-attention; the inputs carry mask, oracle, gamma, ...)
 //   x1 = x + Dropout(a)
 //   u  = LN2(x1)
 //   y  = x1 + Dropout(FFN(u))                      (FFN = Linear -> GELU -> Dropout -> Linear)
@@ -14,8 +14,8 @@
 // (Dual-Expert: W_gate and c_gate only).
 #pragma once
 
-#include "../attention/context.hpp"
 #include "../attention/dual_expert.hpp"
+#include "../attention/inputs.hpp"
 #include "../core/param.hpp"
 #include "../core/rng.hpp"
 #include "attention_traits.hpp"
@@ -39,6 +39,7 @@ public:
 
   struct Cache {
     Index batch = 0;
+    AttnInputs<S> inputs;                     ///< the attention inputs of the forward (shared storage, not a copy)
     Mat<S> x;                                 ///< [N, D] the layer input (LN1 input)
     Mat<S> x1;                                ///< [N, D] after the attention residual (LN2 input)
     typename LayerNorm<S>::Cache ln1, ln2;    ///< row statistics
@@ -78,28 +79,32 @@ public:
   }
   void zero_grad() { dea::zero_grad(parameters()); }
 
-  /// y [N, D] from x [N, D] (taken by value: pass an rvalue to avoid a copy; the cache keeps it).
-  /// ctx.training and ctx.rng also drive the layer's own dropouts. `token_ids` [B, T] is passed to attention
-  /// classes whose forward takes token ids (required for them), and ignored otherwise.
-  Mat<S> forward(Mat<S> x, Index batch, const AttnContext<S>& ctx, Cache& c,
-                 const Tensor<std::int64_t>* token_ids = nullptr) {
+  /// y [N, D] from x [N, D] (N = B*T, B = in.batch(); x taken by value: pass an rvalue to avoid a copy; the cache
+  /// keeps it). in.training() and in.rng() also drive the layer's own dropouts. `token_ids` [B, T] is passed to
+  /// attention classes whose forward takes token ids (required for them), and ignored otherwise.
+  Mat<S> forward(Mat<S> x, const AttnInputs<S>& in, Cache& c, const Tensor<std::int64_t>* token_ids = nullptr) {
     check(x.cols() == d_model(), "EncoderLayer::forward: x: expected ", d_model(), " columns, got ", x.cols());
-    c.batch = batch;
+    check(in.batch() > 0, "EncoderLayer::forward: the attention inputs are empty (build them with "
+          "AttnInputs(batch, seq_len))");
+    c.batch = in.batch();
+    c.inputs = in;
     c.x = std::move(x);
     Mat<S> h;
     ln1_.forward(c.x, h, c.ln1);                                   // h = LN1(x)
     Mat<S> a;
     if constexpr (traits::takes_token_ids<Attention>::value) {
       check(token_ids != nullptr, "EncoderLayer::forward: this attention needs token ids");
-      a = attn_.forward(h, batch, *token_ids, ctx, c.attn);        // a = Attn(h)
+      a = attn_.forward(h, *token_ids, in, c.attn);                // a = Attn(h)
     } else {
-      a = attn_.forward(h, batch, ctx, c.attn);                    // a = Attn(h)
+      a = attn_.forward(h, in, c.attn);                            // a = Attn(h)
     }
-    drop_.forward_add(a, c.x, ctx.training, ctx.rng, c.drop1, c.x1);  // x1 = x + Dropout(a)
+    const bool training = in.training();
+    Rng* rng = in.rng();
+    drop_.forward_add(a, c.x, training, rng, c.drop1, c.x1);       // x1 = x + Dropout(a)
     Mat<S> u;
     ln2_.forward(c.x1, u, c.ln2);                                  // u = LN2(x1)
-    Mat<S> f = ff_.forward(u, ctx.training, ctx.rng, c.ff);        // f = FFN(u)
-    drop_.forward_add(f, c.x1, ctx.training, ctx.rng, c.drop2, f);  // y = x1 + Dropout(f)
+    Mat<S> f = ff_.forward(u, training, rng, c.ff);                // f = FFN(u)
+    drop_.forward_add(f, c.x1, training, rng, c.drop2, f);         // y = x1 + Dropout(f)
     return f;
   }
 

@@ -7,6 +7,7 @@
 // Parameter names are "weight" and "bias"; the owner prefixes them ("ff.0.", "cls_head.3.").
 #pragma once
 
+#include "../core/init.hpp"
 #include "../core/param.hpp"
 #include "../core/rng.hpp"
 #include "../ops/linear.hpp"

@@ -5,16 +5,18 @@
 // Shapes (B batch, T tokens, N = B*T rows, row b*T + t; D = d_model; V = vocab_size; C = n_classes):
 //   x0 = tok_emb[ids] * sqrt(D) (+ seg_emb[token_type_ids]) + PE[:T]          [N, D]
 //   x0 = Dropout(x0)
-//   x_{l+1} = EncoderLayer_l(x_l; ctx_l)                                        [N, D]   (encoder_layer.hpp)
+//   x_{l+1} = EncoderLayer_l(x_l; in_l)                                         [N, D]   (encoder_layer.hpp)
 //   y  = ln_f(x_L)                                                              [N, D]
 //   cls:  logits = Linear3(Dropout(tanh(Linear0(y[b*T + 0])))                   [B, C]   (cls_head.0, cls_head.3)
 //   mlm:  logits = y tok_emb.weight^T + mlm_head.bias                            [N, V]   (weight tied)
 //   task_loss = CE(logits, labels), mean; labels [B] (cls) or [B, T] with -100 = ignore (mlm)
 //   loss_gate = sum_l loss_gate_l / max(1, n_supervised) with an oracle, else 0
 //   loss      = task_loss + loss_gate
-// ctx_l: key_mask = attention_mask; gamma_mix; the oracle [B, T, T] (and target_idx) only for supervised layers
-// (all layers unless ModelConfig::supervise_layers says otherwise); the other layers run without oracle.
+// in_l: the one AttnInputs of the forward (built once from the batch: key mask = attention_mask, gamma_mix, the
+// oracle [B, T, T] and target_idx, training and rng), given to supervised layers as it is (all layers unless
+// ModelConfig::supervise_layers says otherwise) and to the others as in.without_oracle(), which shares its storage.
 // (The reference also passes target_idx to unsupervised layers, where it has no effect without an oracle.)
+// The cache keeps that AttnInputs until backward, so the model holds one oracle, however many layers read it.
 //
 // Backward contract (DESIGN.md section 3): every backward *adds* into the parameter gradients.
 //   backward_task(cache)   d task_loss: through the heads, ln_f, every layer's task path and the embeddings; it
@@ -40,9 +42,10 @@
 // caller passes to forward (same seed, same masks).
 #pragma once
 
-#include "../attention/context.hpp"
 #include "../attention/dual_expert.hpp"
+#include "../attention/inputs.hpp"
 #include "../core/error.hpp"
+#include "../core/init.hpp"
 #include "../core/param.hpp"
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
@@ -114,7 +117,10 @@ struct ModelConfig {
   }
 };
 
-/// One batch for TransformerModel. Optional tensors are absent when default-constructed (dim() == 0).
+/// One batch for TransformerModel. An optional tensor is absent when default-constructed (dim() == 0): that is the
+/// only spelling of "absent". An oracle that is present but all NaN is an oracle with no labelled cell (the
+/// supervised layers run their gate loss, which is 0 on it), not an absent one; data::collate_pairs leaves the
+/// oracle absent when no record of the batch is labelled. target_idx needs alpha_oracle (an error otherwise).
 /// (data::PairBatch has the same field names, so a collated batch copies over field by field.)
 template <class S>
 struct ModelBatch {
@@ -122,7 +128,7 @@ struct ModelBatch {
   Tensor<std::uint8_t> attention_mask;  ///< [B, T], non-zero = real token (the key mask); absent = all real
   Tensor<std::int64_t> token_type_ids;  ///< [B, T] in {0, 1}; absent = no segment embedding
   Tensor<S> alpha_oracle;               ///< [B, T, T] (or [B, H, T, T]), NaN = unlabelled; absent = inference path
-  Tensor<std::int64_t> target_idx;      ///< [B, T] (or [B, H, T]), -1 = none; absent = the oracle winner
+  Tensor<std::int64_t> target_idx;      ///< [B, T] (or [B, H, T]), -1 = none; absent = the oracle winner (needs the oracle)
   Tensor<std::int64_t> labels;          ///< [B] (cls) or [B, T] with -100 = ignore (mlm); absent = no task loss
 
   Index batch() const { return input_ids.dim() == 2 ? input_ids.size(0) : 0; }
@@ -169,6 +175,7 @@ public:
   /// Everything backward needs, filled by forward. Backward reads it and leaves it unchanged.
   struct Cache {
     Index B = 0, T = 0;
+    AttnInputs<S> inputs;                  ///< the attention inputs every layer read (one oracle for all layers)
     Tensor<std::int64_t> input_ids;       ///< [B, T] copy
     Tensor<std::int64_t> token_type_ids;  ///< [B, T] copy (absent: no segment embedding)
     DropoutState drop_emb;
@@ -255,8 +262,18 @@ public:
   void zero_grad() { dea::zero_grad(parameters()); }
 
   /// Forward pass on `batch` with mixing weight gamma_mix. Dropout is active when `training` (then `rng` is
-  /// required when dropout > 0). Fills `cache` for the backward passes.
-  ModelOutput<S> forward(const ModelBatch<S>& batch, S gamma_mix, bool training, Rng* rng, Cache& c);
+  /// required when dropout > 0). Fills `cache` for the backward passes; the cache holds one copy of the oracle
+  /// and targets (Cache::inputs).
+  ModelOutput<S> forward(const ModelBatch<S>& batch, S gamma_mix, bool training, Rng* rng, Cache& c) {
+    return forward_(batch, Tensor<S>(batch.alpha_oracle), Tensor<std::int64_t>(batch.target_idx), gamma_mix, training,
+                    rng, c);
+  }
+  /// The same on a batch the caller gives away: its oracle and targets are moved into the cache, not copied.
+  ModelOutput<S> forward(ModelBatch<S>&& batch, S gamma_mix, bool training, Rng* rng, Cache& c) {
+    Tensor<S> oracle = std::move(batch.alpha_oracle);
+    Tensor<std::int64_t> targets = std::move(batch.target_idx);
+    return forward_(batch, std::move(oracle), std::move(targets), gamma_mix, training, rng, c);
+  }
 
   /// Backward of task_loss + loss_gate (adds into the gradients). Without labels only the gate part runs;
   /// without an oracle only the task part.
@@ -326,6 +343,10 @@ public:
   }
 
 private:
+  /// forward with the batch's oracle and targets given apart (moved into the cache's AttnInputs).
+  ModelOutput<S> forward_(const ModelBatch<S>& batch, Tensor<S> oracle, Tensor<std::int64_t> targets, S gamma_mix,
+                          bool training, Rng* rng, Cache& c);
+
   template <class T>
   static bool present(const Tensor<T>& t) {
     return t.dim() > 0;
@@ -355,8 +376,9 @@ private:
 // (below) keeps other translation units from instantiating the layers behind them ----
 
 template <class S, class Attention>
-auto TransformerModel<S, Attention>::forward(const ModelBatch<S>& batch, S gamma_mix, bool training, Rng* rng,
-                                             Cache& c) -> ModelOutput<S> {
+auto TransformerModel<S, Attention>::forward_(const ModelBatch<S>& batch, Tensor<S> oracle,
+                                              Tensor<std::int64_t> targets, S gamma_mix, bool training, Rng* rng,
+                                              Cache& c) -> ModelOutput<S> {
   const Index D = cfg_.d_model;
   check(batch.input_ids.dim() == 2, "TransformerModel::forward: input_ids: expected shape [B, T], got ",
         shape_str(batch.input_ids.shape));
@@ -373,6 +395,8 @@ auto TransformerModel<S, Attention>::forward(const ModelBatch<S>& batch, S gamma
   check(gamma_mix >= 0 && gamma_mix <= 1, "TransformerModel::forward: gamma_mix must be in [0, 1], got ", gamma_mix);
   check(!training || cfg_.dropout == 0 || rng != nullptr, "TransformerModel::forward: training with dropout ",
         cfg_.dropout, " needs an Rng");
+  check(!present(targets) || present(oracle),
+        "TransformerModel::forward: target_idx was given without alpha_oracle (the gate loss needs both)");
   if (!frozen_.empty())
     check(frozen_.size() == layers_.size(), "TransformerModel: frozen alpha-hat: expected one tensor per layer (",
           layers_.size(), "), got ", frozen_.size());
@@ -382,8 +406,20 @@ auto TransformerModel<S, Attention>::forward(const ModelBatch<S>& batch, S gamma
   c.T = T;
   c.input_ids = batch.input_ids;
   if (present(batch.token_type_ids)) c.token_type_ids = batch.token_type_ids;
-  c.has_oracle = present(batch.alpha_oracle);
   c.n_supervised = n_supervised_;
+
+  // ---- the attention inputs, built and validated once for every layer
+  constexpr AttnSupport support = traits::support<Attention>();
+  AttnInputs<S>& in = c.inputs;
+  in = AttnInputs<S>(B, T);
+  if (present(batch.attention_mask)) in.set_key_mask(batch.attention_mask);
+  if (present(oracle)) in.set_oracle(std::move(oracle));          // +-inf rejected here, once
+  if (present(targets)) in.set_targets(std::move(targets));
+  in.set_gamma_mix(gamma_mix);
+  in.set_training(training, rng);
+  if (support.keep_maps) in.set_keep_maps(!training && eval_maps_);
+  c.has_oracle = in.has_oracle();
+  const AttnInputs<S> unsupervised = in.without_oracle();  // shares the mask (and everything but the oracle)
 
   // ---- embeddings: x = tok_emb[ids] sqrt(D) (+ seg_emb[tt]) + PE[:T], then dropout
   Mat<S> x;
@@ -400,20 +436,21 @@ auto TransformerModel<S, Attention>::forward(const ModelBatch<S>& batch, S gamma
   out.layer_stats.assign(L, GateStats{});
   out.layer_supervised.assign(L, 0);
   for (std::size_t l = 0; l < L; ++l) {
-    AttnContext<S> ctx;
-    ctx.key_mask = present(batch.attention_mask) ? &batch.attention_mask : nullptr;
-    ctx.gamma_mix = gamma_mix;
-    ctx.training = training;
-    ctx.rng = rng;
-    if (c.has_oracle && supervised_[l]) {
-      ctx.alpha_oracle = &batch.alpha_oracle;
-      if (present(batch.target_idx)) ctx.target_idx = &batch.target_idx;
-      out.layer_supervised[l] = 1;
+    const bool sup = c.has_oracle && supervised_[l];
+    out.layer_supervised[l] = sup ? 1 : 0;
+    const AttnInputs<S>& base = sup ? in : unsupervised;
+    // the last layer of a training forward keeps alpha-hat (the training metrics); the test hook freezes
+    // alpha-hat per layer: both are per-layer variants of the same inputs (a copy shares the storage)
+    const bool keep_ah = has_gate && training && train_alpha_hat_ && l + 1 == L;
+    const bool frozen = !frozen_.empty() && present(frozen_[l]);
+    if (keep_ah || frozen) {
+      AttnInputs<S> var = base;
+      if (keep_ah) var.set_keep_alpha_hat(true);
+      if (frozen) var.set_frozen_alpha_hat(frozen_[l]);
+      x = layers_[l].forward(std::move(x), var, c.layers[l], &batch.input_ids);
+    } else {
+      x = layers_[l].forward(std::move(x), base, c.layers[l], &batch.input_ids);
     }
-    if (!frozen_.empty() && present(frozen_[l])) ctx.frozen_alpha_hat = &frozen_[l];
-    ctx.keep_maps = !training && eval_maps_;
-    ctx.keep_alpha_hat = training && train_alpha_hat_ && l + 1 == L;
-    x = layers_[l].forward(std::move(x), B, ctx, c.layers[l], &batch.input_ids);
     out.layer_loss_gate[l] = layers_[l].loss_gate(c.layers[l]);
     if constexpr (traits::has_gate_stats<Attention>::value)
       if (out.layer_supervised[l]) out.layer_stats[l] = c.layers[l].attn.stats;
