@@ -3,6 +3,7 @@
 // accumulation contract, thread-count independence, masks, the gate-loss definitions and bad input.
 #include <catch2/catch.hpp>
 #include <dea/attention/dual_expert.hpp>
+#include "instances/dual_expert_shapes.hpp"
 #include <dea/testing/gradcheck.hpp>
 
 #include <cmath>

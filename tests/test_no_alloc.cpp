@@ -27,6 +27,7 @@ void note_eigen_assert(const char* what, const char* file, int line) {
 
 #include <catch2/catch.hpp>
 #include <dea/attention/dual_expert.hpp>
+#include "instances/dual_expert_shapes.hpp"
 #include <dea/nn/inference.hpp>
 #include <dea/nn/transformer.hpp>
 
