@@ -81,15 +81,6 @@ struct BlockMaps {
   std::uint8_t* e1_clamped = nullptr;
   S *beta = nullptr, *w = nullptr, *d_b = nullptr, *g_reg = nullptr, *g_spot = nullptr, *oracle_ref = nullptr;
   bool any() const { return e0n != nullptr; }
-  /// The same maps moved on by `cells` (from one block to the next).
-  BlockMaps at(Index cells) const {
-    BlockMaps m = *this;
-    for (S** p : {&m.e0n, &m.e1n, &m.logit, &m.alpha_hat, &m.alpha_mix, &m.scores, &m.attn, &m.drop, &m.beta, &m.w,
-                  &m.d_b, &m.g_reg, &m.g_spot, &m.oracle_ref})
-      if (*p) *p += cells;
-    if (m.e1_clamped) m.e1_clamped += cells;
-    return m;
-  }
 };
 
 /// The pair's per-row statistics [Tq] (null: not kept): the tiled kernel keeps all of them for its recompute,
@@ -313,7 +304,6 @@ public:
     Eigen::Map<const RowMat<S>> Rb(bp.Rb, n, Dh);
     Eigen::Map<RowMat<S>, Eigen::AlignedMax> Db(bp.Db, n, Dh), dQb(bp.dQb, n, Dh);
     Eigen::Map<RowMat<S>> dRb(bp.dRb, n, Dh);
-    Eigen::Map<const RowMat<S>> dWrMap(dWr, Dh, Dh);
     MatMap<S> dP(bp.dP, n, Tk), X(bp.X, n, Tk), G0(bp.P, n, Tk), G1(bp.AM, n, Tk);
     ConstMatMap<S> E0(f.E0, n, Tk), E1(f.E1, n, Tk), AM(f.M, n, Tk), P(f.P, n, Tk);
     Eigen::Map<ColArr<S>, Eigen::AlignedMax> r0(bp.r0, n), r1(bp.r1, n), r2(bp.r2, n), r3(bp.r3, n);
@@ -460,7 +450,7 @@ private:
     }
     for (Index k = 0; k < n * Tk; ++k) f.E0[k] *= inv_sqrt;
     Eigen::Map<ColArr<S>, Eigen::AlignedMax> r0(t.r0, n);
-    r0 = Eigen::Map<const RowMat<S>>(f.Rb, n, Hdh()).rowwise().squaredNorm();
+    r0 = Eigen::Map<const RowMat<S>>(f.Rb, n, Dh).rowwise().squaredNorm();
     for (Index r = 0; r < n; ++r) {  // one pass per row (plain loops, vectorised)
       S* e1 = f.E1 + r * Tk;
       const S rr = r0[r];
@@ -480,7 +470,6 @@ private:
       }
     }
   }
-  Index Hdh() const { return hp->Dh; }
   /// C [rows, Tk] = A [rows, Dh] K_h^T.
   void product_kt(Index rows, const S* A, S* C) {
     const Index Dh = hp->Dh;
@@ -528,7 +517,7 @@ private:
 
   /// The gate (logit L, alpha-hat A) and the mixing coefficient M; with `gate` the rows' gate loss.
   void gate_and_mix(Index i0, Index n, const Buffers& f, const BlockMaps<S>& mp, const GateCtx<S>* gate) {
-    const Index Dh = hp->Dh, G = 2 * Dh + 2;
+    const Index Dh = hp->Dh;
     const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
     const S* wg = hp->w_gate;
     Eigen::Map<ColVec<S>, Eigen::AlignedMax> lq(t.r2, n);
@@ -585,7 +574,6 @@ private:
         mix[j] = gamma * a_eff + (S(1) - gamma) * det;
       }
     }
-    (void)G;
   }
 
   /// The gate loss of row r (query i) from the gate's own alpha-hat (never the frozen copy), then its gate
