@@ -118,7 +118,7 @@ struct Scratch {
     s.pVt = take(pk::whole_b_size<S>(Dh, Tk));
     const Index kb = std::min(2 * bq, pk::kKcMax);  // the deepest block of k of a product over a block's rows
     s.Ap = take(std::max({pk::whole_a_size<S>(2 * bq, Dh), pk::whole_a_size<S>(2 * bq, Tk), pk::whole_a_size<S>(Dh, kb)}));
-    s.Bpan = take(pk::stream_b_size<S>(kb));
+    s.Bpan = take(pk::stream_b_size<S>(kb > Dh ? kb : Dh));  // also the small products of K = Dh
     for (S** p : {&s.kn, &s.lk, &s.mrow, &s.kbias, &s.col0, &s.col1, &s.g_reg, &s.g_spot, &s.has, &s.a}) *p = take(Tk);
     for (S** p : {&s.Qb, &s.Rb, &s.Db, &s.dQb, &s.dRb}) *p = take(bq * Dh);
     for (S** p : {&s.r0, &s.r1, &s.r2, &s.r3}) *p = take(bq);
@@ -175,6 +175,49 @@ struct GateCtx {
   std::int64_t* target = nullptr;   ///< the pair's target key per row [Tq]
 };
 
+// ---- the few vectorised primitives the kernel is written with (one instance each per scalar type: every other
+// step is a plain loop, which keeps the number of distinct Eigen expressions, and so the compile time, small)
+
+/// The sum of a[0, n).
+template <class S>
+S sum_of(const S* a, Index n) {
+  return Eigen::Map<const RowArr<S>>(a, n).sum();
+}
+/// sum_k a[k] b[k].
+template <class S>
+S dot(const S* a, const S* b, Index n) {
+  return (Eigen::Map<const RowArr<S>>(a, n) * Eigen::Map<const RowArr<S>>(b, n)).sum();
+}
+/// The largest of a[0, n), n >= 1.
+template <class S>
+S max_of(const S* a, Index n) {
+  return Eigen::Map<const RowArr<S>>(a, n).maxCoeff();
+}
+/// a = exp(a), vectorised (Eigen's packet exp; where the loop starts depends on a's alignment).
+template <class S>
+void exp_in_place(S* a, Index n) {
+  Eigen::Map<RowArr<S>> m(a, n);
+  m = m.exp();
+}
+/// C [M, N] (row stride ldc) = A B, or += when `acc`, for the small per-head products ([n, Dh] x [Dh, Dh] and
+/// [Dh, n] x [n, Dh]); pk.Ap / pk.Bpan are the scratch of the packed product.
+template <class S>
+void small_product(Index M, Index N, Index K, ops::packed::View<S> A, ops::packed::View<S> B, S* C, Index ldc, bool acc,
+                   S* Ap, S* Bpan) {
+  if constexpr (packed_core<S>()) {
+    ops::packed::gemm_stream_b<S>(M, N, K, A, B, C, ldc, acc, Ap, Bpan);
+  } else {
+    using SMap = Eigen::Map<const RowMat<S>, 0, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
+    using Strides = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
+    Eigen::Map<RowMat<S>, 0, Eigen::OuterStride<>> c(C, M, N, Eigen::OuterStride<>(ldc));
+    const SMap a(A.p, M, K, Strides(A.rs, A.cs)), b(B.p, K, N, Strides(B.rs, B.cs));
+    if (acc)
+      c.noalias() += a * b;
+    else
+      c.noalias() = a * b;
+  }
+}
+
 /// One (b, h) pair: its inputs, its parameters, its scratch. Set up once per pair (setup), then run per block.
 template <class S>
 class Pair {
@@ -202,9 +245,8 @@ public:
   /// packed as the B of the block products (for backward also K_h and V_h^T).
   void setup(bool backward) {
     const Index Dh = hp->Dh;
-    Eigen::Map<RowMat<S>, Eigen::AlignedMax> Kh(t.Kh, Tk, Dh), Vh(t.Vh, Tk, Dh);
-    Kh = Eigen::Map<const RowMat<S>, 0, Eigen::OuterStride<>>(K, Tk, Dh, Eigen::OuterStride<>(ld));
-    Vh = Eigen::Map<const RowMat<S>, 0, Eigen::OuterStride<>>(V, Tk, Dh, Eigen::OuterStride<>(ld));
+    copy_rows(K, ld, Tk, Dh, t.Kh);
+    copy_rows(V, ld, Tk, Dh, t.Vh);
     if constexpr (packed_core<S>()) {
       namespace pk = ops::packed;
       const pk::View<S> k{t.Kh, Dh, 1}, v{t.Vh, Dh, 1};
@@ -215,8 +257,12 @@ public:
         pk::pack_b_whole<S>(Dh, Tk, v.t(), t.pVt);  // dP = dctx V_h^T
       }
     }
-    Eigen::Map<ColArr<S>, Eigen::AlignedMax>(t.kn, Tk) = Kh.rowwise().squaredNorm().array();
-    Eigen::Map<ColVec<S>, Eigen::AlignedMax>(t.lk, Tk).noalias() = Kh * Eigen::Map<const ColVec<S>>(hp->w_gate + Dh, Dh);
+    const S* wk = hp->w_gate + Dh;
+    for (Index j = 0; j < Tk; ++j) {
+      const S* kj = t.Kh + j * Dh;
+      t.kn[j] = dot(kj, kj, Dh);  // |K_j|^2
+      t.lk[j] = dot(kj, wk, Dh);  // K_j.w_k
+    }
     if (key_row != t.mrow) std::copy(key_row, key_row + Tk, t.mrow);  // aligned copies for the vectorised loops
     if (key_bias != t.kbias) std::copy(key_bias, key_bias + Tk, t.kbias);
     const Index n = n_real_keys;
@@ -232,7 +278,7 @@ public:
     Buffers f = buffers(n, mp);
     load_q(i0, n, f, false);
     experts(n, f, mp.e1_clamped);
-    normalise_forward(i0, n, f, rs);
+    normalise(i0, n, f, rs, false);
     gate_and_mix(i0, n, f, mp, gate);
     softmax(i0, n, f, rs, false);
     // dropout on the probabilities, then ctx_h = Pd V_h
@@ -248,17 +294,22 @@ public:
     if constexpr (packed_core<S>())
       ops::packed::gemm_whole_b<S>(n, Dh, Tk, {pm, Tk, 1}, t.pV, ctx + i0 * ld, ld, false, t.Ap);
     else
-      Eigen::Map<RowMat<S>, 0, Eigen::OuterStride<>>(ctx + i0 * ld, n, Dh, Eigen::OuterStride<>(ld)).noalias() =
-          Eigen::Map<const RowMat<S>>(pm, n, Tk) * Eigen::Map<const RowMat<S>, Eigen::AlignedMax>(t.Vh, Tk, Dh);
+      small_product<S>(n, Dh, Tk, {pm, Tk, 1}, {t.Vh, Dh, 1}, ctx + i0 * ld, ld, false, t.Ap, t.Bpan);
   }
 
   /// After the pair's last forward block with an oracle: the w_k partials sum_j (sum_i dl_ij) K_j of both parts.
   void finish_gate(const GateCtx<S>& gate) const {
     const Index Dh = hp->Dh, G = 2 * Dh + 2;
-    Eigen::Map<const RowMat<S>, Eigen::AlignedMax> Kh(t.Kh, Tk, Dh);
-    for (int part = 0; part < 2; ++part)
-      Eigen::Map<RowVec<S>>(gate.part + part * (G + 1) + Dh, Dh).noalias() =
-          Eigen::Map<const RowVec<S>>(part == 0 ? t.col0 : t.col1, Tk) * Kh;
+    for (int part = 0; part < 2; ++part) {
+      S* out = gate.part + part * (G + 1) + Dh;
+      const S* col = part == 0 ? t.col0 : t.col1;
+      std::fill(out, out + Dh, S(0));
+      for (Index j = 0; j < Tk; ++j) {
+        const S cj = col[j];
+        const S* kj = t.Kh + j * Dh;
+        for (Index d = 0; d < Dh; ++d) out[d] += cj * kj[d];
+      }
+    }
   }
 
   /// Clears the pair's backward accumulators (call after setup(true)).
@@ -275,7 +326,7 @@ public:
   /// from the maps when `mp` has them (reference kernel), else they are recomputed from Q, K, R and rs.
   void backward_block(Index i0, Index n, const BlockMaps<S>& mp, const RowStats<S>& rs, const S* dctx, S* dQ,
                       S* dWr) {
-    const Index Dh = hp->Dh;
+    const Index Dh = hp->Dh, nt = n * Tk;
     const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh);
     const Scratch<S> bp = t.stacked(n, Tk, Dh);
     Buffers f;
@@ -293,110 +344,124 @@ public:
       f = buffers(n, mp);
       load_q(i0, n, f, true);
       experts(n, f, reinterpret_cast<std::uint8_t*>(t.CL));
-      normalise_recompute(i0, n, f, rs);
+      normalise(i0, n, f, rs, true);
       gate_and_mix(i0, n, f, mp, nullptr);
       softmax(i0, n, f, rs, true);
       cl = reinterpret_cast<const std::uint8_t*>(t.CL);
     }
-    Eigen::Map<const RowMat<S>, Eigen::AlignedMax> Kh(t.Kh, Tk, Dh), Vh(t.Vh, Tk, Dh);
-    Eigen::Map<RowMat<S>, Eigen::AlignedMax> dKh(t.dKh, Tk, Dh), dVh(t.dVh, Tk, Dh);
-    Eigen::Map<const RowMat<S>, Eigen::AlignedMax> Qb(bp.Qb, n, Dh);
-    Eigen::Map<const RowMat<S>> Rb(bp.Rb, n, Dh);
-    Eigen::Map<RowMat<S>, Eigen::AlignedMax> Db(bp.Db, n, Dh), dQb(bp.dQb, n, Dh);
-    Eigen::Map<RowMat<S>> dRb(bp.dRb, n, Dh);
-    MatMap<S> dP(bp.dP, n, Tk), X(bp.X, n, Tk), G0(bp.P, n, Tk), G1(bp.AM, n, Tk);
-    ConstMatMap<S> E0(f.E0, n, Tk), E1(f.E1, n, Tk), AM(f.M, n, Tk), P(f.P, n, Tk);
-    Eigen::Map<ColArr<S>, Eigen::AlignedMax> r0(bp.r0, n), r1(bp.r1, n), r2(bp.r2, n), r3(bp.r3, n);
-    Eigen::Map<const RowArr<S>, Eigen::AlignedMax> m(t.mrow, Tk);
-    Db = Eigen::Map<const RowMat<S>, 0, Eigen::OuterStride<>>(dctx + i0 * ld, n, Dh, Eigen::OuterStride<>(ld));
+    namespace pk = ops::packed;
+    const S* E0 = f.E0;
+    const S* E1 = f.E1;
+    const S* AM = f.M;
+    const S* P = f.P;
+    S* dP = bp.dP;
+    S* X = bp.X;
+    S* G0 = bp.P;   // g0 and g1: one [2n, Tk] matrix
+    S* G1 = bp.AM;
+    S* r0 = bp.r0;
+    copy_rows(dctx + i0 * ld, ld, n, Dh, bp.Db);
     // ctx_h = Pd V_h, Pd = P .* drop  ->  dPd = dctx V_h^T
     if constexpr (packed_core<S>())
-      ops::packed::gemm_whole_b<S>(n, Tk, Dh, {bp.Db, Dh, 1}, t.pVt, bp.dP, Tk, false, t.Ap);
+      pk::gemm_whole_b<S>(n, Tk, Dh, {bp.Db, Dh, 1}, t.pVt, dP, Tk, false, t.Ap);
     else
-      dP.noalias() = Db * Vh.transpose();
-    const S* pd = f.P;
+      small_product<S>(n, Tk, Dh, {bp.Db, Dh, 1}, pk::View<S>{t.Vh, Dh, 1}.t(), dP, Tk, false, t.Ap, t.Bpan);
+    const S* pd = P;
     if (dropout_on) {  // the counter-based mask, drawn again
-      dropout_mask(i0, n, bp.X);
-      dP.array() *= X.array();  // Pd = P .* drop  ->  dP = dPd .* drop
-      X.array() *= P.array();
-      pd = bp.X;
+      dropout_mask(i0, n, X);
+      for (Index k = 0; k < nt; ++k) {
+        dP[k] *= X[k];  // Pd = P .* drop  ->  dP = dPd .* drop
+        X[k] *= P[k];
+      }
+      pd = X;
     }
     // ctx = Pd V  ->  dV += Pd^T dctx   (packed: dV_h^T += dctx^T Pd, Pd read along its rows)
     if constexpr (packed_core<S>())
-      ops::packed::gemm_stream_b<S>(Dh, Tk, n, ops::packed::View<S>{bp.Db, Dh, 1}.t(), {pd, Tk, 1}, t.dVh, Tk, true,
-                                    t.Ap, t.Bpan);
+      pk::gemm_stream_b<S>(Dh, Tk, n, pk::View<S>{bp.Db, Dh, 1}.t(), {pd, Tk, 1}, t.dVh, Tk, true, t.Ap, t.Bpan);
     else
-      dVh.noalias() += Eigen::Map<const Mat<S>>(pd, n, Tk).transpose() * Db;
+      small_product<S>(Tk, Dh, n, pk::View<S>{pd, Tk, 1}.t(), {bp.Db, Dh, 1}, t.dVh, Dh, true, t.Ap, t.Bpan);
     // P = softmax(S) over the real keys  ->  dS = P .* (dP - rowsum(P .* dP))   (in dP)
-    r0 = (P.array() * dP.array()).rowwise().sum();
-    dP.array() = P.array() * (dP.array().colwise() - r0);
-    // S = (1 - alpha_mix) E0~ + alpha_mix E1~, alpha_mix constant  ->  g0 (G0), g1 (G1)
-    G0.array() = (S(1) - AM.array()) * dP.array();
-    G1.array() = AM.array() * dP.array();
+    for (Index r = 0; r < n; ++r) {
+      const S* p = P + r * Tk;
+      S* g = dP + r * Tk;
+      const S s = dot(p, g, Tk);
+      for (Index j = 0; j < Tk; ++j) g[j] = p[j] * (g[j] - s);
+    }
+    // S = (1 - alpha_mix) E0~ + alpha_mix E1~, alpha_mix constant  ->  g0, g1
+    for (Index k = 0; k < nt; ++k) {
+      const S a = AM[k], g = dP[k];
+      G0[k] = (S(1) - a) * g;
+      G1[k] = a * g;
+    }
     // E~ = norm(E) per row over the real keys:
     //   dE_k = m_k [ (g_k - mean_m(g)) / s  -  [var >= 1e-12] (sum_j g_j E~_j) E~_k / (n sigma) ],  s = sigma + 1e-5
+    const S* m = t.mrow;
     for (int e = 0; e < 2; ++e) {
-      auto Gm = (e == 0 ? G0 : G1).array();
-      const auto En = (e == 0 ? E0 : E1).array();
+      S* Gm = e == 0 ? G0 : G1;
+      const S* En = e == 0 ? E0 : E1;
       const S* sg = e == 0 ? rs.sigma0 + i0 : rs.sigma1 + i0;
       const std::uint8_t* fl = e == 0 ? rs.floor0 + i0 : rs.floor1 + i0;
-      Gm.rowwise() *= m;
-      r0 = Gm.rowwise().sum() / nr;  // mean_m(g)
-      r1 = (Gm * En).rowwise().sum();  // sum_j g_j E~_j
       for (Index r = 0; r < n; ++r) {
-        r2[r] = fl[r] ? S(0) : r1[r] / (nr * sg[r]);  // the sigma path (none below the floor)
-        r3[r] = S(1) / (sg[r] + S(DeaConstants::norm_eps));
+        S* g = Gm + r * Tk;
+        const S* en = En + r * Tk;
+        for (Index j = 0; j < Tk; ++j) g[j] *= m[j];  // only real keys carry gradient
+        const S mean = sum_of(g, Tk) / nr;             // mean_m(g)
+        const S ge = dot(g, en, Tk);                   // sum_j g_j E~_j
+        const S coef = fl[r] ? S(0) : ge / (nr * sg[r]);  // the sigma path (none below the floor)
+        const S inv_s = S(1) / (sg[r] + S(DeaConstants::norm_eps));
+        for (Index j = 0; j < Tk; ++j) g[j] = ((g[j] - mean) * inv_s - en[j] * coef) * m[j];
       }
-      Gm = ((Gm.colwise() - r0).colwise() * r3 - En.colwise() * r2).rowwise() * m;
     }
     // E1 = min(0, E1raw): no gradient where the clamp was active; the experts' scale factors go into the
     // gradients here: g0' = g0 / sqrt(Dh), g1' = (2/Dh) g1
-    {
-      S* g1 = bp.AM;
-      const S two = S(2) * inv_dh;
-      for (Index k = 0; k < n * Tk; ++k) g1[k] *= two * (cl[k] ? S(0) : S(1));
+    const S two = S(2) * inv_dh;
+    for (Index k = 0; k < nt; ++k) {
+      G1[k] *= two * (cl[k] ? S(0) : S(1));
+      G0[k] *= inv_sqrt;
     }
-    G0 *= inv_sqrt;
     // E0_ij = Q_i.K_j / sqrt(Dh)  ->  dQ = g0' K, dK += g0'^T Q
     // E1raw_ij = -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh
     //   dR_i = sum_j g1'_ij K_j - (sum_j g1'_ij) R_i,  dK_j += sum_i g1'_ij R_i - (sum_i g1'_ij) K_j
     // [G0; G1] is one [2n, Tk] matrix and [Qb; Rb], [dQb; dRb] are [2n, Dh]: two products serve all four terms
-    r0 = G1.array().rowwise().sum();
-    Eigen::Map<RowVec<S>, Eigen::AlignedMax>(t.col0, Tk) += G1.colwise().sum();  // sum_i g1'_ij (applied at the end)
-    const MatMap<S> GA(bp.P, 2 * n, Tk);
+    S* cs = t.col0;  // sum_i g1'_ij, over all blocks (applied at the end)
+    for (Index r = 0; r < n; ++r) {
+      const S* g = G1 + r * Tk;
+      r0[r] = sum_of(g, Tk);
+      for (Index j = 0; j < Tk; ++j) cs[j] += g[j];
+    }
     if constexpr (packed_core<S>())
-      ops::packed::gemm_whole_b<S>(2 * n, Dh, Tk, {bp.P, Tk, 1}, t.pK, bp.dQb, Dh, false, t.Ap);
+      pk::gemm_whole_b<S>(2 * n, Dh, Tk, {G0, Tk, 1}, t.pK, bp.dQb, Dh, false, t.Ap);
     else
-      Eigen::Map<RowMat<S>, Eigen::AlignedMax>(bp.dQb, 2 * n, Dh).noalias() = GA * Kh;
-    dRb.noalias() -= r0.matrix().asDiagonal() * Rb;
+      small_product<S>(2 * n, Dh, Tk, {G0, Tk, 1}, {t.Kh, Dh, 1}, bp.dQb, Dh, false, t.Ap, t.Bpan);
+    for (Index r = 0; r < n; ++r) {
+      const S* rr = bp.Rb + r * Dh;
+      S* dr = bp.dRb + r * Dh;
+      const S c = r0[r];
+      for (Index d = 0; d < Dh; ++d) dr[d] -= c * rr[d];
+    }
     if constexpr (packed_core<S>())  // dK_h^T += [Qb; Rb]^T [g0'; g1']
-      ops::packed::gemm_stream_b<S>(Dh, Tk, 2 * n, ops::packed::View<S>{bp.Qb, Dh, 1}.t(), {bp.P, Tk, 1}, t.dKh, Tk,
-                                    true, t.Ap, t.Bpan);
+      pk::gemm_stream_b<S>(Dh, Tk, 2 * n, pk::View<S>{bp.Qb, Dh, 1}.t(), {G0, Tk, 1}, t.dKh, Tk, true, t.Ap, t.Bpan);
     else
-      dKh.noalias() += GA.transpose() * Eigen::Map<const RowMat<S>, Eigen::AlignedMax>(bp.Qb, 2 * n, Dh);
+      small_product<S>(Tk, Dh, 2 * n, pk::View<S>{G0, Tk, 1}.t(), {bp.Qb, Dh, 1}, t.dKh, Dh, true, t.Ap, t.Bpan);
     // R = Q W_rel^T  ->  dQ += dR W_rel, dW_rel += dR^T Q
-    Eigen::Map<const RowMat<S>> Wr(hp->W_rel, Dh, Dh);
-    dQb.noalias() += dRb * Wr;
-    Eigen::Map<RowMat<S>>(dWr, Dh, Dh).noalias() += dRb.transpose() * Qb;
-    Eigen::Map<RowMat<S>, 0, Eigen::OuterStride<>>(dQ + i0 * ld, n, Dh, Eigen::OuterStride<>(ld)) = dQb;
+    small_product<S>(n, Dh, Dh, {bp.dRb, Dh, 1}, {hp->W_rel, Dh, 1}, bp.dQb, Dh, true, t.Ap, t.Bpan);
+    small_product<S>(Dh, Dh, n, pk::View<S>{bp.dRb, Dh, 1}.t(), {bp.Qb, Dh, 1}, dWr, Dh, true, t.Ap, t.Bpan);
+    for (Index r = 0; r < n; ++r) std::copy(bp.dQb + r * Dh, bp.dQb + (r + 1) * Dh, dQ + (i0 + r) * ld);
   }
 
   /// After the pair's last backward block: dK_h and dV_h into the pair's rows of dK, dV (row stride ld).
   void backward_end(S* dK, S* dV) const {
     const Index Dh = hp->Dh;
-    Eigen::Map<const RowMat<S>, Eigen::AlignedMax> Kh(t.Kh, Tk, Dh);
-    Eigen::Map<const RowVec<S>, Eigen::AlignedMax> cs(t.col0, Tk);
-    Eigen::Map<RowMat<S>, 0, Eigen::OuterStride<>> dKo(dK, Tk, Dh, Eigen::OuterStride<>(ld)),
-        dVo(dV, Tk, Dh, Eigen::OuterStride<>(ld));
-    if constexpr (packed_core<S>()) {  // dKh and dVh hold dK_h^T and dV_h^T [Dh, Tk]
-      const Eigen::Map<const Mat<S>> dKt(t.dKh, Dh, Tk), dVt(t.dVh, Dh, Tk);
-      dKo = dKt.transpose() - cs.transpose().asDiagonal() * Kh;  // the (sum_i g1'_ij) K_j term of dK_j
-      dVo = dVt.transpose();
-    } else {
-      Eigen::Map<RowMat<S>, Eigen::AlignedMax> dKh(t.dKh, Tk, Dh);
-      dKh -= cs.transpose().asDiagonal() * Kh;
-      dKo = dKh;
-      dVo = Eigen::Map<const RowMat<S>, Eigen::AlignedMax>(t.dVh, Tk, Dh);
+    const S* cs = t.col0;
+    for (Index j = 0; j < Tk; ++j) {
+      S* dk = dK + j * ld;
+      S* dv = dV + j * ld;
+      const S* kj = t.Kh + j * Dh;
+      for (Index d = 0; d < Dh; ++d) {
+        // packed: dKh and dVh hold dK_h^T and dV_h^T [Dh, Tk]; the (sum_i g1'_ij) K_j term of dK_j
+        const S gk = packed_core<S>() ? t.dKh[d * Tk + j] : t.dKh[j * Dh + d];
+        dk[d] = gk - cs[j] * kj[d];
+        dv[d] = packed_core<S>() ? t.dVh[d * Tk + j] : t.dVh[j * Dh + d];
+      }
     }
   }
 
@@ -421,19 +486,22 @@ private:
     return f;
   }
 
+  /// rows [rows, cols] from src (row stride lds) into dst (contiguous).
+  static void copy_rows(const S* src, Index lds, Index rows, Index cols, S* dst) {
+    for (Index r = 0; r < rows; ++r) std::copy(src + r * lds, src + r * lds + cols, dst + r * cols);
+  }
+
   /// Q rows of the block into Qb; R = Q W_rel^T into Rb (forward: computed and saved; backward: read back).
   void load_q(Index i0, Index n, Buffers& f, bool saved_r) {
     const Index Dh = hp->Dh;
-    using Strided = Eigen::Map<RowMat<S>, 0, Eigen::OuterStride<>>;
-    Eigen::Map<RowMat<S>, Eigen::AlignedMax> Qb(f.Qb, n, Dh);
-    Eigen::Map<RowMat<S>> Rb(f.Rb, n, Dh);
-    Qb = Eigen::Map<const RowMat<S>, 0, Eigen::OuterStride<>>(Q + i0 * ld, n, Dh, Eigen::OuterStride<>(ld));
-    Strided Rg(R + i0 * ld, n, Dh, Eigen::OuterStride<>(ld));
+    copy_rows(Q + i0 * ld, ld, n, Dh, f.Qb);
+    S* Rg = R + i0 * ld;
     if (saved_r) {
-      Rb = Rg;
+      copy_rows(Rg, ld, n, Dh, f.Rb);
     } else {
-      Rb.noalias() = Qb * Eigen::Map<const RowMat<S>>(hp->W_rel, Dh, Dh).transpose();
-      Rg = Rb;
+      small_product<S>(n, Dh, Dh, {f.Qb, Dh, 1}, ops::packed::View<S>{hp->W_rel, Dh, 1}.t(), f.Rb, Dh, false, t.Ap,
+                       t.Bpan);
+      for (Index r = 0; r < n; ++r) std::copy(f.Rb + r * Dh, f.Rb + (r + 1) * Dh, Rg + r * ld);
     }
   }
 
@@ -449,11 +517,10 @@ private:
       product_kt(n, f.Rb, f.E1);
     }
     for (Index k = 0; k < n * Tk; ++k) f.E0[k] *= inv_sqrt;
-    Eigen::Map<ColArr<S>, Eigen::AlignedMax> r0(t.r0, n);
-    r0 = Eigen::Map<const RowMat<S>>(f.Rb, n, Dh).rowwise().squaredNorm();
     for (Index r = 0; r < n; ++r) {  // one pass per row (plain loops, vectorised)
       S* e1 = f.E1 + r * Tk;
-      const S rr = r0[r];
+      const S* rrow = f.Rb + r * Dh;
+      const S rr = dot(rrow, rrow, Dh);
       const S* knp = t.kn;
       if (cl) {
         std::uint8_t* c = cl + r * Tk;
@@ -476,73 +543,79 @@ private:
     if constexpr (packed_core<S>())
       ops::packed::gemm_whole_b<S>(rows, Tk, Dh, {A, Dh, 1}, t.pKt, C, Tk, false, t.Ap);
     else
-      MatMap<S>(C, rows, Tk).noalias() =
-          Eigen::Map<const RowMat<S>>(A, rows, Dh) * Eigen::Map<const RowMat<S>, Eigen::AlignedMax>(t.Kh, Tk, Dh).transpose();
+      small_product<S>(rows, Tk, Dh, {A, Dh, 1}, ops::packed::View<S>{t.Kh, Dh, 1}.t(), C, Tk, false, t.Ap, t.Bpan);
   }
 
-  /// Per-query normalisation over the real keys, in place; saves mu / sigma / the floor flag where rs has room.
-  void normalise_forward(Index i0, Index n, const Buffers& f, const RowStats<S>& rs) {
-    Eigen::Map<const RowArr<S>, Eigen::AlignedMax> m(t.mrow, Tk);
-    Eigen::Map<ColArr<S>, Eigen::AlignedMax> r1(t.r1, n);
+  /// Per-query normalisation over the real keys, in place. Forward computes mu and sigma (saved where rs has room,
+  /// with the floor flag); the recompute (saved) reads them.
+  void normalise(Index i0, Index n, const Buffers& f, const RowStats<S>& rs, bool saved) {
+    const S* m = t.mrow;
     for (int e = 0; e < 2; ++e) {
-      MatMap<S> E(e == 0 ? f.E0 : f.E1, n, Tk);
-      auto A = E.array();
+      S* E = e == 0 ? f.E0 : f.E1;
       S* mup = e == 0 ? rs.mu0 : rs.mu1;
       S* sgp = e == 0 ? rs.sigma0 : rs.sigma1;
       std::uint8_t* flp = e == 0 ? rs.floor0 : rs.floor1;
-      Eigen::Map<ColArr<S>> mu(mup ? mup + i0 : t.r0, n), sg(sgp ? sgp + i0 : t.r3, n);
-      mu.matrix().noalias() = E * m.matrix().transpose();  // the sum over the real keys (a GEMV)
-      mu /= nr;
-      A = (A.colwise() - mu).rowwise() * m;
-      r1 = A.square().rowwise().sum() / nr;  // biased variance
-      sg = r1.max(S(DeaConstants::var_floor)).sqrt();
-      if (flp)
-        for (Index r = 0; r < n; ++r) flp[i0 + r] = r1[r] < S(DeaConstants::var_floor) ? 1 : 0;
-      r1 = S(1) / (sg + S(DeaConstants::norm_eps));  // one division per row, then products
-      A.colwise() *= r1;
-    }
-  }
-  /// The same normalisation from the saved mu and sigma.
-  void normalise_recompute(Index i0, Index n, const Buffers& f, const RowStats<S>& rs) {
-    Eigen::Map<const RowArr<S>, Eigen::AlignedMax> m(t.mrow, Tk);
-    Eigen::Map<ColArr<S>, Eigen::AlignedMax> r1(t.r1, n);
-    for (int e = 0; e < 2; ++e) {
-      auto A = MatMap<S>(e == 0 ? f.E0 : f.E1, n, Tk).array();
-      Eigen::Map<const ColArr<S>> mu((e == 0 ? rs.mu0 : rs.mu1) + i0, n), sg((e == 0 ? rs.sigma0 : rs.sigma1) + i0, n);
-      A = (A.colwise() - mu).rowwise() * m;
-      r1 = S(1) / (sg + S(DeaConstants::norm_eps));
-      A.colwise() *= r1;
+      for (Index r = 0; r < n; ++r) {
+        S* a = E + r * Tk;
+        S mu, sg;
+        if (saved) {
+          mu = mup[i0 + r];
+          sg = sgp[i0 + r];
+        } else {
+          mu = dot(a, m, Tk) / nr;  // the mean over the real keys
+        }
+        for (Index j = 0; j < Tk; ++j) a[j] = (a[j] - mu) * m[j];  // E - mu at real keys, 0 at padded keys
+        if (!saved) {
+          const S var = dot(a, a, Tk) / nr;  // biased variance
+          sg = std::sqrt(var > S(DeaConstants::var_floor) ? var : S(DeaConstants::var_floor));
+          if (mup) mup[i0 + r] = mu;
+          if (sgp) sgp[i0 + r] = sg;
+          if (flp) flp[i0 + r] = var < S(DeaConstants::var_floor) ? 1 : 0;
+        }
+        const S inv = S(1) / (sg + S(DeaConstants::norm_eps));  // one division per row, then products
+        for (Index j = 0; j < Tk; ++j) a[j] *= inv;
+      }
     }
   }
 
   /// The gate (logit L, alpha-hat A) and the mixing coefficient M; with `gate` the rows' gate loss.
   void gate_and_mix(Index i0, Index n, const Buffers& f, const BlockMaps<S>& mp, const GateCtx<S>* gate) {
-    const Index Dh = hp->Dh;
+    const Index Dh = hp->Dh, nt = n * Tk;
     const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
     const S* wg = hp->w_gate;
-    Eigen::Map<ColVec<S>, Eigen::AlignedMax> lq(t.r2, n);
-    lq.noalias() = Eigen::Map<const RowMat<S>, Eigen::AlignedMax>(f.Qb, n, Dh) * Eigen::Map<const ColVec<S>>(wg, Dh);
     const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = hp->c_gate;
-    MatMap<S> L(f.L, n, Tk), A(f.A, n, Tk);
-    L.array() = ((w0 * MatMap<S>(f.E0, n, Tk).array() + w1 * MatMap<S>(f.E1, n, Tk).array()).colwise() + lq.array())
-                    .rowwise() +
-                Eigen::Map<const RowArr<S>, Eigen::AlignedMax>(t.lk, Tk);
-    L.array() += cg;
+    for (Index r = 0; r < n; ++r) {  // logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c
+      const S lq = dot(f.Qb + r * Dh, wg, Dh);
+      const S* e0 = f.E0 + r * Tk;
+      const S* e1 = f.E1 + r * Tk;
+      S* l = f.L + r * Tk;
+      for (Index j = 0; j < Tk; ++j) l[j] = (((w0 * e0[j] + w1 * e1[j]) + lq) + t.lk[j]) + cg;
+    }
     if (gate) {  // X = d alpha-hat / d logit: sigmoid' inside the +-10 clip and below the 0.95 cap, else 0
-      MatMap<S>(t.X, n, Tk).array() = S(1) / (S(1) + (-L.array()).exp());
       S* xp = t.X;
       const S* lp = f.L;
-      for (Index k = 0; k < n * Tk; ++k) {  // a plain loop: Eigen 3.4 evaluates select() one scalar at a time
-        const S x = xp[k], l = lp[k];
+      for (Index k = 0; k < nt; ++k) xp[k] = -lp[k];
+      exp_in_place(xp, nt);
+      for (Index k = 0; k < nt; ++k) {
+        const S x = S(1) / (S(1) + xp[k]), l = lp[k];
         xp[k] = (l < -clip || l > clip || x > amax) ? S(0) : x * (S(1) - x);
       }
     }
-    A.array() = (S(1) / (S(1) + (-L.array().max(-clip).min(clip)).exp())).min(amax);
+    // alpha_hat = min(0.95, sigmoid(clip(logit, -10, 10)))
+    for (Index k = 0; k < nt; ++k) {
+      const S l = f.L[k];
+      f.A[k] = -(l < -clip ? -clip : (l > clip ? clip : l));
+    }
+    exp_in_place(f.A, nt);
+    for (Index k = 0; k < nt; ++k) {
+      const S a = S(1) / (S(1) + f.A[k]);
+      f.A[k] = a < amax ? a : amax;
+    }
     // alpha_mix: the detached alpha-hat (or the frozen copy), with an oracle gamma a_eff + (1 - gamma) alpha-hat
     const bool oracle = in && in->has_oracle();
     const bool frozen = in && in->has_frozen_alpha_hat();
     if (!oracle && !frozen) {
-      if (f.M != f.A) std::copy(f.A, f.A + n * Tk, f.M);
+      if (f.M != f.A) std::copy(f.A, f.A + nt, f.M);
       return;
     }
     const S gamma = in->gamma_mix();
@@ -606,10 +679,9 @@ private:
           dl[j] = v;
           col[j] += v;
         }
-        const Eigen::Map<const RowArr<S>, Eigen::AlignedMax> dla(dl, Tk);
-        rsum = dla.sum();
-        s0 = (dla * Eigen::Map<const RowArr<S>>(e0, Tk)).sum();
-        s1 = (dla * Eigen::Map<const RowArr<S>>(e1, Tk)).sum();
+        rsum = sum_of(dl, Tk);
+        s0 = dot(dl, e0, Tk);
+        s1 = dot(dl, e1, Tk);
         if (!keep) std::fill(g_reg, g_reg + Tk, S(0));
       } else if (tk >= 0) {
         const S dl = g_spot[tk] * dsig[tk];
@@ -629,37 +701,46 @@ private:
   /// Scores Sc = (1 - M) E0~ + M E1~ and the masked softmax into P (forward saves the row shift and sum where
   /// rs has room; the recompute reads them).
   void softmax(Index i0, Index n, const Buffers& f, const RowStats<S>& rs, bool saved) {
-    MatMap<S> Sc(f.Sc, n, Tk), P(f.P, n, Tk);
-    ConstMatMap<S> M(f.M, n, Tk), E0(f.E0, n, Tk), E1(f.E1, n, Tk);
-    Sc = (S(1) - M.array()).matrix().cwiseProduct(E0) + M.cwiseProduct(E1);
-    Eigen::Map<ColArr<S>> shift(rs.shift ? rs.shift + i0 : t.r0, n), z(rs.sum ? rs.sum + i0 : t.r1, n);
+    const Index nt = n * Tk;
+    for (Index k = 0; k < nt; ++k) {
+      const S mk = f.M[k];
+      f.Sc[k] = (S(1) - mk) * f.E0[k] + mk * f.E1[k];
+    }
     if (!any_real) {  // every key of the sequence masked: zeros, never NaN
-      P.setZero();
+      std::fill(f.P, f.P + nt, S(0));
       if (!saved) {
-        shift.setZero();
-        z.setOnes();
+        if (rs.shift) std::fill(rs.shift + i0, rs.shift + i0 + n, S(0));
+        if (rs.sum) std::fill(rs.sum + i0, rs.sum + i0 + n, S(1));
       }
       return;
     }
-    Eigen::Map<const RowArr<S>, Eigen::AlignedMax> kbias(t.kbias, Tk);
-    auto PA = P.array();
-    if (!saved) {
-      for (Index r = 0; r < n; ++r) {
-        const S mx = (Sc.array().row(r) + kbias).maxCoeff();
-        shift[r] = mx == -std::numeric_limits<S>::infinity() ? S(0) : mx;
-      }
-    }
+    const S* kb = t.kbias;
     for (Index r = 0; r < n; ++r) {  // per row: vectorised (see ops/softmax.hpp); masked keys exactly 0
-      PA.row(r) = (Sc.array().row(r) + kbias - shift[r]).exp();
-      ops::flush_exp_underflow(f.P + r * Tk, Tk);
+      S* p = f.P + r * Tk;
+      const S* sc = f.Sc + r * Tk;
+      for (Index j = 0; j < Tk; ++j) p[j] = sc[j] + kb[j];
+      S shift;
+      if (saved) {
+        shift = rs.shift[i0 + r];
+      } else {
+        const S mx = max_of(p, Tk);
+        shift = mx == -std::numeric_limits<S>::infinity() ? S(0) : mx;
+      }
+      for (Index j = 0; j < Tk; ++j) p[j] -= shift;
+      exp_in_place(p, Tk);
+      ops::flush_exp_underflow(p, Tk);
+      S z;
+      if (saved) {
+        z = rs.sum[i0 + r];
+      } else {
+        z = sum_of(p, Tk);
+        z = z > S(0) ? z : S(1);
+        if (rs.shift) rs.shift[i0 + r] = shift;
+        if (rs.sum) rs.sum[i0 + r] = z;
+      }
+      const S zinv = S(1) / z;
+      for (Index j = 0; j < Tk; ++j) p[j] *= zinv;
     }
-    if (!saved) {
-      z = PA.rowwise().sum();
-      z = (z > S(0)).select(z, S(1));
-    }
-    Eigen::Map<ColArr<S>, Eigen::AlignedMax> zinv(t.r3, n);
-    zinv = S(1) / z;
-    PA.colwise() *= zinv;
   }
 
   /// Dropout multipliers (0 or 1/(1-p)) of rows [i0, i0 + n) into D [n, Tk]: the counter-based mask of the cell's
