@@ -8,8 +8,9 @@
 // constexpr, so it can be a static array) and holds the positional table and every activation; forward() then
 // allocates nothing, for any batch <= max_batch and length <= max_len.
 //
-// Sizes: Heads and DHead (as in DualExpertAttention) and Layers may be fixed at compile time (the per-head
-// kernels are then unrolled and the layer table is a std::array), or Dynamic.
+// Sizes: Heads and DHead (as in DualExpertAttention) and Layers may be fixed at compile time (they are checked
+// against the configuration; the attention kernel depends on the scalar type only, and the layer table is then
+// a std::array), or Dynamic.
 //
 // Forward, for ids [B, T] (row b*T + t), N = B*T, D = d_model (the shapes and names of transformer.hpp):
 //   x = tok_emb[ids] sqrt(D) (+ seg_emb[token_types]) + PE[:T]                       [N, D]
@@ -91,9 +92,6 @@ class InferenceModel {
 
 public:
   using Scalar = S;
-  /// Per-head [T, Dh] block and [Dh, Dh] matrix, as in DualExpertAttention.
-  using HeadMat = Eigen::Matrix<S, Eigen::Dynamic, DHead>;
-  using RelMat = Eigen::Matrix<S, DHead, DHead, (DHead == 1 ? Eigen::ColMajor : Eigen::RowMajor)>;
 
   /// The tensors of one encoder layer, in the reference's state_dict order (names after "layers.<i>.").
   enum LayerTensor {
