@@ -5,6 +5,8 @@
 // run the projections and hand the core to the kernel.
 #pragma once
 
+#include "../dual_expert.hpp"  // (the class; this file is included at its end)
+
 #include "../../core/parallel.hpp"
 #include "../../ops/linear.hpp"
 
