@@ -6,6 +6,7 @@
 // determinism, gradient isolation, and the O(T) cache.
 #include <catch2/catch.hpp>
 #include <dea/attention/dual_expert.hpp>
+#include "instances/dual_expert_shapes.hpp"
 #include <dea/testing/gradcheck.hpp>
 
 #include <cmath>
@@ -613,9 +614,11 @@ TEST_CASE("tiled kernel: the cache holds no [Tq, Tk] map", "[dea][tiled][memory]
   // one [B, H, Tq, Tk] map. One slice per thread: the bound is per slice. (The packed panels round Dh = 4 up to the
   // kernel's NR columns, 16 doubles with AVX-512, so a slice is 37K values there; two slices exceeded cells / 2.)
   const std::size_t threads = static_cast<std::size_t>(num_threads() < 1 ? 1 : num_threads());
-  REQUIRE(c.tile_scratch.size() / threads < cells / 2);
-  // the oracle copy is the caller's [B, Tq, Tk] tensor (backward recomputes alpha_mix from it)
-  REQUIRE(c.oracle_copy.size() == static_cast<std::size_t>(in.oracle.numel()));
+  REQUIRE(c.scratch.size() / threads < cells / 2);
+  // the cache shares the caller's oracle through its AttnInputs (backward recomputes alpha_mix from it): one
+  // [B, Tq, Tk] tensor, not a copy per layer
+  REQUIRE(c.in.has_oracle());
+  REQUIRE(c.in.oracle().numel() == in.oracle.numel());
   // the cache's map fields of the reference kernel are released when a cache switches kernels
   L ref = make_layer<L>(cs, DeaKernel::reference);
   L::Cache shared;

@@ -3,6 +3,7 @@
 // accumulation contract, thread-count independence, masks, the gate-loss definitions and bad input.
 #include <catch2/catch.hpp>
 #include <dea/attention/dual_expert.hpp>
+#include "instances/dual_expert_shapes.hpp"
 #include <dea/testing/gradcheck.hpp>
 
 #include <cmath>
@@ -640,5 +641,50 @@ TEST_CASE("DEA one-dimensional heads at fixed size (DHead = 1) match dynamic siz
   for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
     CAPTURE(kernel == DeaKernel::tiled ? "tiled" : "reference");
     require_fixed_matches_dynamic<DualExpertAttention<double, 2, 1>>(2, 2, 6, 0.3, kernel);
+  }
+}
+
+TEST_CASE("DEA refuses causal masking (AttnInputs and AttnContext) instead of ignoring it", "[dea][errors]") {
+  Rng rng(3);
+  DEA layer(8, 2, rng);
+  Mat<double> x(2 * 5, 8);
+  init::normal(x, rng, 0, 1);
+  DEA::Cache c;
+  AttnInputs<double> in(2, 5);
+  in.set_causal(true);
+  REQUIRE_THROWS_WITH(layer.forward(x, in, c), Catch::Contains("DualExpertAttention") && Catch::Contains("causal"));
+  AttnContext<double> ctx;
+  ctx.causal = true;
+  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("DualExpertAttention") && Catch::Contains("causal"));
+}
+
+TEST_CASE("DEA: the AttnInputs and AttnContext forms give the same bits; the cache shares the oracle", "[dea]") {
+  Rng rng(5);
+  const Index B = 2, T = 6;
+  Mat<double> x(B * T, 8);
+  init::normal(x, rng, 0, 1);
+  Tensor<std::uint8_t> km({B, T}, 1);
+  km[T - 1] = 0;
+  Tensor<double> oracle({B, T, T}, std::numeric_limits<double>::quiet_NaN());
+  for (Index k = 0; k < oracle.numel(); k += 3) oracle[k] = 0.1 * double(k % 7);
+  AttnContext<double> ctx;
+  ctx.key_mask = &km;
+  ctx.alpha_oracle = &oracle;
+  ctx.gamma_mix = 0.5;
+  AttnInputs<double> in(B, T);
+  in.set_key_mask(km).set_oracle(oracle).set_gamma_mix(0.5);
+  for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
+    CAPTURE(kernel == DeaKernel::tiled ? "tiled" : "reference");
+    DEA::Options opt;
+    opt.kernel = kernel;
+    Rng r1(9);
+    DEA l(8, 2, r1, opt);
+    DEA::Cache a, b;
+    const Mat<double> ya = l.forward(x, B, ctx, a), yb = l.forward(x, in, b);
+    REQUIRE(ya == yb);
+    REQUIRE(a.loss_gate == b.loss_gate);
+    REQUIRE(l.backward(ya, a) == l.backward(yb, b));
+    // one oracle tensor for the inputs and every cache that read them
+    REQUIRE(&b.in.oracle() == &in.oracle());
   }
 }

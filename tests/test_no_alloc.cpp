@@ -1,8 +1,8 @@
 // No allocation in the inference path: this executable replaces the global operator new / delete with counting
 // versions and turns Eigen's own heap allocations (which use malloc, not new) into counted events through
 // EIGEN_RUNTIME_NO_MALLOC and a counting eigen_assert. After the set-up, forward of a Dual-Expert layer (same
-// shapes, key mask, no oracle) and of an InferenceModel (any batch and length up to the workspace's maximum)
-// must count zero of either.
+// shapes, AttnInputs built beforehand, no oracle) and of an InferenceModel (any batch and length up to the
+// workspace's maximum) must count zero of either.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +27,7 @@ void note_eigen_assert(const char* what, const char* file, int line) {
 
 #include <catch2/catch.hpp>
 #include <dea/attention/dual_expert.hpp>
+#include "instances/dual_expert_shapes.hpp"
 #include <dea/nn/inference.hpp>
 #include <dea/nn/transformer.hpp>
 
@@ -110,26 +111,27 @@ void layer_forward_allocates_nothing(Index D, Index H, Index B, Index T, DeaKern
   init::normal(x2, rng, 0, 1);
   Tensor<std::uint8_t> km({B, T}, 1);
   km[T - 1] = 0;  // one padded key in the first sequence
-  AttnContext<S> ctx;
-  ctx.key_mask = &km;
+  AttnInputs<S> in(B, T);
+  in.set_key_mask(km);
+  km[T - 2] = 0;  // the inputs of another batch: another mask
+  AttnInputs<S> in2(B, T);
+  in2.set_key_mask(km);
   typename A::Cache cache;
   Mat<S> y;
-  layer.forward(x, B, ctx, cache, y);  // set-up: sizes the cache and y
+  layer.forward(x, in, cache, y);  // set-up: sizes the cache and y
   const Mat<S> y_first = y;
 
   AllocWindow w;
   for (int rep = 0; rep < 3; ++rep) {
-    layer.forward(x2, B, ctx, cache, y);
-    km[T - 2] = static_cast<std::uint8_t>(rep % 2);  // the mask's contents may change
-    layer.forward(x, B, ctx, cache, y);
+    layer.forward(x2, rep % 2 ? in : in2, cache, y);  // the mask may change from call to call
+    layer.forward(x, in2, cache, y);
   }
   w.stop();
   INFO("D " << D << " H " << H << " B " << B << " T " << T);
   CHECK(w.news == 0);
   CHECK(w.eigen == 0);
   // the same call gives the same result as before (the scratch holds no stale state)
-  km[T - 2] = 1;
-  layer.forward(x, B, ctx, cache, y);
+  layer.forward(x, in, cache, y);
   CHECK(y == y_first);
 }
 

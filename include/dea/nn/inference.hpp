@@ -8,19 +8,21 @@
 // constexpr, so it can be a static array) and holds the positional table and every activation; forward() then
 // allocates nothing, for any batch <= max_batch and length <= max_len.
 //
-// Sizes: Heads and DHead (as in DualExpertAttention) and Layers may be fixed at compile time (the per-head
-// kernels are then unrolled and the layer table is a std::array), or Dynamic.
+// Sizes: Heads and DHead (as in DualExpertAttention) and Layers may be fixed at compile time (they are checked
+// against the configuration; the attention kernel depends on the scalar type only, and the layer table is then
+// a std::array), or Dynamic.
 //
 // Forward, for ids [B, T] (row b*T + t), N = B*T, D = d_model (the shapes and names of transformer.hpp):
 //   x = tok_emb[ids] sqrt(D) (+ seg_emb[token_types]) + PE[:T]                       [N, D]
 //   per layer: h = LN1(x); x += DEA(h) (no oracle: alpha_mix = alpha-hat); h = LN2(x); x += FFN(h)
 //   y = ln_f(x);  cls: logits = Linear3(tanh(Linear0(y[b*T + 0])))  [B, C];  mlm: logits = y tok_emb^T + b  [N, V]
-// Each step runs the kernel TransformerModel's evaluation forward runs (ops::*_into, and the Dual-Expert pair
-// kernel of attention/dual_expert.hpp restated on workspace buffers with the same layout), so the logits agree
-// with the model's; tests/test_inference.cpp checks it against TransformerModel, dynamic and fixed sizes.
+// Each step runs the kernel TransformerModel's evaluation forward runs (ops::*_into, and the Dual-Expert row-block
+// kernel of attention/dual_expert/row_block.hpp on workspace buffers laid out as the layer cache's maps), so the
+// logits agree with the model's bit for bit; tests/test_inference.cpp checks it against TransformerModel, dynamic
+// and fixed sizes.
 #pragma once
 
-#include "../attention/gate_loss.hpp"
+#include "../attention/dual_expert/row_block.hpp"
 #include "../core/error.hpp"
 #include "../core/parallel.hpp"
 #include "../core/tensor.hpp"
@@ -36,6 +38,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -89,9 +92,6 @@ class InferenceModel {
 
 public:
   using Scalar = S;
-  /// Per-head [T, Dh] block and [Dh, Dh] matrix, as in DualExpertAttention.
-  using HeadMat = Eigen::Matrix<S, Eigen::Dynamic, DHead>;
-  using RelMat = Eigen::Matrix<S, DHead, DHead, (DHead == 1 ? Eigen::ColMajor : Eigen::RowMajor)>;
 
   /// The tensors of one encoder layer, in the reference's state_dict order (names after "layers.<i>.").
   enum LayerTensor {
@@ -352,11 +352,12 @@ private:
 
   Index pe_size() const { return aligned_count<S>(max_len_ * cfg_.d_model); }
 
-  /// Scratch of one (b, h) pair of the attention kernel: Q_h, K_h, V_h, R_h, |R_i|^2, |K_j|^2, the key-mask row,
-  /// the normalisation's mean and variance, the gate's q and k terms, and the softmax's scratch.
-  static constexpr Index pair_scratch(Index T, Index Dh) {
-    return 4 * aligned_count<S>(T * Dh) + 4 * aligned_count<S>(T) + 3 * aligned_count<S>(T) +
-           ops::masked_softmax_scratch<S>(T, T);
+  /// The attention's (b, h) pairs are spread over at most kAttnSlots scratch slots (pair bh on slot bh % slots,
+  /// slots run in parallel), so that the workspace does not depend on the thread count.
+  static constexpr Index kAttnSlots = 8;
+  static constexpr Index attn_slots(Index B, Index H) { return B * H < kAttnSlots ? B * H : kAttnSlots; }
+  static constexpr Index slot_size(Index T, Index Dh) {
+    return aligned_count<S>(::dea::detail::dex::Scratch<S>::size_bound(T, Dh));
   }
 
   /// Everything after the positional table, for B sequences of T tokens.
@@ -364,7 +365,7 @@ private:
     const Index N = B * T, D = c.d_model, H = c.n_heads, Dh = c.d_model / c.n_heads;
     Index n = 6 * aligned_count<S>(N * D) + aligned_count<S>(N * c.d_ff);
     if (c.n_layers > 0)
-      n += 3 * aligned_count<S>(B * H * T * T) + aligned_count<S>(B * H * T) + B * H * pair_scratch(T, Dh);
+      n += 3 * aligned_count<S>(B * H * T * T) + aligned_count<S>(B * H * T) + attn_slots(B, H) * slot_size(T, Dh);
     if (c.task == Task::cls)
       n += 3 * aligned_count<S>(B * D) + aligned_count<S>(B * c.n_classes);
     else
@@ -389,14 +390,14 @@ private:
   }
 
   /// Dual-Expert attention of one layer without oracle, in place on h [N, D] (LN1 output in, attention output
-  /// out). Its [B, H, T, T] buffers and pair scratch come from `ws` (a copy: every layer reuses the same region).
-  /// Buffers that Eigen traverses with packets keep the layer cache's layout and alignment (the [B, H, T, T]
-  /// slices, sigma [B, H, T]): where a vectorised loop starts depends on the address, and Eigen's packet sqrt and
-  /// exp are not the scalar ones bit for bit. The pair kernel is DualExpertAttention's forward with alpha_mix = alpha-hat; the [B, H, T, T] buffers
-  /// have the layer cache's layout, E0 turns into the scores and then into P in place.
+  /// out): the row-block kernel of DualExpertAttention's reference kernel, with its maps in `ws` (a copy: every
+  /// layer reuses the same region). E0~, E1~ and alpha-hat are [B, H, T, T] buffers with the layer cache's
+  /// layout (alpha_mix = alpha-hat without an oracle; the scores and P replace E0~ in place), so every vectorised
+  /// loop starts where the layer's does and the results are the same bits.
   void attention(const S* const* w, MatMap<S>& h, MatMap<S>& Q, MatMap<S>& K, MatMap<S>& V, MatMap<S>& ctx, Index B,
                  Index T, const std::uint8_t* mask, Workspace<S> ws) const {
-    const Index D = cfg_.d_model, H = cfg_.n_heads, Dh = D / H, G = 2 * Dh + 2;
+    namespace dex = ::dea::detail::dex;
+    const Index D = cfg_.d_model, H = cfg_.n_heads, Dh = D / H;
     ops::linear_forward_into<S>(h, ConstMatMap<S>(w[kWq], D, D), w[kBq], Q);  // Q = h W_q^T + b_q
     ops::linear_forward_into<S>(h, ConstMatMap<S>(w[kWk], D, D), w[kBk], K);  // K = h W_k^T + b_k
     ops::linear_forward_into<S>(h, ConstMatMap<S>(w[kWv], D, D), w[kBv], V);  // V = h W_v^T + b_v
@@ -404,89 +405,59 @@ private:
     S* e1 = ws.take(B * H * T * T);
     S* ah = ws.take(B * H * T * T);
     S* sigma = ws.take(B * H * T);  // [B, H, T] row sigmas, laid out as the layer cache's sigma0 / sigma1
-    const Index ps = pair_scratch(T, Dh);
-    S* pairs = ws.take(B * H * ps);
-
-    const S inv_sqrt = S(1) / std::sqrt(S(Dh));
-    const S inv_dh = S(1) / S(Dh);
-    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+    const Index slots = attn_slots(B, H), per = slot_size(max_len_, Dh);
+    S* scratch = ws.take(slots * per);
+    // R is written by the kernel and not read again: it takes the rows of h (h is rewritten by W_o below)
+    S* R = h.data();
+    const Index bq = dex::block_rows<S>(0, T, T);
     const bool par = double(B * H) * double(T) * double(T) * double(4 * Dh + 20) > kParallelMinFlops;
-    parallel_for(B * H, [&](Index bh) {
-      const Index b = bh / H, hd = bh % H;
-      const Index off = bh * T * T;
-      const std::uint8_t* km = mask ? mask + b * T : nullptr;
-      Workspace<S> pw(pairs + bh * ps, ps);
-      using ColVec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
-      using ColArr = Eigen::Array<S, Eigen::Dynamic, 1>;
-      Eigen::Map<HeadMat, Eigen::AlignedMax> Qh(pw.take(T * Dh), T, Dh), Kh(pw.take(T * Dh), T, Dh),
-          Vh(pw.take(T * Dh), T, Dh), Rh(pw.take(T * Dh), T, Dh);
-      Qh = Q.block(b * T, hd * Dh, T, Dh);
-      Kh = K.block(b * T, hd * Dh, T, Dh);
-      Vh = V.block(b * T, hd * Dh, T, Dh);
-      Eigen::Map<const RelMat> Wr(w[kWrel] + hd * Dh * Dh, Dh, Dh);
-
-      // E0 = Q K^T / sqrt(Dh)
-      MatMap<S> E0(e0 + off, T, T);
-      E0.noalias() = inv_sqrt * (Qh * Kh.transpose());
-      // R_i = W_rel Q_i; E1 = min(0, -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh)
-      Rh.noalias() = Qh * Wr.transpose();
-      MatMap<S> E1(e1 + off, T, T);
-      E1.noalias() = S(2) * (Rh * Kh.transpose());
-      Eigen::Map<ColVec, Eigen::AlignedMax> rn(pw.take(T), T), kn(pw.take(T), T);
-      rn = Rh.rowwise().squaredNorm();
-      kn = Kh.rowwise().squaredNorm();
-      {
-        auto A = E1.array();
-        A = -((A.colwise() - rn.array()).rowwise() - kn.transpose().array()) * (-inv_dh);
-        A = A.min(S(0));
-      }
-      // per-query normalisation over the real keys (n real keys, floored at 1)
-      Eigen::Map<Eigen::Array<S, 1, Eigen::Dynamic>, Eigen::AlignedMax> mrow(pw.take(T), T);
-      Index nr = T;
-      if (km) {
-        nr = 0;
+    parallel_for(slots, [&](Index slot) {
+      for (Index bh = slot; bh < B * H; bh += slots) {
+        const Index b = bh / H, hd = bh % H;
+        dex::HeadParams<S> hp;
+        hp.Dh = Dh;
+        hp.W_rel = w[kWrel] + hd * Dh * Dh;
+        hp.w_gate = w[kWgate] + hd * (2 * Dh + 2);
+        hp.c_gate = w[kCgate][hd];
+        dex::Pair<S> p;
+        p.b = b;
+        p.h = hd;
+        p.H = H;
+        p.Tq = T;
+        p.Tk = T;
+        p.hp = &hp;
+        dex::Scratch<S>::carve(&p.t, scratch + slot * per, bq, T, Dh);
+        // the key mask row and bias of the sequence, in the slot's scratch (no oracle: p.in stays null)
+        const std::uint8_t* km = mask ? mask + b * T : nullptr;
+        Index nr = 0;
         for (Index j = 0; j < T; ++j) {
-          mrow[j] = km[j] ? S(1) : S(0);
-          nr += km[j] ? 1 : 0;
+          const bool real = km == nullptr || km[j] != 0;
+          p.t.mrow[j] = real ? S(1) : S(0);
+          p.t.kbias[j] = real ? S(0) : -std::numeric_limits<S>::infinity();
+          nr += real ? 1 : 0;
         }
-      } else {
-        mrow.setOnes();
+        p.key_row = p.t.mrow;
+        p.key_bias = p.t.kbias;
+        p.n_real_keys = nr;
+        p.ld = D;
+        p.Q = Q.data() + b * T * D + hd * Dh;
+        p.K = K.data() + b * T * D + hd * Dh;
+        p.V = V.data() + b * T * D + hd * Dh;
+        p.R = R + b * T * D + hd * Dh;
+        p.setup(false);
+        dex::RowStats<S> rs;
+        rs.sigma0 = rs.sigma1 = sigma + bh * T;
+        for (Index i0 = 0; i0 < T; i0 += bq) {
+          const Index off = (bh * T + i0) * T;
+          dex::BlockMaps<S> mp;
+          mp.e0n = mp.attn = e0 + off;
+          mp.e1n = e1 + off;
+          mp.alpha_hat = mp.alpha_mix = ah + off;
+          p.forward_block(i0, std::min(bq, T - i0), mp, rs, nullptr, ctx.data() + b * T * D + hd * Dh);
+        }
       }
-      const S n = S(nr < 1 ? 1 : nr);
-      Eigen::Map<ColArr, Eigen::AlignedMax> mu(pw.take(T), T), var(pw.take(T), T);
-      Eigen::Map<ColArr> sg(sigma + bh * T, T);
-      normalise_rows(E0, mrow, n, mu, var, sg);
-      normalise_rows(E1, mrow, n, mu, var, sg);
-      // gate: alpha_hat = min(0.95, sigmoid(clip(Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c)))
-      const S* wg = w[kWgate] + hd * G;
-      Eigen::Map<ColVec, Eigen::AlignedMax> lq(pw.take(T), T), lk(pw.take(T), T);
-      lq.noalias() = Qh * Eigen::Map<const ColVec>(wg, Dh);
-      lk.noalias() = Kh * Eigen::Map<const ColVec>(wg + Dh, Dh);
-      const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = w[kCgate][hd];
-      MatMap<S> Ah(ah + off, T, T);
-      Ah.array() = ((w0 * E0.array() + w1 * E1.array()).colwise() + lq.array()).rowwise() + lk.transpose().array();
-      Ah.array() += cg;
-      Ah.array() = (S(1) / (S(1) + (-Ah.array().max(-clip).min(clip)).exp())).min(amax);
-      // scores S~ = (1 - alpha_hat) E0~ + alpha_hat E1~ (in E0), softmax over the real keys (in place)
-      E0 = (S(1) - Ah.array()).matrix().cwiseProduct(E0) + Ah.cwiseProduct(E1);
-      ops::masked_softmax_rows<S>(E0, km, E0, pw.take(ops::masked_softmax_scratch<S>(T, T)));
-      // ctx_h = P V_h
-      ctx.block(b * T, hd * Dh, T, Dh).noalias() = E0 * Vh;
     }, par);
     ops::linear_forward_into<S>(ctx, ConstMatMap<S>(w[kWo], D, D), w[kBo], h);  // a = ctx W_o^T + b_o
-  }
-
-  /// DualExpertAttention::normalise_rows without the backward's outputs: each row of E becomes
-  /// (E - mu) / (sigma + 1e-5) over the real keys (m), 0 at padded keys.
-  template <class MRow, class Col, class Sig>
-  static void normalise_rows(MatMap<S>& E, const MRow& m, S n, Col& mu, Col& var, Sig& sg) {
-    auto A = E.array();
-    mu = (A.rowwise() * m).rowwise().sum() / n;
-    A = (A.colwise() - mu).rowwise() * m;
-    var = A.square().rowwise().sum() / n;
-    sg = var.max(S(DeaConstants::var_floor)).sqrt();
-    var = sg + S(DeaConstants::norm_eps);
-    A.colwise() /= var;
   }
 
   InferenceConfig cfg_;

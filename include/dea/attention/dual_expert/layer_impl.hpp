@@ -1,0 +1,344 @@
+// dea/attention/dual_expert/layer_impl.hpp: the member functions of DualExpertAttention (dual_expert.hpp).
+//
+// Defined outside the class (not inline), so that an `extern template` declaration keeps other translation units
+// from instantiating them. The work is in kernel.hpp / row_block.hpp (scalar type only); these functions validate,
+// run the projections and hand the core to the kernel.
+#pragma once
+
+#include "../dual_expert.hpp"  // (the class; this file is included at its end)
+
+#include "../../core/parallel.hpp"
+#include "../../ops/linear.hpp"
+
+#include <cmath>
+#include <string>
+
+namespace dea {
+
+template <class S, int Heads, int DHead>
+DualExpertAttention<S, Heads, DHead>::DualExpertAttention(Index d_model, Index n_heads, Rng& rng, Options opt)
+    : D_(d_model), H_(n_heads), opt_(opt) {
+  check(d_model > 0, "DualExpertAttention: d_model must be positive, got ", d_model);
+  check(n_heads > 0, "DualExpertAttention: n_heads must be positive, got ", n_heads);
+  check(d_model % n_heads == 0, "DualExpertAttention: d_model (", d_model, ") must be divisible by n_heads (",
+        n_heads, ")");
+  Dh_ = d_model / n_heads;
+  check(Heads == Dynamic || Heads == n_heads, "DualExpertAttention: n_heads: expected the compile-time ", Heads,
+        ", got ", n_heads);
+  check(DHead == Dynamic || DHead == Dh_, "DualExpertAttention: d_model / n_heads: expected the compile-time ",
+        DHead, ", got ", Dh_);
+  check(opt.dropout >= 0 && opt.dropout < 1, "DualExpertAttention: dropout must be in [0, 1), got ", opt.dropout);
+  const char* names[4] = {"W_q", "W_k", "W_v", "W_o"};
+  for (int p = 0; p < 4; ++p) {
+    weight_[p] = Param<S>(std::string(names[p]) + ".weight", "main", {D_, D_});
+    bias_[p] = Param<S>(std::string(names[p]) + ".bias", "main", {D_});
+  }
+  W_rel_ = Param<S>("W_rel", "main", {H_, Dh_, Dh_});
+  W_gate_ = Param<S>("W_gate", "gate", {H_, 2 * Dh_ + 2});
+  c_gate_ = Param<S>("c_gate", "gate", {H_});
+  reset_parameters(rng);
+}
+
+template <class S, int Heads, int DHead>
+void DualExpertAttention<S, Heads, DHead>::reset_parameters(Rng& rng) {
+  for (int p = 0; p < 4; ++p) {
+    init::xavier_uniform(weight_[p].mat(), rng, D_, D_);
+    bias_[p].value.setZero();
+  }
+  for (Index h = 0; h < H_; ++h)
+    Eigen::Map<Mat<S>>(W_rel_.value.data() + h * Dh_ * Dh_, Dh_, Dh_) = init::orthogonal<S>(Dh_, rng);
+  for (Index h = 0; h < H_; ++h) init::xavier_uniform(W_gate_.mat().row(h), rng, 2 * Dh_ + 2, 1);
+  c_gate_.value.setConstant(S(DeaConstants::c_gate_init));
+}
+
+template <class S, int Heads, int DHead>
+ParamList<S> DualExpertAttention<S, Heads, DHead>::parameters() {
+  ParamList<S> out;
+  const int nproj = opt_.out_proj ? 4 : 3;
+  for (int p = 0; p < nproj; ++p) {
+    out.push_back(&weight_[p]);
+    if (opt_.bias) out.push_back(&bias_[p]);
+  }
+  out.push_back(&W_rel_);
+  out.push_back(&W_gate_);
+  out.push_back(&c_gate_);
+  return out;
+}
+
+template <class S, int Heads, int DHead>
+detail::dex::LayerView<S> DualExpertAttention<S, Heads, DHead>::view() const {
+  detail::dex::LayerView<S> L;
+  L.D = D_;
+  L.H = H_;
+  L.Dh = Dh_;
+  L.block_q = opt_.block_q;
+  L.W_rel = W_rel_.value.data();
+  L.W_gate = W_gate_.value.data();
+  L.c_gate = c_gate_.value.data();
+  L.gate = opt_.gate;
+  L.dropout = static_cast<double>(opt_.dropout);
+  return L;
+}
+
+// ---- forward
+
+template <class S, int Heads, int DHead>
+Mat<S> DualExpertAttention<S, Heads, DHead>::forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& cache) {
+  Mat<S> y;
+  forward(x, in, cache, y);
+  return y;
+}
+
+template <class S, int Heads, int DHead>
+void DualExpertAttention<S, Heads, DHead>::forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& cache, Mat<S>& y) {
+  check(in.batch() > 0 && x.rows() == in.batch() * in.q_len(), "DualExpertAttention::forward: x: expected ",
+        in.batch() * in.q_len(), " rows (B*T of the attention inputs), got ", x.rows());
+  check(in.q_len() == in.k_len(), "DualExpertAttention::forward: self-attention needs inputs with q_len == k_len, got ",
+        in.q_len(), " and ", in.k_len());
+  forward_impl(x, x, x, in, cache, true, y);
+}
+
+template <class S, int Heads, int DHead>
+Mat<S> DualExpertAttention<S, Heads, DHead>::forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in,
+                                                    const AttnInputs<S>& in, Cache& cache) {
+  Mat<S> y;
+  forward(q_in, k_in, v_in, in, cache, y);
+  return y;
+}
+
+template <class S, int Heads, int DHead>
+void DualExpertAttention<S, Heads, DHead>::forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in,
+                                                  const AttnInputs<S>& in, Cache& cache, Mat<S>& y) {
+  check(in.batch() > 0 && q_in.rows() == in.batch() * in.q_len() && k_in.rows() == in.batch() * in.k_len(),
+        "DualExpertAttention::forward: q_in/k_in: expected ", in.batch() * in.q_len(), " and ", in.batch() * in.k_len(),
+        " rows (B*Tq and B*Tk of the attention inputs), got ", q_in.rows(), " and ", k_in.rows());
+  check(v_in.rows() == k_in.rows(), "DualExpertAttention::forward: v_in: expected ", k_in.rows(), " rows, got ",
+        v_in.rows());
+  forward_impl(q_in, k_in, v_in, in, cache, false, y);
+}
+
+template <class S, int Heads, int DHead>
+void DualExpertAttention<S, Heads, DHead>::forward_impl(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in,
+                                                       const AttnInputs<S>& in, Cache& c, bool self, Mat<S>& y) {
+  // ---- validation at the boundary (nothing below may throw inside a parallel region)
+  const Index B = in.batch(), Tq = in.q_len(), Tk = in.k_len();
+  in.require(kSupport, H_, B, Tq, Tk, "DualExpertAttention");
+  check(q_in.cols() == D_, "DualExpertAttention::forward: x: expected ", D_, " columns (d_model), got ", q_in.cols());
+  if (!self) {
+    check(k_in.cols() == D_ && v_in.cols() == D_, "DualExpertAttention::forward: k_in/v_in: expected ", D_,
+          " columns, got ", k_in.cols(), " and ", v_in.cols());
+    check_finite(k_in, "DualExpertAttention::forward: k_in");
+    check_finite(v_in, "DualExpertAttention::forward: v_in");
+  }
+  check_finite(q_in, self ? "DualExpertAttention::forward: x" : "DualExpertAttention::forward: q_in");
+  const bool dropout_on = in.training() && opt_.dropout > 0;
+  check(!dropout_on || in.rng() != nullptr, "DualExpertAttention::forward: training with dropout ", opt_.dropout,
+        " needs an Rng (AttnInputs::set_training, or ctx.rng)");
+
+  // ---- cache set-up: buffers keep their storage from the previous call
+  c.loss_gate = 0;
+  c.stats = GateStats();
+  c.B = B;
+  c.Tq = Tq;
+  c.Tk = Tk;
+  c.self = self;
+  c.has_oracle = in.has_oracle();
+  c.dropout_on = dropout_on;
+  c.gamma_mix = in.gamma_mix();
+  c.in = in;
+  c.kernel = in.keep_maps() ? DeaKernel::reference : opt_.kernel;
+  c.drop_seed = dropout_on ? in.rng()->next_u64() : 0;
+  c.q_in = q_in;
+  if (!self) {
+    c.k_in = k_in;
+    c.v_in = v_in;
+  }
+  // Q = q_in W_q^T + b_q, K = k_in W_k^T + b_k, V = v_in W_v^T + b_v
+  ops::linear_forward<S>(q_in, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, c.Q);
+  ops::linear_forward<S>(self ? q_in : k_in, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, c.K);
+  ops::linear_forward<S>(self ? q_in : v_in, weight_[2].mat(), opt_.bias ? bias_[2].value.data() : nullptr, c.V);
+  detail::dex::forward_core<S>(view(), c);
+  // y = ctx W_o^T + b_o, or the concatenated heads themselves without an output projection
+  if (opt_.out_proj)
+    ops::linear_forward<S>(c.ctx, weight_[3].mat(), opt_.bias ? bias_[3].value.data() : nullptr, y);
+  else
+    y = c.ctx;
+}
+
+// ---- backward
+
+template <class S, int Heads, int DHead>
+Mat<S> DualExpertAttention<S, Heads, DHead>::backward(const Mat<S>& dy, Cache& cache) {
+  check(cache.B > 0, "DualExpertAttention::backward: the cache holds no forward pass");
+  check(cache.self, "DualExpertAttention::backward: the forward was cross-attention; use backward_inputs");
+  Mat<S> dx;
+  backward_impl(dy, cache, nullptr, &dx);
+  return dx;
+}
+
+template <class S, int Heads, int DHead>
+auto DualExpertAttention<S, Heads, DHead>::backward_inputs(const Mat<S>& dy, Cache& cache) -> InputGrads {
+  InputGrads g;
+  backward_impl(dy, cache, &g, nullptr);
+  return g;
+}
+
+template <class S, int Heads, int DHead>
+void DualExpertAttention<S, Heads, DHead>::backward_impl(const Mat<S>& dy, Cache& c, InputGrads* g, Mat<S>* dx) {
+  check(c.B > 0, "DualExpertAttention::backward: the cache holds no forward pass");
+  check_matrix(dy, c.B * c.Tq, D_, "DualExpertAttention::backward: dy");
+  const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = H_, Dh = Dh_;
+  // output projection: y = ctx W_o^T + b_o
+  Mat<S> dctx;
+  if (opt_.out_proj)
+    ops::linear_backward<S>(dy, c.ctx, weight_[3].mat(), weight_[3].grad_mat(), opt_.bias ? bias_[3].grad.data() : nullptr,
+                            &dctx);
+  else
+    dctx = dy;
+  Mat<S> dQ(B * Tq, D_), dK(B * Tk, D_), dV(B * Tk, D_);
+  Vec<S> dwrel_part(B * H * Dh * Dh);  // every element written by the kernel
+  detail::dex::backward_core<S>(view(), c, dctx, dQ, dK, dV, dwrel_part.data());
+  // W_rel gradient: per-pair partials summed in the fixed order b = 0..B-1
+  parallel_for(H, [&](Index h) {
+    Eigen::Map<Vec<S>> gw(W_rel_.grad.data() + h * Dh * Dh, Dh * Dh);
+    for (Index b = 0; b < B; ++b) gw += Eigen::Map<const Vec<S>>(dwrel_part.data() + (b * H + h) * Dh * Dh, Dh * Dh);
+  }, double(B * H) * double(Dh * Dh) > kParallelMinFlops);
+  // projections: Q = q_in W_q^T + b_q, etc. Self-attention (dx): dx = dQ W_q, then dx += dK W_k and dx += dV W_v
+  // in place, which is (dQ W_q + dK W_k) + dV W_v without two [B*T, D] temporaries and their passes.
+  const Mat<S>& kin = c.self ? c.q_in : c.k_in;
+  const Mat<S>& vin = c.self ? c.q_in : c.v_in;
+  ops::linear_backward<S>(dQ, c.q_in, weight_[0].mat(), weight_[0].grad_mat(), opt_.bias ? bias_[0].grad.data() : nullptr,
+                          dx ? dx : &g->dq);
+  ops::linear_backward<S>(dK, kin, weight_[1].mat(), weight_[1].grad_mat(), opt_.bias ? bias_[1].grad.data() : nullptr,
+                          dx ? dx : &g->dk, dx != nullptr);
+  ops::linear_backward<S>(dV, vin, weight_[2].mat(), weight_[2].grad_mat(), opt_.bias ? bias_[2].grad.data() : nullptr,
+                          dx ? dx : &g->dv, dx != nullptr);
+}
+
+template <class S, int Heads, int DHead>
+void DualExpertAttention<S, Heads, DHead>::backward_gate(Cache& c, S scale) {
+  if (!c.has_oracle) return;
+  detail::dex::gate_grads<S>(view(), c, scale, W_gate_.grad.data(), c_gate_.grad.data());
+}
+
+template <class S, int Heads, int DHead>
+auto DualExpertAttention<S, Heads, DHead>::verify_gradient_isolation(const Mat<S>& x, const AttnInputs<S>& in)
+    -> IsolationReport {
+  IsolationReport r;
+  Cache cache;
+  zero_grad();
+  const Mat<S> y = forward(x, in, cache);
+  backward(S(2) / S(y.size()) * y, cache);  // d mean(y^2) / dy
+  for (Param<S>* p : parameters()) {
+    const double s = static_cast<double>(p->grad.cwiseAbs().sum());
+    if (p->group == "gate") r.task_gate_grad += s;
+    if (p == &W_rel_) r.task_rel_grad += s;
+  }
+  zero_grad();
+  backward_gate(cache);
+  for (Param<S>* p : parameters()) {
+    const double s = static_cast<double>(p->grad.cwiseAbs().sum());
+    (p->group == "gate" ? r.gate_gate_grad : r.gate_main_grad) += s;
+  }
+  zero_grad();
+  r.ok = r.task_gate_grad == 0 && r.task_rel_grad > 0 && r.gate_main_grad == 0 && r.gate_gate_grad > 0;
+  return r;
+}
+
+// ---- AttnContext adapters
+
+template <class S, int Heads, int DHead>
+AttnInputs<S> DualExpertAttention<S, Heads, DHead>::inputs_from(const Mat<S>& q_in, const Mat<S>& k_in, Index batch,
+                                                               const AttnContext<S>& ctx, bool self) const {
+  check(batch > 0, "DualExpertAttention::forward: batch must be positive, got ", batch);
+  check(q_in.cols() == D_, "DualExpertAttention::forward: x: expected ", D_, " columns (d_model), got ", q_in.cols());
+  check(q_in.rows() % batch == 0 && q_in.rows() > 0, "DualExpertAttention::forward: x: expected B*T rows with B = ",
+        batch, ", got ", q_in.rows(), " rows");
+  const Index B = batch, Tq = q_in.rows() / batch;
+  Index Tk = Tq;
+  if (!self) {
+    check(k_in.rows() % batch == 0 && k_in.rows() > 0, "DualExpertAttention::forward: k_in/v_in: expected B*Tk rows "
+          "with B = ", batch, ", got ", k_in.rows());
+    Tk = k_in.rows() / batch;
+  }
+  check(!ctx.causal, "DualExpertAttention: causal masking is not supported by this attention class");
+  const Index H = H_;
+  AttnInputs<S> in(B, Tq, Tk);
+  if (ctx.key_mask) {
+    check_shape(*ctx.key_mask, {B, Tk}, "DualExpertAttention::forward: key_mask");
+    in.set_key_mask(*ctx.key_mask);
+  }
+  if (ctx.alpha_oracle) {
+    const Tensor<S>& o = *ctx.alpha_oracle;
+    check(o.shape == Shape{B, Tq, Tk} || o.shape == Shape{B, H, Tq, Tk},
+          "DualExpertAttention::forward: alpha_oracle: expected shape ", shape_str({B, Tq, Tk}), " or ",
+          shape_str({B, H, Tq, Tk}), ", got ", shape_str(o.shape));
+    for (Index k = 0; k < o.numel(); ++k)
+      check(!std::isinf(o[k]), "DualExpertAttention::forward: alpha_oracle: expected a finite value or NaN "
+            "(unlabelled), got ", o[k], " at flat position ", k);
+    check(ctx.gamma_mix >= 0 && ctx.gamma_mix <= 1, "DualExpertAttention::forward: gamma_mix must be in [0, 1], got ",
+          ctx.gamma_mix);
+    in.set_oracle(o);
+    in.set_gamma_mix(ctx.gamma_mix);
+  }
+  if (ctx.target_idx) {
+    check(ctx.alpha_oracle != nullptr,
+          "DualExpertAttention::forward: target_idx was given without alpha_oracle (the gate loss needs both)");
+    const Tensor<std::int64_t>& t = *ctx.target_idx;
+    check(t.shape == Shape{B, Tq} || t.shape == Shape{B, H, Tq}, "DualExpertAttention::forward: target_idx: expected "
+          "shape ", shape_str({B, Tq}), " or ", shape_str({B, H, Tq}), ", got ", shape_str(t.shape));
+    for (Index k = 0; k < t.numel(); ++k)
+      check(t[k] >= -1 && t[k] < Tk, "DualExpertAttention::forward: target_idx: expected -1 (none) or a key index in "
+            "[0, ", Tk, "), got ", t[k], " at flat position ", k);
+    in.set_targets(t);
+  }
+  if (ctx.frozen_alpha_hat) {
+    check_shape(*ctx.frozen_alpha_hat, {B, H, Tq, Tk}, "DualExpertAttention::forward: frozen_alpha_hat");
+    in.set_frozen_alpha_hat(*ctx.frozen_alpha_hat);
+  }
+  in.set_training(ctx.training, ctx.rng);
+  in.set_keep_maps(ctx.keep_maps);
+  in.set_keep_alpha_hat(ctx.keep_alpha_hat);
+  return in;
+}
+
+template <class S, int Heads, int DHead>
+Mat<S> DualExpertAttention<S, Heads, DHead>::forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx,
+                                                    Cache& cache) {
+  Mat<S> y;
+  forward(x, batch, ctx, cache, y);
+  return y;
+}
+
+template <class S, int Heads, int DHead>
+void DualExpertAttention<S, Heads, DHead>::forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx,
+                                                  Cache& cache, Mat<S>& y) {
+  forward_impl(x, x, x, inputs_from(x, x, batch, ctx, true), cache, true, y);
+}
+
+template <class S, int Heads, int DHead>
+Mat<S> DualExpertAttention<S, Heads, DHead>::forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in,
+                                                    Index batch, const AttnContext<S>& ctx, Cache& cache) {
+  Mat<S> y;
+  forward(q_in, k_in, v_in, batch, ctx, cache, y);
+  return y;
+}
+
+template <class S, int Heads, int DHead>
+void DualExpertAttention<S, Heads, DHead>::forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in,
+                                                  Index batch, const AttnContext<S>& ctx, Cache& cache, Mat<S>& y) {
+  const AttnInputs<S> in = inputs_from(q_in, k_in, batch, ctx, false);
+  check(k_in.cols() == D_ && v_in.cols() == D_, "DualExpertAttention::forward: k_in/v_in: expected ", D_,
+        " columns, got ", k_in.cols(), " and ", v_in.cols());
+  check(v_in.rows() == k_in.rows(), "DualExpertAttention::forward: k_in/v_in: expected the same B*Tk rows with B = ",
+        batch, ", got ", k_in.rows(), " and ", v_in.rows());
+  forward_impl(q_in, k_in, v_in, in, cache, false, y);
+}
+
+template <class S, int Heads, int DHead>
+auto DualExpertAttention<S, Heads, DHead>::verify_gradient_isolation(const Mat<S>& x, Index batch,
+                                                                    const AttnContext<S>& ctx) -> IsolationReport {
+  return verify_gradient_isolation(x, inputs_from(x, x, batch, ctx, true));
+}
+
+}  // namespace dea

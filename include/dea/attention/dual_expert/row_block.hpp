@@ -1,0 +1,755 @@
+// dea/attention/dual_expert/row_block.hpp: the Dual-Expert core of one block of query rows, forward and backward.
+//
+// The one place the maths of the [Tq, Tk] core is written. For the rows [i0, i0 + n) of one (b, h) pair:
+//   E0  = Q K^T / sqrt(Dh)                              E1 = min(0, (2 R.K - |R|^2 - |K|^2) / Dh),  R = Q W_rel^T
+//   E~  = m (E - mu) / (sigma + 1e-5) per row over the real keys (m = 1 at a real key; n real keys, floored at 1)
+//   logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c      alpha-hat = min(0.95, sigmoid(clip(logit, -10, 10)))
+//   alpha_mix = the detached alpha-hat (or the frozen test hook), with an oracle gamma a_eff + (1 - gamma) of it
+//   scores = (1 - alpha_mix) E0~ + alpha_mix E1~         P = softmax over the real keys (zeros for no real key)
+//   ctx_h = (P .* dropout) V_h
+// and, with an oracle, the gate loss of each row (gate_loss.hpp) and its gradient summed against the gate features.
+//
+// Three callers run it:
+//  - the reference kernel (kernel.hpp, maps kept): the block's [n, Tk] buffers are slices of the cache's
+//    [B, H, Tq, Tk] maps (BlockMaps), and backward reads them;
+//  - the tiled kernel (kernel.hpp): the buffers live in the thread's scratch, forward saves per-row statistics
+//    (RowStats) and backward recomputes the block from them with this same code on the same block shapes, so it
+//    sees the bits forward saw;
+//  - nn::InferenceModel (forward only, no oracle, no dropout): slices of its workspace laid out as the reference
+//    kernel's maps, so its results equal the layer's bit for bit (vectorised loops start where the buffer's
+//    alignment says, and Eigen's packet exp is not the scalar one bit for bit).
+//
+// Contract of the buffers: every pointer of BlockMaps / RowStats is either null (the block uses its scratch) or
+// the pair's slice of a buffer laid out [B, H, Tq, Tk] / [B, H, Tq]. The kernel allocates nothing and throws
+// nothing (it runs inside parallel regions); the caller validated every input (AttnInputs) beforehand.
+#pragma once
+
+#include "../../core/parallel.hpp"
+#include "../../core/tensor.hpp"
+#include "../../core/workspace.hpp"
+#include "../../ops/dropout.hpp"
+#include "../../ops/packed_gemm.hpp"
+#include "../../ops/softmax.hpp"
+#include "../gate_loss.hpp"
+#include "../inputs.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace dea {
+namespace detail {
+namespace dex {
+
+template <class S>
+using RowMat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class S>
+using ColArr = Eigen::Array<S, Eigen::Dynamic, 1>;
+template <class S>
+using RowArr = Eigen::Array<S, 1, Eigen::Dynamic>;
+template <class S>
+using ColVec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
+template <class S>
+using RowVec = Eigen::Matrix<S, 1, Eigen::Dynamic>;
+
+/// The per-head products run through the library's packed product (ops/packed_gemm.hpp) where it exists, with
+/// the pair's K_h and V_h packed once for all its query blocks; elsewhere through Eigen. (The scratch pieces are
+/// aligned to kWorkspaceAlign, which must suit the packed panels.)
+template <class S>
+constexpr bool packed_core() {
+  return ops::packed::supported<S>() && kWorkspaceAlign % ops::packed::panel_align<S>() == 0;
+}
+
+/// One head's parameters and the layer's options, as the kernel reads them.
+template <class S>
+struct HeadParams {
+  Index Dh = 0;
+  const S* W_rel = nullptr;   ///< [Dh, Dh] row-major
+  const S* w_gate = nullptr;  ///< [2 Dh + 2]: w_q, w_k, w_E0, w_E1
+  S c_gate = 0;
+  const GateLossParams<S>* gate = nullptr;
+  double dropout = 0;
+};
+
+/// The pair's slices of the reference kernel's [B, H, Tq, Tk] maps, each starting at the block's first row
+/// (null: not kept). alpha_mix may equal alpha_hat and attn may equal e0n (no oracle: inference keeps three maps).
+template <class S>
+struct BlockMaps {
+  S *e0n = nullptr, *e1n = nullptr, *logit = nullptr, *alpha_hat = nullptr, *alpha_mix = nullptr, *scores = nullptr,
+    *attn = nullptr, *drop = nullptr;
+  std::uint8_t* e1_clamped = nullptr;
+  S *beta = nullptr, *w = nullptr, *d_b = nullptr, *g_reg = nullptr, *g_spot = nullptr, *oracle_ref = nullptr;
+  bool any() const { return e0n != nullptr; }
+};
+
+/// The pair's per-row statistics [Tq] (null: not kept): the tiled kernel keeps all of them for its recompute,
+/// the reference kernel sigma and the floor flags (its backward reads the maps for the rest).
+template <class S>
+struct RowStats {
+  S *mu0 = nullptr, *mu1 = nullptr, *sigma0 = nullptr, *sigma1 = nullptr, *shift = nullptr, *sum = nullptr;
+  std::uint8_t *floor0 = nullptr, *floor1 = nullptr;
+};
+
+/// Pointers into one thread's scratch.
+template <class S>
+struct Scratch {
+  S *Kh, *Vh, *dKh, *dVh;                 // [Tk, Dh] row-major; packed core: dKh, dVh as [Dh, Tk]
+  S *pKt, *pK, *pV, *pVt, *Ap, *Bpan;     // packed K_h^T, K_h, V_h, V_h^T as B operands; packed A; one B panel
+  S *kn, *lk, *mrow, *kbias, *col0, *col1, *g_reg, *g_spot, *has, *a;  // [Tk]
+  S *Qb, *Rb, *Db, *dQb, *dRb;            // [bq, Dh] row-major
+  S *r0, *r1, *r2, *r3;                   // [bq]
+  S *E0, *E1, *AM, *P, *dP, *X, *CL;      // [bq, Tk] row-major (CL holds bytes)
+
+  /// Carves the pieces from base (base = nullptr: only counts them) and returns the values taken.
+  static constexpr Index carve(Scratch* t, S* base, Index bq, Index Tk, Index Dh) {
+    Index used = 0;
+    auto take = [&](Index n) {
+      S* p = base ? base + used : nullptr;
+      used += aligned_count<S>(n);
+      return p;
+    };
+    namespace pk = ops::packed;
+    Scratch s{};
+    for (S** p : {&s.Kh, &s.Vh, &s.dKh, &s.dVh}) *p = take(Tk * Dh);
+    s.pKt = take(pk::whole_b_size<S>(Dh, Tk));  // (sizes 0 without the packed product)
+    s.pK = take(pk::whole_b_size<S>(Tk, Dh));
+    s.pV = take(pk::whole_b_size<S>(Tk, Dh));
+    s.pVt = take(pk::whole_b_size<S>(Dh, Tk));
+    const Index kb = std::min(2 * bq, pk::kKcMax);  // the deepest block of k of a product over a block's rows
+    s.Ap = take(std::max({pk::whole_a_size<S>(2 * bq, Dh), pk::whole_a_size<S>(2 * bq, Tk), pk::whole_a_size<S>(Dh, kb)}));
+    s.Bpan = take(pk::stream_b_size<S>(kb > Dh ? kb : Dh));  // also the small products of K = Dh
+    for (S** p : {&s.kn, &s.lk, &s.mrow, &s.kbias, &s.col0, &s.col1, &s.g_reg, &s.g_spot, &s.has, &s.a}) *p = take(Tk);
+    for (S** p : {&s.Qb, &s.Rb, &s.Db, &s.dQb, &s.dRb}) *p = take(bq * Dh);
+    for (S** p : {&s.r0, &s.r1, &s.r2, &s.r3}) *p = take(bq);
+    for (S** p : {&s.E0, &s.E1, &s.P, &s.AM, &s.dP, &s.X, &s.CL}) *p = take(bq * Tk);
+    if (t) *t = s;
+    return used;
+  }
+  /// Values one thread's scratch takes for blocks of bq queries against Tk keys.
+  static constexpr Index size(Index bq, Index Tk, Index Dh) { return carve(nullptr, nullptr, bq, Tk, Dh); }
+  /// An upper bound of size(block_rows(0, T, T), T, Dh) over every T <= max_len (for a workspace sized once):
+  /// every piece grows with the block rows (at most 64) and the keys, except the packed A and panel, whose depth
+  /// is bounded by kKcMax; they get room for any depth.
+  static constexpr Index size_bound(Index max_len, Index Dh) {
+    const Index bq = max_len < 64 ? max_len : 64, T = max_len;
+    const Index m = 2 * bq > Dh ? 2 * bq : Dh;
+    const Index k = T > m ? T : m;
+    return carve(nullptr, nullptr, bq, T, Dh) + aligned_count<S>(pack_bound(m, k)) + aligned_count<S>(pack_bound(1, k));
+  }
+  /// At least the packed A of M rows and the panel of B for any inner dimension up to K.
+  static constexpr Index pack_bound(Index M, Index K) {
+    const Index mr = 16, nr = 64, kc = K < ops::packed::kKcMax ? K : ops::packed::kKcMax;
+    return ((M + mr - 1) / mr * mr) * kc + kc * nr;
+  }
+  /// The pointers of one block of n rows: the second of each pair (Qb, Rb), (E0, E1), (P, AM), (dQb, dRb) starts
+  /// right after the first's n rows, so that each pair is one [2n, *] matrix and one product serves both. The
+  /// second pointers are not aligned in general.
+  Scratch stacked(Index n, Index Tk, Index Dh) const {
+    Scratch t = *this;
+    t.Rb = t.Qb + n * Dh;
+    t.dRb = t.dQb + n * Dh;
+    t.E1 = t.E0 + n * Tk;
+    t.AM = t.P + n * Tk;
+    return t;
+  }
+};
+
+/// The query block size for Tq queries and Tk keys (requested: Options::block_q, 0 = automatic: the block's seven
+/// [bq, Tk] buffers in about 4 MiB, 32 to 64 rows; fewer rows make the products slow). Depends on nothing else.
+template <class S>
+Index block_rows(Index requested, Index Tq, Index Tk) {
+  Index bq = requested;
+  if (bq <= 0) {
+    bq = static_cast<Index>((std::size_t(4) << 20) / (7 * std::size_t(Tk) * sizeof(S)));
+    bq = bq < 32 ? 32 : (bq > 64 ? 64 : bq / 8 * 8);
+  }
+  return bq < Tq ? bq : Tq;
+}
+
+/// The gate-loss context of a forward with an oracle.
+template <class S>
+struct GateCtx {
+  GateLossSums<S>* sums = nullptr;  ///< the pair's sums
+  S* part = nullptr;                ///< the pair's [2, G + 1] partials of d(reg)/d logit and d(spot)/d logit x features
+  std::int64_t* target = nullptr;   ///< the pair's target key per row [Tq]
+};
+
+// ---- the few vectorised primitives the kernel is written with (one instance each per scalar type: every other
+// step is a plain loop, which keeps the number of distinct Eigen expressions, and so the compile time, small)
+
+/// The sum of a[0, n).
+template <class S>
+S sum_of(const S* a, Index n) {
+  return Eigen::Map<const RowArr<S>>(a, n).sum();
+}
+/// sum_k a[k] b[k].
+template <class S>
+S dot(const S* a, const S* b, Index n) {
+  return (Eigen::Map<const RowArr<S>>(a, n) * Eigen::Map<const RowArr<S>>(b, n)).sum();
+}
+/// The largest of a[0, n), n >= 1.
+template <class S>
+S max_of(const S* a, Index n) {
+  return Eigen::Map<const RowArr<S>>(a, n).maxCoeff();
+}
+/// a = exp(a), vectorised (Eigen's packet exp; where the loop starts depends on a's alignment).
+template <class S>
+void exp_in_place(S* a, Index n) {
+  Eigen::Map<RowArr<S>> m(a, n);
+  m = m.exp();
+}
+/// C [M, N] (row stride ldc) = A B, or += when `acc`, for the small per-head products ([n, Dh] x [Dh, Dh] and
+/// [Dh, n] x [n, Dh]); pk.Ap / pk.Bpan are the scratch of the packed product.
+template <class S>
+void small_product(Index M, Index N, Index K, ops::packed::View<S> A, ops::packed::View<S> B, S* C, Index ldc, bool acc,
+                   S* Ap, S* Bpan) {
+  if constexpr (packed_core<S>()) {
+    ops::packed::gemm_stream_b<S>(M, N, K, A, B, C, ldc, acc, Ap, Bpan);
+  } else {
+    using SMap = Eigen::Map<const RowMat<S>, 0, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
+    using Strides = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
+    Eigen::Map<RowMat<S>, 0, Eigen::OuterStride<>> c(C, M, N, Eigen::OuterStride<>(ldc));
+    const SMap a(A.p, M, K, Strides(A.rs, A.cs)), b(B.p, K, N, Strides(B.rs, B.cs));
+    if (acc)
+      c.noalias() += a * b;
+    else
+      c.noalias() = a * b;
+  }
+}
+
+/// One (b, h) pair: its inputs, its parameters, its scratch. Set up once per pair (setup), then run per block.
+template <class S>
+class Pair {
+public:
+  // ---- what the driver sets
+  Index b = 0, h = 0, H = 1, Tq = 0, Tk = 0;
+  const HeadParams<S>* hp = nullptr;
+  const S* key_row = nullptr;         ///< the sequence's key mask [Tk]: 1 at a real key, else 0
+  const S* key_bias = nullptr;        ///< the same as an additive bias: 0 at a real key, else -inf
+  Index n_real_keys = 0;              ///< real keys of the sequence
+  const AttnInputs<S>* in = nullptr;  ///< oracle, targets, gamma, frozen hook (null: none of them)
+  const S* Q = nullptr;               ///< the pair's first row of Q, K, V (row stride ld)
+  const S* K = nullptr;
+  const S* V = nullptr;
+  S* R = nullptr;                     ///< the pair's first row of R = Q W_rel^T (written by forward, read after)
+  Index ld = 0;
+  bool dropout_on = false;
+  std::uint64_t drop_seed = 0;
+  Scratch<S> t{};                     ///< the thread's scratch (Scratch::carve for block_q rows)
+
+  bool any_real = false;  ///< the sequence has at least one real key
+  S nr = 1;               ///< real keys, floored at 1
+
+  /// K_h, V_h, |K_j|^2, the gate's key term, the mask row and bias, and with the packed product K_h^T and V_h
+  /// packed as the B of the block products (for backward also K_h and V_h^T).
+  void setup(bool backward) {
+    const Index Dh = hp->Dh;
+    copy_rows(K, ld, Tk, Dh, t.Kh);
+    copy_rows(V, ld, Tk, Dh, t.Vh);
+    if constexpr (packed_core<S>()) {
+      namespace pk = ops::packed;
+      const pk::View<S> k{t.Kh, Dh, 1}, v{t.Vh, Dh, 1};
+      pk::pack_b_whole<S>(Dh, Tk, k.t(), t.pKt);  // [E0; E1] = [Q; R] K_h^T
+      pk::pack_b_whole<S>(Tk, Dh, v, t.pV);       // ctx = P V_h
+      if (backward) {
+        pk::pack_b_whole<S>(Tk, Dh, k, t.pK);       // [dQ; dR] = [g0'; g1'] K_h
+        pk::pack_b_whole<S>(Dh, Tk, v.t(), t.pVt);  // dP = dctx V_h^T
+      }
+    }
+    const S* wk = hp->w_gate + Dh;
+    for (Index j = 0; j < Tk; ++j) {
+      const S* kj = t.Kh + j * Dh;
+      t.kn[j] = dot(kj, kj, Dh);  // |K_j|^2
+      t.lk[j] = dot(kj, wk, Dh);  // K_j.w_k
+    }
+    if (key_row != t.mrow) std::copy(key_row, key_row + Tk, t.mrow);  // aligned copies for the vectorised loops
+    if (key_bias != t.kbias) std::copy(key_bias, key_bias + Tk, t.kbias);
+    const Index n = n_real_keys;
+    any_real = n > 0;
+    nr = S(n < 1 ? 1 : n);
+  }
+
+  /// Forward of rows [i0, i0 + n): E0~, E1~, the gate, alpha_mix, P and ctx rows (ctx: the pair's first row of
+  /// the concatenated heads, row stride ld). Saves R's rows and the row statistics rs has room for; writes the
+  /// maps `mp` has; with `gate` (an oracle) forms each row's gate loss and adds its gate partials.
+  void forward_block(Index i0, Index n, const BlockMaps<S>& mp, const RowStats<S>& rs, const GateCtx<S>* gate,
+                     S* ctx) {
+    Buffers f = buffers(n, mp);
+    load_q(i0, n, f, false);
+    experts(n, f, mp.e1_clamped);
+    normalise(i0, n, f, rs, false);
+    gate_and_mix(i0, n, f, mp, gate);
+    softmax(i0, n, f, rs, false);
+    // dropout on the probabilities, then ctx_h = Pd V_h
+    const S* pm = f.P;
+    if (dropout_on) {
+      S* d = mp.drop ? mp.drop : t.dP;
+      dropout_mask(i0, n, d);
+      S* pd = t.dP;
+      for (Index k = 0; k < n * Tk; ++k) pd[k] = d[k] * f.P[k];
+      pm = pd;
+    }
+    const Index Dh = hp->Dh;
+    if constexpr (packed_core<S>())
+      ops::packed::gemm_whole_b<S>(n, Dh, Tk, {pm, Tk, 1}, t.pV, ctx + i0 * ld, ld, false, t.Ap);
+    else
+      small_product<S>(n, Dh, Tk, {pm, Tk, 1}, {t.Vh, Dh, 1}, ctx + i0 * ld, ld, false, t.Ap, t.Bpan);
+  }
+
+  /// After the pair's last forward block with an oracle: the w_k partials sum_j (sum_i dl_ij) K_j of both parts.
+  void finish_gate(const GateCtx<S>& gate) const {
+    const Index Dh = hp->Dh, G = 2 * Dh + 2;
+    for (int part = 0; part < 2; ++part) {
+      S* out = gate.part + part * (G + 1) + Dh;
+      const S* col = part == 0 ? t.col0 : t.col1;
+      std::fill(out, out + Dh, S(0));
+      for (Index j = 0; j < Tk; ++j) {
+        const S cj = col[j];
+        const S* kj = t.Kh + j * Dh;
+        for (Index d = 0; d < Dh; ++d) out[d] += cj * kj[d];
+      }
+    }
+  }
+
+  /// Clears the pair's backward accumulators (call after setup(true)).
+  void backward_begin(S* dWr) {
+    const Index Dh = hp->Dh;
+    std::fill(t.dKh, t.dKh + Tk * Dh, S(0));
+    std::fill(t.dVh, t.dVh + Tk * Dh, S(0));
+    std::fill(t.col0, t.col0 + Tk, S(0));
+    std::fill(dWr, dWr + Dh * Dh, S(0));
+  }
+
+  /// Task backward of rows [i0, i0 + n): from dctx rows (the pair's first row, stride ld) into dQ rows (same
+  /// layout), the pair's dK_h / dV_h accumulators and dW_rel (dWr [Dh, Dh]). The block's forward values come
+  /// from the maps when `mp` has them (reference kernel), else they are recomputed from Q, K, R and rs.
+  void backward_block(Index i0, Index n, const BlockMaps<S>& mp, const RowStats<S>& rs, const S* dctx, S* dQ,
+                      S* dWr) {
+    const Index Dh = hp->Dh, nt = n * Tk;
+    const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh);
+    const Scratch<S> bp = t.stacked(n, Tk, Dh);
+    Buffers f;
+    const std::uint8_t* cl;
+    if (mp.any()) {  // the reference kernel's maps
+      f.E0 = mp.e0n;
+      f.E1 = mp.e1n;
+      f.M = mp.alpha_mix;
+      f.P = mp.attn;
+      cl = mp.e1_clamped;
+      f.Qb = bp.Qb;
+      f.Rb = bp.Rb;
+      load_q(i0, n, f, true);
+    } else {  // recompute: the same code on the same block shapes as forward
+      f = buffers(n, mp);
+      load_q(i0, n, f, true);
+      experts(n, f, reinterpret_cast<std::uint8_t*>(t.CL));
+      normalise(i0, n, f, rs, true);
+      gate_and_mix(i0, n, f, mp, nullptr);
+      softmax(i0, n, f, rs, true);
+      cl = reinterpret_cast<const std::uint8_t*>(t.CL);
+    }
+    namespace pk = ops::packed;
+    const S* E0 = f.E0;
+    const S* E1 = f.E1;
+    const S* AM = f.M;
+    const S* P = f.P;
+    S* dP = bp.dP;
+    S* X = bp.X;
+    S* G0 = bp.P;   // g0 and g1: one [2n, Tk] matrix
+    S* G1 = bp.AM;
+    S* r0 = bp.r0;
+    copy_rows(dctx + i0 * ld, ld, n, Dh, bp.Db);
+    // ctx_h = Pd V_h, Pd = P .* drop  ->  dPd = dctx V_h^T
+    if constexpr (packed_core<S>())
+      pk::gemm_whole_b<S>(n, Tk, Dh, {bp.Db, Dh, 1}, t.pVt, dP, Tk, false, t.Ap);
+    else
+      small_product<S>(n, Tk, Dh, {bp.Db, Dh, 1}, pk::View<S>{t.Vh, Dh, 1}.t(), dP, Tk, false, t.Ap, t.Bpan);
+    const S* pd = P;
+    if (dropout_on) {  // the counter-based mask, drawn again
+      dropout_mask(i0, n, X);
+      for (Index k = 0; k < nt; ++k) {
+        dP[k] *= X[k];  // Pd = P .* drop  ->  dP = dPd .* drop
+        X[k] *= P[k];
+      }
+      pd = X;
+    }
+    // ctx = Pd V  ->  dV += Pd^T dctx   (packed: dV_h^T += dctx^T Pd, Pd read along its rows)
+    if constexpr (packed_core<S>())
+      pk::gemm_stream_b<S>(Dh, Tk, n, pk::View<S>{bp.Db, Dh, 1}.t(), {pd, Tk, 1}, t.dVh, Tk, true, t.Ap, t.Bpan);
+    else
+      small_product<S>(Tk, Dh, n, pk::View<S>{pd, Tk, 1}.t(), {bp.Db, Dh, 1}, t.dVh, Dh, true, t.Ap, t.Bpan);
+    // P = softmax(S) over the real keys  ->  dS = P .* (dP - rowsum(P .* dP))   (in dP)
+    for (Index r = 0; r < n; ++r) {
+      const S* p = P + r * Tk;
+      S* g = dP + r * Tk;
+      const S s = dot(p, g, Tk);
+      for (Index j = 0; j < Tk; ++j) g[j] = p[j] * (g[j] - s);
+    }
+    // S = (1 - alpha_mix) E0~ + alpha_mix E1~, alpha_mix constant  ->  g0, g1
+    for (Index k = 0; k < nt; ++k) {
+      const S a = AM[k], g = dP[k];
+      G0[k] = (S(1) - a) * g;
+      G1[k] = a * g;
+    }
+    // E~ = norm(E) per row over the real keys:
+    //   dE_k = m_k [ (g_k - mean_m(g)) / s  -  [var >= 1e-12] (sum_j g_j E~_j) E~_k / (n sigma) ],  s = sigma + 1e-5
+    const S* m = t.mrow;
+    for (int e = 0; e < 2; ++e) {
+      S* Gm = e == 0 ? G0 : G1;
+      const S* En = e == 0 ? E0 : E1;
+      const S* sg = e == 0 ? rs.sigma0 + i0 : rs.sigma1 + i0;
+      const std::uint8_t* fl = e == 0 ? rs.floor0 + i0 : rs.floor1 + i0;
+      for (Index r = 0; r < n; ++r) {
+        S* g = Gm + r * Tk;
+        const S* en = En + r * Tk;
+        for (Index j = 0; j < Tk; ++j) g[j] *= m[j];  // only real keys carry gradient
+        const S mean = sum_of(g, Tk) / nr;             // mean_m(g)
+        const S ge = dot(g, en, Tk);                   // sum_j g_j E~_j
+        const S coef = fl[r] ? S(0) : ge / (nr * sg[r]);  // the sigma path (none below the floor)
+        const S inv_s = S(1) / (sg[r] + S(DeaConstants::norm_eps));
+        for (Index j = 0; j < Tk; ++j) g[j] = ((g[j] - mean) * inv_s - en[j] * coef) * m[j];
+      }
+    }
+    // E1 = min(0, E1raw): no gradient where the clamp was active; the experts' scale factors go into the
+    // gradients here: g0' = g0 / sqrt(Dh), g1' = (2/Dh) g1
+    const S two = S(2) * inv_dh;
+    for (Index k = 0; k < nt; ++k) {
+      G1[k] *= two * (cl[k] ? S(0) : S(1));
+      G0[k] *= inv_sqrt;
+    }
+    // E0_ij = Q_i.K_j / sqrt(Dh)  ->  dQ = g0' K, dK += g0'^T Q
+    // E1raw_ij = -(|R_i|^2 + |K_j|^2 - 2 R_i.K_j) / Dh
+    //   dR_i = sum_j g1'_ij K_j - (sum_j g1'_ij) R_i,  dK_j += sum_i g1'_ij R_i - (sum_i g1'_ij) K_j
+    // [G0; G1] is one [2n, Tk] matrix and [Qb; Rb], [dQb; dRb] are [2n, Dh]: two products serve all four terms
+    S* cs = t.col0;  // sum_i g1'_ij, over all blocks (applied at the end)
+    for (Index r = 0; r < n; ++r) {
+      const S* g = G1 + r * Tk;
+      r0[r] = sum_of(g, Tk);
+      for (Index j = 0; j < Tk; ++j) cs[j] += g[j];
+    }
+    if constexpr (packed_core<S>())
+      pk::gemm_whole_b<S>(2 * n, Dh, Tk, {G0, Tk, 1}, t.pK, bp.dQb, Dh, false, t.Ap);
+    else
+      small_product<S>(2 * n, Dh, Tk, {G0, Tk, 1}, {t.Kh, Dh, 1}, bp.dQb, Dh, false, t.Ap, t.Bpan);
+    for (Index r = 0; r < n; ++r) {
+      const S* rr = bp.Rb + r * Dh;
+      S* dr = bp.dRb + r * Dh;
+      const S c = r0[r];
+      for (Index d = 0; d < Dh; ++d) dr[d] -= c * rr[d];
+    }
+    if constexpr (packed_core<S>())  // dK_h^T += [Qb; Rb]^T [g0'; g1']
+      pk::gemm_stream_b<S>(Dh, Tk, 2 * n, pk::View<S>{bp.Qb, Dh, 1}.t(), {G0, Tk, 1}, t.dKh, Tk, true, t.Ap, t.Bpan);
+    else
+      small_product<S>(Tk, Dh, 2 * n, pk::View<S>{G0, Tk, 1}.t(), {bp.Qb, Dh, 1}, t.dKh, Dh, true, t.Ap, t.Bpan);
+    // R = Q W_rel^T  ->  dQ += dR W_rel, dW_rel += dR^T Q
+    small_product<S>(n, Dh, Dh, {bp.dRb, Dh, 1}, {hp->W_rel, Dh, 1}, bp.dQb, Dh, true, t.Ap, t.Bpan);
+    small_product<S>(Dh, Dh, n, pk::View<S>{bp.dRb, Dh, 1}.t(), {bp.Qb, Dh, 1}, dWr, Dh, true, t.Ap, t.Bpan);
+    for (Index r = 0; r < n; ++r) std::copy(bp.dQb + r * Dh, bp.dQb + (r + 1) * Dh, dQ + (i0 + r) * ld);
+  }
+
+  /// After the pair's last backward block: dK_h and dV_h into the pair's rows of dK, dV (row stride ld).
+  void backward_end(S* dK, S* dV) const {
+    const Index Dh = hp->Dh;
+    const S* cs = t.col0;
+    for (Index j = 0; j < Tk; ++j) {
+      S* dk = dK + j * ld;
+      S* dv = dV + j * ld;
+      const S* kj = t.Kh + j * Dh;
+      for (Index d = 0; d < Dh; ++d) {
+        // packed: dKh and dVh hold dK_h^T and dV_h^T [Dh, Tk]; the (sum_i g1'_ij) K_j term of dK_j
+        const S gk = packed_core<S>() ? t.dKh[d * Tk + j] : t.dKh[j * Dh + d];
+        dk[d] = gk - cs[j] * kj[d];
+        dv[d] = packed_core<S>() ? t.dVh[d * Tk + j] : t.dVh[j * Dh + d];
+      }
+    }
+  }
+
+private:
+  /// The block's working buffers: maps where the caller keeps them, else the scratch.
+  struct Buffers {
+    S *Qb = nullptr, *Rb = nullptr, *E0 = nullptr, *E1 = nullptr, *L = nullptr, *A = nullptr, *M = nullptr,
+      *Sc = nullptr, *P = nullptr;
+  };
+  Buffers buffers(Index n, const BlockMaps<S>& mp) const {
+    const Scratch<S> s = t.stacked(n, Tk, hp->Dh);
+    Buffers f;
+    f.Qb = s.Qb;
+    f.Rb = s.Rb;
+    f.E0 = mp.e0n ? mp.e0n : s.E0;
+    f.E1 = mp.e1n ? mp.e1n : s.E1;
+    f.A = mp.alpha_hat ? mp.alpha_hat : s.AM;
+    f.M = mp.alpha_mix ? mp.alpha_mix : s.AM;
+    f.L = mp.logit ? mp.logit : f.A;
+    f.P = mp.attn ? mp.attn : s.P;
+    f.Sc = mp.scores ? mp.scores : f.P;
+    return f;
+  }
+
+  /// rows [rows, cols] from src (row stride lds) into dst (contiguous).
+  static void copy_rows(const S* src, Index lds, Index rows, Index cols, S* dst) {
+    for (Index r = 0; r < rows; ++r) std::copy(src + r * lds, src + r * lds + cols, dst + r * cols);
+  }
+
+  /// Q rows of the block into Qb; R = Q W_rel^T into Rb (forward: computed and saved; backward: read back).
+  void load_q(Index i0, Index n, Buffers& f, bool saved_r) {
+    const Index Dh = hp->Dh;
+    copy_rows(Q + i0 * ld, ld, n, Dh, f.Qb);
+    S* Rg = R + i0 * ld;
+    if (saved_r) {
+      copy_rows(Rg, ld, n, Dh, f.Rb);
+    } else {
+      small_product<S>(n, Dh, Dh, {f.Qb, Dh, 1}, ops::packed::View<S>{hp->W_rel, Dh, 1}.t(), f.Rb, Dh, false, t.Ap,
+                       t.Bpan);
+      for (Index r = 0; r < n; ++r) std::copy(f.Rb + r * Dh, f.Rb + (r + 1) * Dh, Rg + r * ld);
+    }
+  }
+
+  /// E0 = Q K^T / sqrt(Dh), E1 = min(0, (2 R.K - |R|^2 - |K|^2) / Dh); cl (when given): 1 where the clamp is active.
+  /// (The scale factors are applied after the products, so forward and backward run the same operations.)
+  void experts(Index n, const Buffers& f, std::uint8_t* cl) {
+    const Index Dh = hp->Dh;
+    const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh);
+    if (f.E1 == f.E0 + n * Tk && f.Rb == f.Qb + n * Dh) {  // both in one product: [E0; E1] = [Qb; Rb] K_h^T
+      product_kt(2 * n, f.Qb, f.E0);
+    } else {
+      product_kt(n, f.Qb, f.E0);
+      product_kt(n, f.Rb, f.E1);
+    }
+    for (Index k = 0; k < n * Tk; ++k) f.E0[k] *= inv_sqrt;
+    for (Index r = 0; r < n; ++r) {  // one pass per row (plain loops, vectorised)
+      S* e1 = f.E1 + r * Tk;
+      const S* rrow = f.Rb + r * Dh;
+      const S rr = dot(rrow, rrow, Dh);
+      const S* knp = t.kn;
+      if (cl) {
+        std::uint8_t* c = cl + r * Tk;
+        for (Index j = 0; j < Tk; ++j) {
+          const S v = (e1[j] * S(2) - rr - knp[j]) * inv_dh;
+          c[j] = v > S(0) ? 1 : 0;
+          e1[j] = v < S(0) ? v : S(0);
+        }
+      } else {
+        for (Index j = 0; j < Tk; ++j) {
+          const S v = (e1[j] * S(2) - rr - knp[j]) * inv_dh;
+          e1[j] = v < S(0) ? v : S(0);
+        }
+      }
+    }
+  }
+  /// C [rows, Tk] = A [rows, Dh] K_h^T.
+  void product_kt(Index rows, const S* A, S* C) {
+    const Index Dh = hp->Dh;
+    if constexpr (packed_core<S>())
+      ops::packed::gemm_whole_b<S>(rows, Tk, Dh, {A, Dh, 1}, t.pKt, C, Tk, false, t.Ap);
+    else
+      small_product<S>(rows, Tk, Dh, {A, Dh, 1}, ops::packed::View<S>{t.Kh, Dh, 1}.t(), C, Tk, false, t.Ap, t.Bpan);
+  }
+
+  /// Per-query normalisation over the real keys, in place. Forward computes mu and sigma (saved where rs has room,
+  /// with the floor flag); the recompute (saved) reads them.
+  void normalise(Index i0, Index n, const Buffers& f, const RowStats<S>& rs, bool saved) {
+    const S* m = t.mrow;
+    for (int e = 0; e < 2; ++e) {
+      S* E = e == 0 ? f.E0 : f.E1;
+      S* mup = e == 0 ? rs.mu0 : rs.mu1;
+      S* sgp = e == 0 ? rs.sigma0 : rs.sigma1;
+      std::uint8_t* flp = e == 0 ? rs.floor0 : rs.floor1;
+      for (Index r = 0; r < n; ++r) {
+        S* a = E + r * Tk;
+        S mu, sg;
+        if (saved) {
+          mu = mup[i0 + r];
+          sg = sgp[i0 + r];
+        } else {
+          mu = dot(a, m, Tk) / nr;  // the mean over the real keys
+        }
+        for (Index j = 0; j < Tk; ++j) a[j] = (a[j] - mu) * m[j];  // E - mu at real keys, 0 at padded keys
+        if (!saved) {
+          const S var = dot(a, a, Tk) / nr;  // biased variance
+          sg = std::sqrt(var > S(DeaConstants::var_floor) ? var : S(DeaConstants::var_floor));
+          if (mup) mup[i0 + r] = mu;
+          if (sgp) sgp[i0 + r] = sg;
+          if (flp) flp[i0 + r] = var < S(DeaConstants::var_floor) ? 1 : 0;
+        }
+        const S inv = S(1) / (sg + S(DeaConstants::norm_eps));  // one division per row, then products
+        for (Index j = 0; j < Tk; ++j) a[j] *= inv;
+      }
+    }
+  }
+
+  /// The gate (logit L, alpha-hat A) and the mixing coefficient M; with `gate` the rows' gate loss.
+  void gate_and_mix(Index i0, Index n, const Buffers& f, const BlockMaps<S>& mp, const GateCtx<S>* gate) {
+    const Index Dh = hp->Dh, nt = n * Tk;
+    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+    const S* wg = hp->w_gate;
+    const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = hp->c_gate;
+    for (Index r = 0; r < n; ++r) {  // logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c
+      const S lq = dot(f.Qb + r * Dh, wg, Dh);
+      const S* e0 = f.E0 + r * Tk;
+      const S* e1 = f.E1 + r * Tk;
+      S* l = f.L + r * Tk;
+      for (Index j = 0; j < Tk; ++j) l[j] = (((w0 * e0[j] + w1 * e1[j]) + lq) + t.lk[j]) + cg;
+    }
+    if (gate) {  // X = d alpha-hat / d logit: sigmoid' inside the +-10 clip and below the 0.95 cap, else 0
+      S* xp = t.X;
+      const S* lp = f.L;
+      for (Index k = 0; k < nt; ++k) xp[k] = -lp[k];
+      exp_in_place(xp, nt);
+      for (Index k = 0; k < nt; ++k) {
+        const S x = S(1) / (S(1) + xp[k]), l = lp[k];
+        xp[k] = (l < -clip || l > clip || x > amax) ? S(0) : x * (S(1) - x);
+      }
+    }
+    // alpha_hat = min(0.95, sigmoid(clip(logit, -10, 10)))
+    for (Index k = 0; k < nt; ++k) {
+      const S l = f.L[k];
+      f.A[k] = -(l < -clip ? -clip : (l > clip ? clip : l));
+    }
+    exp_in_place(f.A, nt);
+    for (Index k = 0; k < nt; ++k) {
+      const S a = S(1) / (S(1) + f.A[k]);
+      f.A[k] = a < amax ? a : amax;
+    }
+    // alpha_mix: the detached alpha-hat (or the frozen copy), with an oracle gamma a_eff + (1 - gamma) alpha-hat
+    const bool oracle = in && in->has_oracle();
+    const bool frozen = in && in->has_frozen_alpha_hat();
+    if (!oracle && !frozen) {
+      if (f.M != f.A) std::copy(f.A, f.A + nt, f.M);
+      return;
+    }
+    const S gamma = in->gamma_mix();
+    const S* km = t.mrow;
+    S* has = t.has;
+    S* a = t.a;
+    for (Index r = 0; r < n; ++r) {
+      const Index i = i0 + r;
+      const S* am = f.A + r * Tk;
+      S* mix = f.M + r * Tk;
+      const S* fz = frozen ? in->frozen_alpha_hat().ptr() + (((b * H + h) * Tq) + i) * Tk : nullptr;
+      if (!oracle) {
+        std::copy(fz, fz + Tk, mix);
+        continue;
+      }
+      const S* orc = in->oracle_row(b, h, i);
+      S* oref = mp.oracle_ref ? mp.oracle_ref + r * Tk : nullptr;
+      for (Index j = 0; j < Tk; ++j) {  // masks of S, so that the row's loops vectorise at any Tk (gate_loss.hpp)
+        const S o = orc[j];
+        has[j] = o == o ? km[j] : S(0);
+        a[j] = std::isnan(o) ? S(0) : (o < 0 ? S(0) : (o > amax ? amax : o));
+      }
+      if (oref)
+        for (Index j = 0; j < Tk; ++j) oref[j] = has[j] != S(0) ? a[j] : std::numeric_limits<S>::quiet_NaN();
+      if (gate) gate_row(r, i, f, mp, *gate);
+      for (Index j = 0; j < Tk; ++j) {
+        const S det = fz ? fz[j] : am[j];
+        const S a_eff = has[j] != S(0) ? a[j] : det;
+        mix[j] = gamma * a_eff + (S(1) - gamma) * det;
+      }
+    }
+  }
+
+  /// The gate loss of row r (query i) from the gate's own alpha-hat (never the frozen copy), then its gate
+  /// partials: part 0 (regression) sums g_reg sigmoid' over the labelled keys, part 1 (spotlight) the target's.
+  void gate_row(Index r, Index i, const Buffers& f, const BlockMaps<S>& mp, const GateCtx<S>& gate) {
+    const Index Dh = hp->Dh, G = 2 * Dh + 2;
+    const S* e0 = f.E0 + r * Tk;
+    const S* e1 = f.E1 + r * Tk;
+    const S* am = f.A + r * Tk;
+    S* g_reg = mp.g_reg ? mp.g_reg + r * Tk : t.g_reg;  // the reference kernel keeps them per cell
+    S* g_spot = mp.g_spot ? mp.g_spot + r * Tk : t.g_spot;
+    const bool keep = mp.g_reg != nullptr;
+    const std::int64_t tgt = in->has_targets() ? in->target(b, h, i) : -1;
+    const Index tk = detail::gate_loss_row<S>(Tk, e0, e1, am, t.a, t.has, t.mrow, !in->has_targets(), tgt, *hp->gate,
+                                              *gate.sums, g_reg, g_spot, mp.beta ? mp.beta + r * Tk : nullptr,
+                                              mp.w ? mp.w + r * Tk : nullptr, mp.d_b ? mp.d_b + r * Tk : nullptr);
+    gate.target[i] = tk;
+    const S* dsig = t.X + r * Tk;
+    const S* qrow = f.Qb + r * Dh;
+    const S* has = t.has;
+    for (int part = 0; part < 2; ++part) {
+      S* gp = gate.part + part * (G + 1);
+      S* col = part == 0 ? t.col0 : t.col1;
+      S rsum = 0, s0 = 0, s1 = 0;
+      if (part == 0) {  // dl_j = g_reg_j sigmoid'_j at the labelled keys (branch-free, vectorised sums)
+        S* dl = t.dP;     // scratch [Tk]: dP is free until the softmax
+        for (Index j = 0; j < Tk; ++j) {
+          const S prod = g_reg[j] * dsig[j];  // unconditional loads: vectorised
+          const S v = has[j] != S(0) ? prod : S(0);
+          dl[j] = v;
+          col[j] += v;
+        }
+        rsum = sum_of(dl, Tk);
+        s0 = dot(dl, e0, Tk);
+        s1 = dot(dl, e1, Tk);
+        if (!keep) std::fill(g_reg, g_reg + Tk, S(0));
+      } else if (tk >= 0) {
+        const S dl = g_spot[tk] * dsig[tk];
+        rsum = dl;
+        col[tk] += dl;
+        s0 = dl * e0[tk];
+        s1 = dl * e1[tk];
+        if (!keep) g_spot[tk] = 0;
+      }
+      for (Index d = 0; d < Dh; ++d) gp[d] += rsum * qrow[d];  // w_q: sum_i (sum_j dl_ij) Q_i
+      gp[2 * Dh] += s0;                                        // w_E0: sum dl E0~
+      gp[2 * Dh + 1] += s1;                                    // w_E1: sum dl E1~
+      gp[G] += rsum;                                           // c: sum dl
+    }
+  }
+
+  /// Scores Sc = (1 - M) E0~ + M E1~ and the masked softmax into P (forward saves the row shift and sum where
+  /// rs has room; the recompute reads them).
+  void softmax(Index i0, Index n, const Buffers& f, const RowStats<S>& rs, bool saved) {
+    const Index nt = n * Tk;
+    for (Index k = 0; k < nt; ++k) {
+      const S mk = f.M[k];
+      f.Sc[k] = (S(1) - mk) * f.E0[k] + mk * f.E1[k];
+    }
+    if (!any_real) {  // every key of the sequence masked: zeros, never NaN
+      std::fill(f.P, f.P + nt, S(0));
+      if (!saved) {
+        if (rs.shift) std::fill(rs.shift + i0, rs.shift + i0 + n, S(0));
+        if (rs.sum) std::fill(rs.sum + i0, rs.sum + i0 + n, S(1));
+      }
+      return;
+    }
+    const S* kb = t.kbias;
+    for (Index r = 0; r < n; ++r) {  // per row: vectorised (see ops/softmax.hpp); masked keys exactly 0
+      S* p = f.P + r * Tk;
+      const S* sc = f.Sc + r * Tk;
+      for (Index j = 0; j < Tk; ++j) p[j] = sc[j] + kb[j];
+      S shift;
+      if (saved) {
+        shift = rs.shift[i0 + r];
+      } else {
+        const S mx = max_of(p, Tk);
+        shift = mx == -std::numeric_limits<S>::infinity() ? S(0) : mx;
+      }
+      for (Index j = 0; j < Tk; ++j) p[j] -= shift;
+      exp_in_place(p, Tk);
+      ops::flush_exp_underflow(p, Tk);
+      S z;
+      if (saved) {
+        z = rs.sum[i0 + r];
+      } else {
+        z = sum_of(p, Tk);
+        z = z > S(0) ? z : S(1);
+        if (rs.shift) rs.shift[i0 + r] = shift;
+        if (rs.sum) rs.sum[i0 + r] = z;
+      }
+      const S zinv = S(1) / z;
+      for (Index j = 0; j < Tk; ++j) p[j] *= zinv;
+    }
+  }
+
+  /// Dropout multipliers (0 or 1/(1-p)) of rows [i0, i0 + n) into D [n, Tk]: the counter-based mask of the cell's
+  /// flat [B, H, Tq, Tk] index (ops::counter_uniform), the same for every kernel, block size and thread count.
+  void dropout_mask(Index i0, Index n, S* D) const {
+    ops::counter_dropout_mask(D, n * Tk, drop_seed, static_cast<std::uint64_t>(((b * H + h) * Tq + i0) * Tk), hp->dropout);
+  }
+};
+
+}  // namespace dex
+}  // namespace detail
+}  // namespace dea
