@@ -17,7 +17,7 @@
 #include "ops/linear.hpp"
 #include "ops/softmax.hpp"
 
-#include "attention/context.hpp"
+#include "attention/inputs.hpp"
 #include "attention/dual_expert.hpp"
 #include "attention/gate_loss.hpp"
 #include "attention/token_routed.hpp"

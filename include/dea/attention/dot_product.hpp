@@ -26,7 +26,6 @@
 #include "../ops/gemm.hpp"
 #include "../ops/linear.hpp"
 #include "../ops/softmax.hpp"
-#include "context.hpp"
 #include "inputs.hpp"
 
 #include <algorithm>
@@ -85,17 +84,6 @@ Index check_self_attention_input(const char* cls, const AttnSupport& sup, const 
     check(in.rng() != nullptr, cls, ": rng: expected a random generator for dropout ", dropout,
           " in training mode (AttnInputs::set_training), got nullptr");
   return T;
-}
-
-/// Transitional (for the AttnContext overloads): T of a self-attention call on x [batch*T, d_model].
-template <class S>
-Index context_seq_len(const char* cls, const Mat<S>& x, Index batch, Index d_model) {
-  check(batch > 0, cls, ": batch: expected > 0, got ", batch);
-  check(x.cols() == d_model, cls, ": x: expected ", d_model, " columns (d_model), got ", x.cols(), " (x is [",
-        x.rows(), ", ", x.cols(), "])");
-  check(x.rows() > 0 && x.rows() % batch == 0, cls, ": x: expected batch*T rows with batch = ", batch,
-        " and T >= 1, got ", x.rows(), " rows");
-  return x.rows() / batch;
 }
 
 /// Validates a backward call against the cache its forward filled.
@@ -553,14 +541,6 @@ public:
                                     V, O);                                           // O = (P .* M) V
     }, double(batch * H) * double(TT) * double(4 * dh + 10) > kParallelMinFlops);
     o_.forward(c.ctx, y);  // y = O W_o^T + b_o
-  }
-
-  /// Transitional: the AttnContext form (x [batch*T, D]); builds the AttnInputs of `ctx` (to_inputs) and runs the
-  /// forward above, so an input this class does not support is refused here too.
-  Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) const {
-    const char* cls = "DotProductAttention";
-    const Index T = detail::mha::context_seq_len(cls, x, batch, d_model_);
-    return forward(x, to_inputs(ctx, batch, T, T, cls), cache);
   }
 
   /// dy [B*T, D] -> dx [B*T, D]. ADDS into every parameter's grad (two calls accumulate); only the cache's

@@ -28,7 +28,6 @@
 #include "../core/param.hpp"
 #include "../core/init.hpp"
 #include "../core/rng.hpp"
-#include "context.hpp"
 #include "dual_expert/kernel.hpp"
 #include "gate_loss.hpp"
 #include "gate_stats.hpp"
@@ -115,21 +114,10 @@ public:
   };
   IsolationReport verify_gradient_isolation(const Mat<S>& x, const AttnInputs<S>& in);
 
-  // ---- AttnContext adapters (the previous call form: each builds an AttnInputs and calls the overload above)
-  Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache);
-  void forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache, Mat<S>& y);
-  Mat<S> forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, Index batch, const AttnContext<S>& ctx,
-                 Cache& cache);
-  void forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, Index batch, const AttnContext<S>& ctx,
-               Cache& cache, Mat<S>& y);
-  IsolationReport verify_gradient_isolation(const Mat<S>& x, Index batch, const AttnContext<S>& ctx);
-
 private:
   void forward_impl(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, const AttnInputs<S>& in, Cache& c,
                     bool self, Mat<S>& y);
   void backward_impl(const Mat<S>& dy, Cache& c, InputGrads* g, Mat<S>* dx);
-  AttnInputs<S> inputs_from(const Mat<S>& q_in, const Mat<S>& k_in, Index batch, const AttnContext<S>& ctx,
-                            bool self) const;
   detail::dex::LayerView<S> view() const;
 
   Index D_, H_, Dh_ = 0;

@@ -38,7 +38,6 @@
 #include "../ops/dropout.hpp"
 #include "../ops/l1_distance.hpp"
 #include "../ops/softmax.hpp"
-#include "context.hpp"
 #include "inputs.hpp"
 #include "dot_product.hpp"
 
@@ -207,14 +206,6 @@ public:
                                     V, O);                               // O = (P .* M) V
     }, double(batch * H) * double(TT) * double(5 * dh + 10) > kParallelMinFlops);
     o_.forward(c.ctx, y);  // y = O W_o^T + b_o
-  }
-
-  /// Transitional: the AttnContext form (x [batch*T, D]); builds the AttnInputs of `ctx` (to_inputs) and runs the
-  /// forward above, so an input this class does not support is refused here too.
-  Mat<S> forward(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) const {
-    const char* cls = "LaplacianAttention";
-    const Index T = detail::mha::context_seq_len(cls, x, batch, d_model_);
-    return forward(x, to_inputs(ctx, batch, T, T, cls), cache);
   }
 
   /// dy [B*T, D] -> dx [B*T, D]. ADDS into every parameter's grad (two calls accumulate); only the cache's

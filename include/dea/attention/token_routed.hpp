@@ -42,7 +42,6 @@
 #include "../ops/rms_norm.hpp"
 #include "../ops/rope.hpp"
 #include "../ops/softmax.hpp"
-#include "context.hpp"
 #include "inputs.hpp"
 
 #include <algorithm>
@@ -312,16 +311,6 @@ public:
     return forward_impl_(x, nullptr, in, cache);
   }
 
-  /// Transitional: the AttnContext forms (x [batch*T, D]); they build the AttnInputs of `ctx` (to_inputs) and run
-  /// the forwards above, so an input this class does not support is refused here too.
-  Mat<S> forward(const Mat<S>& x, Index batch, const Tensor<std::int64_t>& token_ids, const AttnContext<S>& ctx,
-                 Cache& cache) {
-    return forward(x, token_ids, context_inputs_(x, batch, ctx), cache);
-  }
-  Mat<S> forward_plain(const Mat<S>& x, Index batch, const AttnContext<S>& ctx, Cache& cache) {
-    return forward_plain(x, context_inputs_(x, batch, ctx), cache);
-  }
-
   /// Backward of forward / forward_plain: dy [B*T, D]. ADDS into every parameter gradient, returns dx [B*T, D].
   Mat<S> backward(const Mat<S>& dy, Cache& cache);
 
@@ -390,13 +379,6 @@ private:
     check(x.rows() == B * T, "TokenRoutedAttention: x: expected B*T = ", B * T, " rows (B = ", B, ", T = ", T,
           " of the attention inputs), got ", x.rows());
     validate_x_(x, B);
-  }
-
-  /// Transitional: the AttnInputs of an AttnContext call.
-  AttnInputs<S> context_inputs_(const Mat<S>& x, Index batch, const AttnContext<S>& ctx) const {
-    validate_x_(x, batch);
-    const Index T = x.rows() / batch;
-    return to_inputs(ctx, batch, T, T, "TokenRoutedAttention");
   }
 
   void validate_ids_(const Tensor<std::int64_t>& ids, Index batch, Index T) const {
