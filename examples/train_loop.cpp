@@ -4,7 +4,7 @@
 // the end, "loss fell: yes" or "loss fell: NO" (exit status 1). `dea train` does the same with checkpoints,
 // evaluation, logs and plots (dea/train/encoder.hpp); this is the loop without them.
 //
-//   train_loop [steps (default 120)]
+//   train_loop [steps (default 80)]
 #include <dea/data/collate.hpp>
 #include <dea/data/dalpha.hpp>
 #include <dea/data/tokenizer.hpp>
@@ -21,7 +21,7 @@ using namespace dea;
 using S = float;
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 120;
+  const int steps = argc > 1 ? std::atoi(argv[1]) : 80;
   if (steps < 10 || steps > 100000) {
     std::fprintf(stderr, "usage: train_loop [steps in 10..100000]\n");
     return 2;
@@ -39,14 +39,14 @@ int main(int argc, char** argv) {
   }
   const data::SimpleTokenizer tok = data::SimpleTokenizer::from_texts(texts);
 
-  // model: a 2-layer Dual-Expert encoder with a 2-class head
+  // model: a small 2-layer Dual-Expert encoder with a 2-class head
   nn::ModelConfig mc;
   mc.vocab_size = tok.vocab_size();
-  mc.d_model = 64;
-  mc.n_heads = 4;
+  mc.d_model = 32;
+  mc.n_heads = 2;
   mc.n_layers = 2;
-  mc.d_ff = 128;
-  mc.max_len = 48;
+  mc.d_ff = 64;
+  mc.max_len = 40;
   mc.dropout = 0.0;
   mc.n_classes = 2;
   mc.pad_id = data::SimpleTokenizer::pad_id;
@@ -55,14 +55,14 @@ int main(int argc, char** argv) {
 
   // optimiser: AdamW, the gate parameters (W_gate, c_gate) in their own group with their own learning rate
   optim::GroupConfig main_group = optim::main_group_defaults(), gate_group = optim::gate_group_defaults();
-  main_group.lr = 1e-3;
+  main_group.lr = 3e-3;
   optim::AdamW<S> opt = optim::build_optimizer(model.parameters(), main_group, gate_group);
 
   nn::TransformerModel<S>::Cache cache;
   std::vector<std::vector<std::size_t>> batches;
   double first = 0, last = 0;
   for (int step = 1; step <= steps; ++step) {
-    if (batches.empty()) batches = data::make_batches(splits.train.size(), 32, true, &rng);  // a new epoch
+    if (batches.empty()) batches = data::make_batches(splits.train.size(), 16, true, &rng);  // a new epoch
     const std::vector<std::size_t> idx = batches.back();
     batches.pop_back();
     const data::PairBatch<S> p = data::collate_pairs<S>(splits.train, idx, tok, mc.max_len);

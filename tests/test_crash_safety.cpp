@@ -154,7 +154,7 @@ TEST_CASE("crash safety: SIGKILL while a checkpoint is written keeps the previou
   const data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(killed));
   Rng rng(cfg.seed);
   nn::TransformerModel<float> model(model_config(cfg, tok.vocab_size(), nn::Task::cls), rng);
-  optim::AdamW<Scalar> opt = make_optimizer(model, cfg);
+  optim::AdamW<float> opt = make_optimizer(model, cfg);
   const std::int64_t step = load_checkpoint(killed, model, &opt, cfg.seed);
   CHECK(step >= 1);
   CHECK(step < kSteps);

@@ -25,7 +25,7 @@ namespace {
 using Scalar = float;
 using Model = nn::TransformerModel<Scalar>;
 using Batch = nn::ModelBatch<Scalar>;
-using TrainOptions = train::encoder::TrainOptions<Scalar>;
+using TrainOpts = train::encoder::TrainOptions<Scalar>;
 
 /// `dea eval`'s work: the evaluation of the run in `dir`, and the Paris probe on its model when asked.
 EvalResult eval_with_probe(const std::string& dir, Split split, ParisProbe* probe = nullptr) {
@@ -61,8 +61,8 @@ std::string temp_dir(const std::string& name) {
   return p.string();
 }
 
-TrainOptions quiet() {
-  TrainOptions o;
+TrainOpts quiet() {
+  TrainOpts o;
   o.verbose = false;
   return o;
 }
@@ -182,7 +182,7 @@ TEST_CASE("pipeline: config JSON round trip", "[pipeline]") {
   TrainConfig all = c;
   all.supervise_layers.reset();
   write_config(path, all);
-  CHECK_FALSE(read_config(path).supervise_layers);
+  CHECK_FALSE(read_config(path)->supervise_layers);
   // a key of the wrong type is an error naming the key
   dea::write_file_atomic(path, "{\"d_model\": \"big\"}");
   CHECK_THROWS_WITH(read_config(path), Catch::Contains("d_model"));
@@ -406,9 +406,9 @@ TEST_CASE("pipeline: a fresh run refuses a directory holding another run unless 
   CHECK_THROWS_WITH(run_training(again, quiet()), Catch::Contains("already holds a run") &&
                                                       Catch::Contains("--overwrite") && Catch::Contains(dir));
   CHECK(fs::file_size(fs::path(dir) / "train_log.jsonl") == log_size);
-  CHECK(read_config(config_path(dir)).lr_main == c.lr_main);
+  CHECK(read_config(config_path(dir))->lr_main == c.lr_main);
   // with overwrite, a new run whose data cannot be read fails before anything of the old run is deleted
-  TrainOptions o = quiet();
+  TrainOpts o = quiet();
   o.overwrite = true;
   TrainConfig no_data = again;
   no_data.oracle = dir + "/missing_cache.jsonl";
@@ -421,7 +421,7 @@ TEST_CASE("pipeline: a fresh run refuses a directory holding another run unless 
   CHECK_FALSE(fs::exists(checkpoint_path(dir)));
   o.on_step = nullptr;
   run_training(again, o);
-  CHECK(read_config(config_path(dir)).lr_main == again.lr_main);
+  CHECK(read_config(config_path(dir))->lr_main == again.lr_main);
   CHECK(io::SafeTensors::load(checkpoint_path(dir)).names().front() == before);
 }
 
@@ -429,7 +429,7 @@ TEST_CASE("pipeline: a non-finite loss stops the run and keeps the last good che
   const std::string dir = temp_dir("nan");
   TrainConfig c = tiny(dir);
   c.steps = 12;
-  TrainOptions o = quiet();
+  TrainOpts o = quiet();
   o.on_step = [](std::int64_t step, double, double, Model& m) {
     if (step == 7) m.ln_f().weight.value[0] = std::numeric_limits<float>::quiet_NaN();  // poison after step 7
   };
@@ -570,6 +570,6 @@ TEST_CASE("flags: a FlagSet parses, refuses and documents every flag", "[pipelin
   CHECK_THROWS_WITH(fs.parse(std::vector<std::string>{"--n", "2", "--bogus"}), Catch::Contains("unknown flag --bogus"));
   CHECK_THROWS_WITH(fs.parse(std::vector<std::string>{"file"}), Catch::Contains("unexpected argument 'file'"));
   const std::string h = fs.help();
-  CHECK_THAT(h, Catch::Contains("--n N") && Catch::Contains("default 7, range [1, 10]") &&
+  CHECK_THAT(h, Catch::Contains("--n N") && Catch::Contains("default 3, range [1, 10]") &&
                     Catch::Contains("range [0, 1)") && Catch::Contains("--sw"));
 }
