@@ -73,8 +73,9 @@ int dea_train(int argc, char** argv) {
     }
   } else {
     try {
-      cfg = train::with_absolute_paths(given);  // validated here, once
+      const train::ValidConfig checked = given;  // validated here, once
       train::check_fresh_run_dir(given.out_dir, overwrite);
+      cfg = checked.with_absolute_paths();
     } catch (const std::exception& e) {
       return bad_line(e.what());
     }

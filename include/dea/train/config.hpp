@@ -192,7 +192,18 @@ public:
   const TrainConfig* operator->() const { return &c_; }
   operator const TrainConfig&() const { return c_; }  // NOLINT
 
+  /// The same configuration with --text and --oracle by absolute path (eval and --resume then find them from any
+  /// working directory); still valid, so not checked again.
+  ValidConfig with_absolute_paths() const {
+    TrainConfig c = c_;
+    if (!c.text.empty()) c.text = std::filesystem::absolute(c.text).lexically_normal().string();
+    if (c.oracle != "mock") c.oracle = std::filesystem::absolute(c.oracle).lexically_normal().string();
+    return ValidConfig(std::move(c), Checked{});
+  }
+
 private:
+  struct Checked {};
+  ValidConfig(TrainConfig c, Checked) : c_(std::move(c)) {}
   TrainConfig c_;
 };
 
@@ -259,7 +270,7 @@ inline ParsedArgs parse_args(const std::vector<std::string>& args, const TrainCo
   return p;
 }
 
-/// --text and --oracle by absolute path (eval and --resume then find them from any working directory).
+/// --text and --oracle by absolute path (as ValidConfig::with_absolute_paths, for a configuration not yet checked).
 inline TrainConfig with_absolute_paths(TrainConfig c) {
   if (!c.text.empty()) c.text = std::filesystem::absolute(c.text).lexically_normal().string();
   if (c.oracle != "mock") c.oracle = std::filesystem::absolute(c.oracle).lexically_normal().string();
