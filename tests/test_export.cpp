@@ -1,4 +1,4 @@
-// dea_export_c (examples/dea_export_c.cpp), run as a user runs it: a checkpoint of a TransformerModel goes in, and
+// `dea export-c` (examples/dea/export_c.cpp), run as a user runs it: a checkpoint of a TransformerModel goes in, and
 // the header that comes out holds every parameter under its reference name, with its shape and exactly its
 // values (read back from the hexadecimal literals), the model's sizes, and nothing of the optimiser state.
 // Compiling and running such headers is what the embedded programs do (examples/embedded_inference).
@@ -19,7 +19,7 @@ using namespace dea;
 
 namespace {
 
-/// Runs dea_export_c with `args`; returns its exit status. Its messages go to `err_file` (default: discarded).
+/// Runs `dea export-c` with `args`; returns its exit status. Its messages go to `err_file` (default: discarded).
 int run_export(const std::string& args, const std::string& err_file = "/dev/null") {
   const std::string cmd = std::string(DEA_EXPORT_C_EXE) + " " + args + " >/dev/null 2>" + err_file;
   const int r = std::system(cmd.c_str());
