@@ -222,7 +222,7 @@ TEST_CASE("bad input B4 NaN or Inf in parameters: refused when loaded, detected 
   // a checkpoint holding a NaN parameter is refused and the model is left untouched
   const std::string dir = temp_dir("b4");
   train::TrainConfig cfg = tiny_train(dir);
-  const train::TrainResult r = train::encoder::run_training(cfg, quiet());
+  const train::encoder::TrainResult r = train::encoder::run_training(cfg, quiet());
   REQUIRE(r.last_step == cfg.steps);
   io::SafeTensors st = io::SafeTensors::load(train::checkpoint_path(dir));
   Tensor<float> w = st.get<float>("cls_head.3.weight");
