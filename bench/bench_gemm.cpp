@@ -15,7 +15,8 @@
 // Exit status: 0 done, 1 failure, 2 bad command line, 3 the two products disagree.
 #include <dea/core/allocator.hpp>
 #include <dea/core/init.hpp>
-#include <dea/io/cli.hpp>
+#include <dea/core/rng.hpp>
+#include <dea/train/flags.hpp>
 #include <dea/ops/gemm.hpp>
 #include <dea/ops/linear.hpp>
 

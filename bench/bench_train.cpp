@@ -3,11 +3,11 @@
 //   bench_train [--config quick,mid,paper] [--threads 1,2] [--steps 10] [--warmup 2] [--gamma 0.5]
 //               [--kernel tiled|reference] [--n_per_source N] [--seed 42] [--dump-batches FILE] [--dump-only]
 //
-// One training step is what examples/train runs each step (pipeline::run_training): collate the step's D_alpha
-// batch (pipeline::build_data + pipeline::make_batch, batch order pipeline::BatchOrder), forward of the Dual-Expert
+// One training step is what `dea train` runs each step (train::encoder::run_training): collate the step's D_alpha
+// batch (train::encoder::build_data + train::encoder::make_batch, batch order nn::ModelBatch<float>Order), forward of the Dual-Expert
 // TransformerModel in training mode (dropout 0.1) with the oracle block at gamma_mix, task cross-entropy + gate
-// loss, zero_grad, backward, per-group gradient clipping and the AdamW step (pipeline::make_optimizer). The
-// attention runs the kernel train uses (pipeline::attention_options: tiled by default; --kernel picks). Logging,
+// loss, zero_grad, backward, per-group gradient clipping and the AdamW step (train::encoder::make_optimizer). The
+// attention runs the kernel train uses (train::encoder::attention_options: tiled by default; --kernel picks). Logging,
 // evaluation and checkpoints are left out. Step s uses the training batch of step s of a run with this seed, so
 // the batches are those of a real run; their length T is the longest pair of the batch (at most max_len = 64).
 //
@@ -34,8 +34,8 @@
 // configuration, so it never holds half of one. --dump-only writes the file and measures nothing.
 #include <dea/core/allocator.hpp>
 #include <dea/core/atomic_file.hpp>
-#include <dea/io/cli.hpp>
-#include <dea/io/pipeline.hpp>
+#include <dea/train/flags.hpp>
+#include <dea/train/encoder.hpp>
 
 #include <fmt/core.h>
 
@@ -98,7 +98,7 @@ double median(std::vector<double> v) {
 
 /// The oracle of a D_alpha batch as blocks [row, q0, q1, k0, k1, alpha]: each row's labelled cells form one
 /// rectangle with one value (collate_pairs); anything else is an error, as the dump could not describe it.
-nlohmann::json oracle_blocks(const pipeline::Batch& b) {
+nlohmann::json oracle_blocks(const nn::ModelBatch<float>& b) {
   nlohmann::json blocks = nlohmann::json::array();
   if (!b.alpha_oracle.dim()) return blocks;
   const Index B = b.batch(), T = b.seq_len();
@@ -161,7 +161,7 @@ struct BatchDump {
 };
 
 void run_config(const BenchConfig& bc, const Options& opt, BatchDump* dump) {
-  pipeline::TrainConfig cfg;
+  train::TrainConfig cfg;
   cfg.d_model = bc.d_model;
   cfg.n_heads = bc.n_heads;
   cfg.n_layers = bc.n_layers;
@@ -172,8 +172,8 @@ void run_config(const BenchConfig& bc, const Options& opt, BatchDump* dump) {
   cfg.seed = opt.seed;
   cfg.n_per_source = opt.n_per_source > 0 ? opt.n_per_source : bc.n_per_source;
   const auto t0 = Clock::now();
-  const pipeline::RunData d = pipeline::build_data(cfg);
-  fmt::print(stderr, "[{}] data: {} train records, vocab {} ({:.2f} s)\n", bc.name, d.size(pipeline::Split::train),
+  const train::encoder::RunData d = train::encoder::build_data(cfg);
+  fmt::print(stderr, "[{}] data: {} train records, vocab {} ({:.2f} s)\n", bc.name, d.size(train::encoder::Split::train),
              d.tok.vocab_size(), secs(t0, Clock::now()));
   const int total = opt.warmup + opt.steps;
 
@@ -192,9 +192,9 @@ void run_config(const BenchConfig& bc, const Options& opt, BatchDump* dump) {
     h["n_classes"] = 2;
     h["steps"] = total;
     dump->text += h.dump() + '\n';
-    pipeline::BatchOrder order(d.size(pipeline::Split::train), static_cast<std::size_t>(bc.batch), opt.seed);
+    nn::ModelBatch<float>Order order(d.size(train::encoder::Split::train), static_cast<std::size_t>(bc.batch), opt.seed);
     for (int s = 1; s <= total; ++s) {
-      const pipeline::Batch b = pipeline::make_batch(d, pipeline::Split::train, order.at(s), cfg.max_len, nullptr);
+      const nn::ModelBatch<float> b = train::encoder::make_batch<float>(d, train::encoder::Split::train, order.at(s), cfg.max_len, nullptr);
       nlohmann::json j;
       j["step"] = s;
       j["B"] = b.batch();
@@ -213,14 +213,14 @@ void run_config(const BenchConfig& bc, const Options& opt, BatchDump* dump) {
   for (int th : opt.threads) {
     set_num_threads(th);
     Rng init_rng(opt.seed);
-    pipeline::Model model(pipeline::model_config(cfg, d.tok.vocab_size(), d.task), init_rng,
-                          pipeline::attention_options(cfg, opt.kernel));
-    optim::AdamW<pipeline::Scalar> adamw = pipeline::make_optimizer(model, cfg);
+    nn::TransformerModel<float> model(train::encoder::model_config(cfg, d.tok.vocab_size(), d.task), init_rng,
+                          train::encoder::attention_options<float>(cfg, opt.kernel));
+    optim::AdamW<float> adamw = train::encoder::make_optimizer(model, cfg);
     std::size_t n_params = 0;
     for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
-    pipeline::BatchOrder order(d.size(pipeline::Split::train), static_cast<std::size_t>(bc.batch), opt.seed);
-    pipeline::Model::Cache cache;
-    const auto gamma = static_cast<pipeline::Scalar>(opt.gamma);
+    nn::ModelBatch<float>Order order(d.size(train::encoder::Split::train), static_cast<std::size_t>(bc.batch), opt.seed);
+    nn::TransformerModel<float>::Cache cache;
+    const auto gamma = static_cast<float>(opt.gamma);
 
     std::vector<double> t_cpu, t_total, t_batch, t_fwd, t_bwd, t_opt, seq;
     double first_task = NAN, first_gate = NAN;
@@ -230,9 +230,9 @@ void run_config(const BenchConfig& bc, const Options& opt, BatchDump* dump) {
     for (int s = 1; s <= total; ++s) {
       const double c0 = cpu_seconds();
       const auto a = Clock::now();
-      const pipeline::Batch b = pipeline::make_batch(d, pipeline::Split::train, order.at(s), cfg.max_len, nullptr);
+      const nn::ModelBatch<float> b = train::encoder::make_batch<float>(d, train::encoder::Split::train, order.at(s), cfg.max_len, nullptr);
       const auto bt = Clock::now();
-      Rng drng(pipeline::stream_seed(opt.seed, pipeline::kDropoutStream, static_cast<std::uint64_t>(s)));
+      Rng drng(train::stream_seed(opt.seed, train::kDropoutStream, static_cast<std::uint64_t>(s)));
       const auto out = model.forward(b, gamma, true, &drng, cache);
       const auto ft = Clock::now();
       if (s == 1) rss_first["forward"] = std::round(peak_rss_mb());
@@ -334,7 +334,7 @@ int main(int argc, char** argv) {
         else if (v == "reference") opt.kernel = dea::DeaKernel::reference;
         else cli::bad_value("--kernel", v, "tiled or reference");
       } else if (args.is("--n_per_source")) {  // 0: the configuration's own
-        opt.n_per_source = args.int_value(0, pipeline::ConfigLimits::max_n_per_source);
+        opt.n_per_source = args.int_value(0, train::ConfigLimits::max_n_per_source);
       } else if (args.is("--seed")) {
         opt.seed = static_cast<std::uint64_t>(args.int_value(0, std::numeric_limits<std::int64_t>::max()));
       } else if (args.is("--dump-batches")) {

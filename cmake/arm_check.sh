@@ -6,7 +6,7 @@
 # models' logits, the golden outputs) must agree within float tolerance. Then prints the size and memory table.
 #   bash cmake/arm_check.sh [HOST_BUILD_DIR [ARM_BUILD_DIR]]     (defaults: build/release, build/arm)
 # HOST_BUILD_DIR is a configured build of this repository (cmake --preset release): its embedded targets are
-# built if needed, and their generated weights headers (made by train and dea_export_c on this machine) are what
+# built if needed, and their generated weights headers (made by `dea train` and `dea export-c` on this machine) are what
 # the ARM build compiles. Only the four embedded programs are cross-built. Packages: cmake/install_arm_deps.sh.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -8,19 +8,21 @@
 // 2. Shows v2's exact neutrality at init: its output is bitwise the plain-MHA output of the same weights, and among
 //    the routed parameters only the up map receives a gradient.
 // 3. Trains v2 for a few SGD steps on a toy regression and prints how the routed branch wakes up.
-// 4. With --case, runs golden `kind = tr_mha_layer` files through dea::io::run_tr_mha_case and prints the
+// 4. With --case, runs golden `kind = tr_mha_layer` files through dea::interop::run_tr_mha_case and prints the
 //    comparison (exit code 1 if any case fails).
 // 5. Writes two SVG plots into --plot_dir (default tr_mha_plots/; --no-plots skips them): route_shares.svg (each
 //    expert's share of the route weight, v1 and v2 at init and v2 after training) and route_weights.svg (the
 //    distribution of the per-token route weights w of the selected experts).
-// Exit status: 0 done, 1 a golden case failed or an error, 2 bad command line (a value that is not an integer in
+// Exit status: 0 every check passed (the last line says "tr_mha_demo checks: all passed"), 1 a check failed (v2 not
+// bit-identical to plain MHA at init, the v2 loss not falling, a golden case) or an error, 2 bad command line (a value that is not an integer in
 // its range, an unknown flag, a missing value).
 #include <dea/attention/token_routed.hpp>
-#include <dea/io/cli.hpp>
-#include <dea/io/svg.hpp>
-#include <dea/io/tr_mha_case.hpp>
+#include <dea/train/flags.hpp>
+#include <dea/plot/svg.hpp>
+#include <dea/interop/tr_mha_case.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -189,6 +191,8 @@ int main(int argc, char** argv) {
     snaps.push_back(snapshot("v2 at init", c2.telemetry, c2.route_weights));
     std::printf("  output vs plain MHA of the same weights: max|diff| = %.1e, identical bits: %s\n",
                 max_abs(y2 - y2p), same_bits ? "yes" : "NO");
+    std::vector<std::string> failed;  // the demo's own checks: any failure makes the exit status 1
+    if (!same_bits) failed.push_back("v2 at init is not bit-identical to plain MHA");
     Mat<double> R(B * T, D);
     init::normal(R, rng, 0.0, 1.0);
     v2.zero_grad();
@@ -215,11 +219,14 @@ int main(int argc, char** argv) {
       target += noise;
     }
     const double lr = 0.2;
+    double first_loss = 0, last_loss = 0;
     std::printf("v2 (alpha_0 = 1), %d SGD steps (lr %.2f) on L = mean over tokens of |y - target|^2:\n", steps, lr);
     for (int s = 0; s <= steps; ++s) {
       Layer::Cache c, cp;
       const Mat<double> y = v2t.forward(x, B, ids, ctx, c);
       const double loss = (y - target).squaredNorm() / static_cast<double>(y.rows());
+      if (s == 0) first_loss = loss;
+      last_loss = loss;
       if (s % 10 == 0 || s == steps) {
         const Mat<double> yp = v2t.forward_plain(x, B, ctx, cp);
         char label[96];
@@ -235,6 +242,8 @@ int main(int argc, char** argv) {
       for (Param<double>* p : v2t.parameters()) p->value -= lr * p->grad;
     }
     std::printf("  (effect = max|y - y_plain| / max|y|: the routed branch's share of the output)\n");
+    if (steps > 0 && !(std::isfinite(last_loss) && last_loss < first_loss))
+      failed.push_back("the v2 loss did not fall (" + std::to_string(first_loss) + " -> " + std::to_string(last_loss) + ")");
     if (plots) try {
       write_plots(plot_dir, snaps);
       std::printf("plots: %s/route_shares.svg, %s/route_weights.svg\n", plot_dir.c_str(), plot_dir.c_str());
@@ -243,13 +252,18 @@ int main(int argc, char** argv) {
     }
 
     // ---- golden cases ----
-    bool ok = true;
     for (const std::string& path : cases) {
-      const auto res = io::run_tr_mha_case<double>(path);
+      const auto res = interop::run_tr_mha_case<double>(path);
       std::printf("\n%s", res.str().c_str());
-      ok = ok && res.ok;
+      if (!res.ok) failed.push_back("golden case " + path);
     }
-    return ok ? 0 : 1;
+    if (failed.empty()) {
+      std::printf("\ntr_mha_demo checks: all passed\n");
+      return 0;
+    }
+    std::printf("\ntr_mha_demo checks: FAILED\n");
+    for (const std::string& f : failed) std::printf("  failed: %s\n", f.c_str());
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tr_mha_demo: %s\n", e.what());
     return 1;

@@ -77,29 +77,29 @@ endif()
 # visualize: a --threads typo is refused; sentences of long words give capped file names (a stem of at most 60 bytes
 # ending in a hash, so two long sentences that share their start keep both sets of files) and a short one keeps its
 # name (they used to fail with "File name too long")
-if(TARGET visualize)
-  dea_cli_test(visualize_rejects_huge_threads visualize 2
-               "--threads: expected an integer in \\[1, 4096\\], got '99999999999'" --threads 99999999999)
+if(TARGET dea_cli)
+  dea_cli_test(visualize_rejects_huge_threads dea_cli 2
+               "--threads: expected an integer in \\[1, 4096\\], got '99999999999'" visualize --threads 99999999999)
   set(dea_vis_dir ${CMAKE_CURRENT_BINARY_DIR}/visualize_long_pairs)
   set(dea_long "extraordinarily incomprehensible characteristically unquestionably overwhelmingly misunderstanding \
 institutionalization counterrevolutionaries internationalization disproportionately uncharacteristically \
 indistinguishable electroencephalographically telecommunications")
   set(dea_hash "[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]")
-  dea_cli_sh(visualize_long_pairs visualize 0
+  dea_cli_sh(visualize_long_pairs dea_cli 0
              "wrote 15 SVGs.*heatmap_S_tilde_extraordinarily_incomprehensible_characteristically_${dea_hash}\\.svg.*\
 photo_finish_paris_and_france\\.svg.*photo_finish files: 3"
              "rm -rf '${dea_vis_dir}' && mkdir -p '${dea_vis_dir}' && printf '%s paris france\\tparis\\tfrance\\t0.9\\n\
 %s paris is in france\\tparis\\tfrance\\t0.5\\nparis and france\\tparis\\tfrance\\t0.3\\n' '${dea_long}' '${dea_long}' \
->'${dea_vis_dir}.tsv' && \"$0\" --warmup_steps 0 --pairs '${dea_vis_dir}.tsv' --out_dir '${dea_vis_dir}' && \
+>'${dea_vis_dir}.tsv' && \"$0\" visualize --warmup_steps 0 --pairs '${dea_vis_dir}.tsv' --out_dir '${dea_vis_dir}' && \
 ls '${dea_vis_dir}' && echo \"photo_finish files: $(ls '${dea_vis_dir}' | grep -c '^photo_finish_')\"")
 endif()
 
-# dea_export_c: --namespace must be an identifier that is not a keyword; the header test_export writes from tensors
+# dea export-c: --namespace must be an identifier that is not a keyword; the header test_export writes from tensors
 # named like the header's own declarations, keywords and macros compiles (in GNU mode, where `linux` is a macro)
-if(TARGET dea_export_c)
-  dea_cli_test(dea_export_c_rejects_keyword_namespace dea_export_c 2
+if(TARGET dea_cli)
+  dea_cli_test(dea_export_c_rejects_keyword_namespace dea_cli 2
                "--namespace expects a C\\+\\+ identifier.*got 'int'"
-               ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/layer_basic.safetensors
+               export-c ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/layer_basic.safetensors
                ${CMAKE_CURRENT_BINARY_DIR}/export_ns_int.hpp --all --namespace int)
   if(TARGET test_export AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
     set_tests_properties(test_export PROPERTIES FIXTURES_SETUP dea_export_names)
@@ -143,61 +143,68 @@ if(DEA_BUILD_BENCH AND EXISTS ${PROJECT_SOURCE_DIR}/bench/bench_gemm.cpp)
                --shape 70x80x600 --threads 1,2 --rounds 1 --scalar double)
 endif()
 
-# train and eval: a fresh run refuses the directory of another run (nothing touched; --overwrite replaces it),
+# dea train and dea eval: a fresh run refuses the directory of another run (nothing touched; --overwrite replaces it),
 # bad flags name themselves, a bad saved configuration is bad input (exit 1), an impossible model is refused
 # before anything is allocated, interop refuses a case whose sizes disagree with its tensors
-if(TARGET train AND TARGET eval)
-  dea_cli_test(train_refuses_existing_run train 2 "--out_dir '.*train_smoke' already holds a run.*--overwrite"
-               --d_model 16 --n_heads 2 --n_layers 1 --d_ff 32 --steps 2 --out_dir ${DEA_TRAIN_SMOKE_DIR})
+if(TARGET dea_cli)
+  dea_cli_test(train_refuses_existing_run dea_cli 2 "--out_dir '.*train_smoke' already holds a run.*--overwrite"
+               train --d_model 16 --n_heads 2 --n_layers 1 --d_ff 32 --steps 2 --out_dir ${DEA_TRAIN_SMOKE_DIR})
   set_tests_properties(train_refuses_existing_run PROPERTIES FIXTURES_REQUIRED trained_smoke)
-  dea_cli_test(train_unknown_flag_last train 2 "unknown flag --bogus" --steps 2 --bogus)
-  dea_cli_test(train_flag_as_value train 2 "--steps: missing value \\(the next argument is the flag '--out_dir'\\)"
-               --steps --out_dir x)
-  dea_cli_test(train_threads_before_narrowing train 2 "--threads: expected an integer in \\[0, 4096\\], got '4294967297'"
-               --threads 4294967297)
-  dea_cli_test(train_model_beyond_memory train 2 "--d_model 65536 --d_ff 1048576 --n_layers 4: .* GB, more than"
-               --d_model 65536 --n_heads 1 --d_ff 1048576 --n_layers 4 --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_big)
-  dea_cli_test(train_text_without_source train 2 "--text 'c.txt' is given, but --data_source is 'dalpha'" --text c.txt)
-  dea_cli_sh(train_resume_bad_config train 1 "--resume: .*config.json: invalid JSON"
+  dea_cli_test(train_unknown_flag_last dea_cli 2 "unknown flag --bogus" train --steps 2 --bogus)
+  dea_cli_test(train_flag_as_value dea_cli 2 "--steps: missing value \\(the next argument is the flag '--out_dir'\\)"
+               train --steps --out_dir x)
+  dea_cli_test(train_threads_before_narrowing dea_cli 2 "--threads: expected an integer in \\[0, 4096\\], got '4294967297'"
+               train --threads 4294967297)
+  dea_cli_test(train_model_beyond_memory dea_cli 2 "--d_model 65536 --d_ff 1048576 --n_layers 4: .* GB, more than"
+               train --d_model 65536 --n_heads 1 --d_ff 1048576 --n_layers 4 --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_big)
+  dea_cli_test(train_text_without_source dea_cli 2 "--text 'c.txt' is given, but --data_source is 'dalpha'" train --text c.txt)
+  dea_cli_sh(train_resume_bad_config dea_cli 1 "--resume: .*config.json: invalid JSON"
              "d=${CMAKE_CURRENT_BINARY_DIR}/cli_bad_config; rm -rf \"$d\"; mkdir -p \"$d\"; echo '{' > \"$d/config.json\"; \
-\"$0\" --resume --out_dir \"$d\"")
-  dea_cli_test(eval_unknown_flag_last eval 2 "unknown flag --bogus" --ckpt x --bogus)
-  dea_cli_test(eval_rejects_huge_threads eval 2 "--threads: expected an integer in \\[0, 4096\\], got '99999999999'"
-               --ckpt x --threads 99999999999)
+\"$0\" train --resume --out_dir \"$d\"")
+  dea_cli_test(eval_unknown_flag_last dea_cli 2 "unknown flag --bogus" eval --ckpt x --bogus)
+  dea_cli_test(eval_rejects_huge_threads dea_cli 2 "--threads: expected an integer in \\[0, 4096\\], got '99999999999'"
+               eval --ckpt x --threads 99999999999)
 endif()
-if(TARGET interop AND Python3_Interpreter_FOUND)
-  dea_cli_sh(interop_rejects_model_sizes interop 2 "metadata 'vocab_size' = 1000000000000 disagrees with tensor 'tok_emb.weight'"
+if(TARGET dea_cli AND Python3_Interpreter_FOUND)
+  dea_cli_sh(interop_rejects_model_sizes dea_cli 2 "metadata 'vocab_size' = 1000000000000 disagrees with tensor 'tok_emb.weight'"
              "python3 -c \"import json,struct,sys;b=open(sys.argv[1],'rb').read();n=struct.unpack('<Q',b[:8])[0];h=json.loads(b[8:8+n]);\
 h['__metadata__']['vocab_size']='1000000000000';s=json.dumps(h).encode();open(sys.argv[2],'wb').write(struct.pack('<Q',len(s))+s+b[8+n:])\" \
 ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/model_cls.safetensors ${CMAKE_CURRENT_BINARY_DIR}/cli_vocab.safetensors && \
-\"$0\" ${CMAKE_CURRENT_BINARY_DIR}/cli_vocab.safetensors")
+\"$0\" interop ${CMAKE_CURRENT_BINARY_DIR}/cli_vocab.safetensors")
 endif()
 
 # the second review: contradictory flags, an output over its own input, plot directories checked before the work,
 # bench_train's thread count
-if(TARGET train)
-  dea_cli_test(train_resume_and_overwrite train 2 "--resume and --overwrite contradict each other"
-               --resume --overwrite --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_nothing)
+if(TARGET dea_cli)
+  dea_cli_test(train_resume_and_overwrite dea_cli 2 "--resume and --overwrite contradict each other"
+               train --resume --overwrite --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_nothing)
   # a resumed run whose train_log.jsonl was deleted says so (and logs from the resumed step on)
-  dea_cli_sh(train_resume_missing_log train 0 "train_log.jsonl is missing; the resumed run's log starts at step 3"
+  dea_cli_sh(train_resume_missing_log dea_cli 0 "train_log.jsonl is missing; the resumed run's log starts at step 3"
              "d=${CMAKE_CURRENT_BINARY_DIR}/cli_resume_log; rm -rf \"$d\"; \
 f='--d_model 16 --n_heads 2 --n_layers 1 --d_ff 32 --batch_size 8 --n_per_source 40 --eval_every 100 --threads 1'; \
-\"$0\" $f --steps 2 --out_dir \"$d\" >/dev/null && rm \"$d/train_log.jsonl\" && \
-\"$0\" $f --steps 4 --resume --out_dir \"$d\" && test -s \"$d/train_log.jsonl\"")
+\"$0\" train $f --steps 2 --out_dir \"$d\" >/dev/null && rm \"$d/train_log.jsonl\" && \
+\"$0\" train $f --steps 4 --resume --out_dir \"$d\" && test -s \"$d/train_log.jsonl\"")
 endif()
-if(TARGET eval)
-  dea_cli_sh(eval_plot_dir_checked_first eval 2 "--plot_dir: cannot create the directory"
+if(TARGET dea_cli)
+  dea_cli_sh(eval_plot_dir_checked_first dea_cli 2 "--plot_dir: cannot create the directory"
              "f=${CMAKE_CURRENT_BINARY_DIR}/cli_a_file; echo x > \"$f\"; \
-\"$0\" --ckpt ${CMAKE_CURRENT_BINARY_DIR}/cli_nothing --plot_dir \"$f/p\"")
+\"$0\" eval --ckpt ${CMAKE_CURRENT_BINARY_DIR}/cli_nothing --plot_dir \"$f/p\"")
 endif()
-if(TARGET interop)
-  dea_cli_sh(interop_out_is_the_case interop 2 "--out '.*' is the case file itself"
+if(TARGET dea_cli)
+  dea_cli_sh(interop_out_is_the_case dea_cli 2 "--out '.*' is the case file itself"
              "c=${CMAKE_CURRENT_BINARY_DIR}/cli_case.safetensors; cp ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/layer_basic.safetensors \"$c\" && \
-\"$0\" \"$c\" --out \"$c\"; s=$?; cmp -s \"$c\" ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/layer_basic.safetensors && echo unchanged; (exit $s)")
+\"$0\" interop \"$c\" --out \"$c\"; s=$?; cmp -s \"$c\" ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/layer_basic.safetensors && echo unchanged; (exit $s)")
   set_tests_properties(interop_out_is_the_case PROPERTIES PASS_REGULAR_EXPRESSION
                        "is the case file itself.*unchanged.*\\[exit status 2\\]")
 endif()
 if(DEA_BUILD_BENCH AND EXISTS ${PROJECT_SOURCE_DIR}/bench/bench_train.cpp)  # bench/ is added after tests/
   dea_cli_test(bench_train_rejects_huge_threads bench_train 2 "--threads: expected a comma-separated list of integers in \\[1, 4096\\]"
                --config quick --steps 1 --warmup 0 --threads 99999)
+endif()
+
+# dea: an unknown command exits 2 and lists the commands; no command is a bad command line too
+if(TARGET dea_cli)
+  dea_cli_test(dea_unknown_command dea_cli 2 "dea: unknown command 'bogus'.*commands:.*train.*export-c" bogus)
+  dea_cli_test(dea_no_command dea_cli 2 "usage: dea <command>")
+  dea_cli_test(dea_unknown_subcommand_flag dea_cli 2 "unknown flag --bogus" interop --bogus)
 endif()

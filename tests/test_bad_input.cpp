@@ -10,7 +10,7 @@
 #include <dea/data/loaders.hpp>
 #include <dea/data/tokenizer.hpp>
 #include <dea/io/jsonl.hpp>
-#include <dea/io/pipeline.hpp>
+#include <dea/train.hpp>
 #include <dea/io/safetensors.hpp>
 #include <dea/nn/transformer.hpp>
 #include <dea/ops/cross_entropy.hpp>
@@ -87,8 +87,8 @@ nn::ModelBatch<S> tiny_batch(Index B = 2, Index T = 5) {
   return b;
 }
 
-pipeline::TrainConfig tiny_train(const std::string& dir) {
-  pipeline::TrainConfig c;
+train::TrainConfig tiny_train(const std::string& dir) {
+  train::TrainConfig c;
   c.d_model = 16;
   c.n_heads = 2;
   c.n_layers = 1;
@@ -107,8 +107,8 @@ pipeline::TrainConfig tiny_train(const std::string& dir) {
   return c;
 }
 
-pipeline::TrainOptions quiet() {
-  pipeline::TrainOptions o;
+train::encoder::TrainOptions<float> quiet() {
+  train::encoder::TrainOptions<float> o;
   o.verbose = false;
   return o;
 }
@@ -166,22 +166,22 @@ TEST_CASE("bad input B2 bad sizes: zero, negative or inconsistent sizes are a de
   empty.labels = Tensor<std::int64_t>();
   CHECK_THROWS_WITH(model.forward(empty, 0.0, false, nullptr, mc), Contains("non-empty"));
   // the training configuration: flags and config.json share the ranges
-  pipeline::TrainConfig c = tiny_train("unused");
+  train::TrainConfig c = tiny_train("unused");
   c.n_heads = 0;
-  CHECK_THROWS_WITH(pipeline::validate(c), Contains("--n_heads") && Contains("outside"));
+  CHECK_THROWS_WITH(train::validate(c), Contains("--n_heads") && Contains("outside"));
   c = tiny_train("unused");
   c.d_model = 10;
   c.n_heads = 4;
-  CHECK_THROWS_WITH(pipeline::validate(c), Contains("--d_model (10)") && Contains("--n_heads (4)"));
+  CHECK_THROWS_WITH(train::validate(c), Contains("--d_model (10)") && Contains("--n_heads (4)"));
   c = tiny_train("unused");
   c.d_model = Index(1) << 40;  // would need terabytes
-  CHECK_THROWS_WITH(pipeline::validate(c), Contains("--d_model") && Contains("outside"));
-  CHECK_THROWS_WITH(pipeline::parse_args({"--steps", "0"}), Contains("--steps"));
+  CHECK_THROWS_WITH(train::validate(c), Contains("--d_model") && Contains("outside"));
+  CHECK_THROWS_WITH(train::parse_args({"--steps", "0"}), Contains("--steps"));
   // (found by fuzz_config) supervised layers named for a model without layers
   c = tiny_train("unused");
   c.n_layers = 0;
   c.supervise_layers = std::vector<Index>{0};
-  CHECK_THROWS_WITH(pipeline::validate(c), Contains("--supervise_layers") && Contains("without layers"));
+  CHECK_THROWS_WITH(train::validate(c), Contains("--supervise_layers") && Contains("without layers"));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -219,26 +219,26 @@ TEST_CASE("bad input B3 NaN or Inf in inputs: attention inputs and oracle are ch
   write(dir + "/cache.jsonl", "{\"premise\": \"a\", \"hypothesis\": \"b\", \"alpha\": 1e999}\n");
   CHECK_THROWS_AS(io::read_alpha_cache(dir + "/cache.jsonl"), Error);
   write(dir + "/config.json", "{\"lr_main\": 1e999}");
-  CHECK_THROWS_AS(pipeline::read_config(dir + "/config.json"), Error);
+  CHECK_THROWS_AS(train::read_config(dir + "/config.json"), Error);
 }
 
 TEST_CASE("bad input B4 NaN or Inf in parameters: refused when loaded, detected when met", "[bad_input]") {
   // a checkpoint holding a NaN parameter is refused and the model is left untouched
   const std::string dir = temp_dir("b4");
-  pipeline::TrainConfig cfg = tiny_train(dir);
-  const pipeline::TrainResult r = pipeline::run_training(cfg, quiet());
+  train::TrainConfig cfg = tiny_train(dir);
+  const train::encoder::TrainResult r = train::encoder::run_training(cfg, quiet());
   REQUIRE(r.last_step == cfg.steps);
-  io::SafeTensors st = io::SafeTensors::load(pipeline::checkpoint_path(dir));
+  io::SafeTensors st = io::SafeTensors::load(train::checkpoint_path(dir));
   Tensor<float> w = st.get<float>("cls_head.3.weight");
   w[1] = std::numeric_limits<float>::quiet_NaN();
   st.put("cls_head.3.weight", w, io::DType::F32);
-  st.save(pipeline::checkpoint_path(dir));
-  const data::SimpleTokenizer tok = data::SimpleTokenizer::load(pipeline::tokenizer_path(dir));
+  st.save(train::checkpoint_path(dir));
+  const data::SimpleTokenizer tok = data::SimpleTokenizer::load(train::tokenizer_path(dir));
   Rng rng(cfg.seed);
-  pipeline::Model model(pipeline::model_config(cfg, tok.vocab_size(), nn::Task::cls), rng);
+  nn::TransformerModel<float> model(train::encoder::model_config(cfg, tok.vocab_size(), nn::Task::cls), rng);
   std::vector<Vec<float>> before;
   for (auto* p : model.parameters()) before.push_back(p->value);
-  CHECK_THROWS_WITH(pipeline::load_checkpoint(dir, model, nullptr),
+  CHECK_THROWS_WITH(train::load_checkpoint(dir, model, nullptr),
                     Contains("cls_head.3.weight") && Contains("non-finite") && Contains("flat index 1"));
   for (std::size_t i = 0; i < before.size(); ++i) CHECK((model.parameters()[i]->value.array() == before[i].array()).all());
   // a NaN parameter met in a forward pass: the next attention layer reports its non-finite input
@@ -253,18 +253,18 @@ TEST_CASE("bad input B4 NaN or Inf in parameters: refused when loaded, detected 
 
 TEST_CASE("bad input B5 a non-finite loss in training: the run stops, the last good checkpoint stays", "[bad_input]") {
   const std::string dir = temp_dir("b5");
-  pipeline::TrainConfig cfg = tiny_train(dir);
+  train::TrainConfig cfg = tiny_train(dir);
   cfg.steps = 5;
   cfg.eval_every = 2;
-  pipeline::TrainOptions o = quiet();
+  train::encoder::TrainOptions<float> o = quiet();
   // after step 3 a parameter of the classifier head is NaN (as a diverged update would leave it)
-  o.on_step = [](std::int64_t step, double, double, pipeline::Model& m) {
+  o.on_step = [](std::int64_t step, double, double, nn::TransformerModel<float>& m) {
     if (step == 3)
       for (auto* p : m.parameters())
         if (p->name == "cls_head.3.weight") p->value[0] = std::numeric_limits<float>::quiet_NaN();
   };
-  CHECK_THROWS_WITH(pipeline::run_training(cfg, o), Contains("non-finite loss at step 4") && Contains("kept"));
-  const io::SafeTensors st = io::SafeTensors::load(pipeline::checkpoint_path(dir));
+  CHECK_THROWS_WITH(train::encoder::run_training(cfg, o), Contains("non-finite loss at step 4") && Contains("kept"));
+  const io::SafeTensors st = io::SafeTensors::load(train::checkpoint_path(dir));
   CHECK(st.get<std::int64_t>("train.step")[0] == 2);
   CHECK(st.get<float>("cls_head.3.weight").data.allFinite());
 }
@@ -356,7 +356,7 @@ TEST_CASE("bad input B9 empty data: a defined empty result or a dea::Error sayin
   CHECK_THROWS_WITH(data::load_capitals(empty), Contains("no capital,country lines"));
   CHECK_THROWS_WITH(data::load_clutrr_csv(empty), Contains("empty CSV file"));
   CHECK_THROWS_WITH(data::SimpleTokenizer::load(empty), Contains("expected at least the 5 special tokens"));
-  CHECK_THROWS_WITH(pipeline::read_config(empty), Contains("invalid JSON"));
+  CHECK_THROWS_WITH(train::read_config(empty), Contains("invalid JSON"));
   CHECK_THROWS_WITH(io::SafeTensors::load(empty), Contains("shorter than the 8-byte"));
   // a data source whose file gives no record is an error (or, when asked, falls back to synthetic data)
   data::DalphaFiles files;
@@ -370,10 +370,10 @@ TEST_CASE("bad input B9 empty data: a defined empty result or a dea::Error sayin
   CHECK(tok.encode("", 8).size() == 2);
   CHECK(tok.tokenize(" \t\n").empty());
   // no training data at all
-  pipeline::TrainConfig cfg = tiny_train(dir + "/run");
+  train::TrainConfig cfg = tiny_train(dir + "/run");
   cfg.data_source = "text";
   cfg.text = write(dir + "/corpus.txt", "");
-  CHECK_THROWS_AS(pipeline::run_training(cfg, quiet()), Error);
+  CHECK_THROWS_AS(train::encoder::run_training(cfg, quiet()), Error);
 }
 
 TEST_CASE("bad input B10 truncated files: a dea::Error naming the file and what is missing", "[bad_input]") {
@@ -394,7 +394,7 @@ TEST_CASE("bad input B10 truncated files: a dea::Error naming the file and what 
   write(dir + "/c.csv", "story,query,target\n\"Anna went");
   CHECK_THROWS_WITH(data::load_clutrr_csv(dir + "/c.csv"), Contains("unterminated quoted field"));
   write(dir + "/config.json", "{\"d_model\": 16, \"n_he");
-  CHECK_THROWS_WITH(pipeline::read_config(dir + "/config.json"), Contains("config.json") && Contains("invalid JSON"));
+  CHECK_THROWS_WITH(train::read_config(dir + "/config.json"), Contains("config.json") && Contains("invalid JSON"));
   write(dir + "/qa16.txt", "1 Lily is a frog.\n3 Lily is white.\n");  // a line lost in the middle
   CHECK_THROWS_WITH(data::load_babi(dir + "/qa16.txt"), Contains("qa16.txt:2") && Contains("does not follow 1"));
 }
@@ -418,12 +418,12 @@ TEST_CASE("bad input B11 oversized files and sizes: refused from the declared si
   CHECK_THROWS_WITH(io::SafeTensors::parse(raw_safetensors(deep, 0)), Contains("deeper than 64"));
   const std::string dir = temp_dir("b11");
   write(dir + "/config.json", deep);
-  CHECK_THROWS_WITH(pipeline::read_config(dir + "/config.json"), Contains("deeper than 64"));
+  CHECK_THROWS_WITH(train::read_config(dir + "/config.json"), Contains("deeper than 64"));
   write(dir + "/cache.jsonl", "{\"a\":" + deep + "}\n");
   CHECK_THROWS_WITH(io::read_alpha_cache(dir + "/cache.jsonl"), Contains("cache.jsonl:1") && Contains("deeper than 64"));
   // a config.json larger than any real one
-  write(dir + "/big.json", "{\"text\": \"" + std::string(pipeline::kMaxConfigBytes, 'x') + "\"}");
-  CHECK_THROWS_WITH(pipeline::read_config(dir + "/big.json"), Contains("more than the maximum"));
+  write(dir + "/big.json", "{\"text\": \"" + std::string(train::kMaxConfigBytes, 'x') + "\"}");
+  CHECK_THROWS_WITH(train::read_config(dir + "/big.json"), Contains("more than the maximum"));
   // a bAbI story longer than any real one (each question would copy it)
   std::string story = "1 start.\n";
   for (int i = 2; i < 2000; ++i) story += std::to_string(i) + " " + std::string(40, 'w') + ".\n";
@@ -435,7 +435,7 @@ TEST_CASE("bad input B11 oversized files and sizes: refused from the declared si
                     Contains("assertions.csv:1") && Contains("line longer than"));
   // sizes in a config.json beyond the sane maxima
   write(dir + "/huge.json", "{\"d_model\": 4294967296, \"n_heads\": 1}");
-  CHECK_THROWS_WITH(pipeline::read_config(dir + "/huge.json"), Contains("d_model") && Contains("outside"));
+  CHECK_THROWS_WITH(train::read_config(dir + "/huge.json"), Contains("d_model") && Contains("outside"));
 }
 
 TEST_CASE("bad input B12 wrong dtypes: unsupported or lossy dtypes are a dea::Error naming the tensor",
@@ -454,9 +454,9 @@ TEST_CASE("bad input B12 wrong dtypes: unsupported or lossy dtypes are a dea::Er
   // a JSON value of the wrong type in config.json or the alpha cache
   const std::string dir = temp_dir("b12");
   write(dir + "/config.json", "{\"steps\": 2.5}");
-  CHECK_THROWS_WITH(pipeline::read_config(dir + "/config.json"), Contains("'steps'") && Contains("an integer"));
+  CHECK_THROWS_WITH(train::read_config(dir + "/config.json"), Contains("'steps'") && Contains("an integer"));
   write(dir + "/config.json", "{\"d_model\": \"big\"}");
-  CHECK_THROWS_WITH(pipeline::read_config(dir + "/config.json"), Contains("'d_model'"));
+  CHECK_THROWS_WITH(train::read_config(dir + "/config.json"), Contains("'d_model'"));
   write(dir + "/cache.jsonl", "{\"premise\": \"a\", \"hypothesis\": \"b\", \"alpha\": \"high\"}\n");
   CHECK_THROWS_WITH(io::read_alpha_cache(dir + "/cache.jsonl"), Contains("\"alpha\" must be a number"));
 }
@@ -479,27 +479,27 @@ TEST_CASE("bad input B13 unknown tensor names: a strict load lists them; missing
 
 TEST_CASE("bad input B14 a checkpoint of another configuration: a dea::Error naming the difference", "[bad_input]") {
   const std::string dir = temp_dir("b14");
-  pipeline::TrainConfig cfg = tiny_train(dir);
-  REQUIRE(pipeline::run_training(cfg, quiet()).last_step == cfg.steps);
-  const data::SimpleTokenizer tok = data::SimpleTokenizer::load(pipeline::tokenizer_path(dir));
+  train::TrainConfig cfg = tiny_train(dir);
+  REQUIRE(train::encoder::run_training(cfg, quiet()).last_step == cfg.steps);
+  const data::SimpleTokenizer tok = data::SimpleTokenizer::load(train::tokenizer_path(dir));
   // another width: the first parameter whose shape differs is named with both shapes
-  pipeline::TrainConfig wide = cfg;
+  train::TrainConfig wide = cfg;
   wide.d_model = 24;
   Rng r1(1);
-  pipeline::Model m1(pipeline::model_config(wide, tok.vocab_size(), nn::Task::cls), r1);
-  CHECK_THROWS_WITH(pipeline::load_checkpoint(dir, m1, nullptr), Contains("expected shape") && Contains("16"));
+  nn::TransformerModel<float> m1(train::encoder::model_config(wide, tok.vocab_size(), nn::Task::cls), r1);
+  CHECK_THROWS_WITH(train::load_checkpoint(dir, m1, nullptr), Contains("expected shape") && Contains("16"));
   // another depth: the extra layer's parameters are missing
-  pipeline::TrainConfig deep = cfg;
+  train::TrainConfig deep = cfg;
   deep.n_layers = 2;
   Rng r2(1);
-  pipeline::Model m2(pipeline::model_config(deep, tok.vocab_size(), nn::Task::cls), r2);
-  CHECK_THROWS_WITH(pipeline::load_checkpoint(dir, m2, nullptr), Contains("missing") && Contains("layers.1."));
+  nn::TransformerModel<float> m2(train::encoder::model_config(deep, tok.vocab_size(), nn::Task::cls), r2);
+  CHECK_THROWS_WITH(train::load_checkpoint(dir, m2, nullptr), Contains("missing") && Contains("layers.1."));
   // the same shapes but another run (seed): resuming is refused
   Rng r3(1);
-  pipeline::Model m3(pipeline::model_config(cfg, tok.vocab_size(), nn::Task::cls), r3);
-  optim::AdamW<float> opt = pipeline::make_optimizer(m3, cfg);
-  CHECK_THROWS_WITH(pipeline::load_checkpoint(dir, m3, &opt, cfg.seed + 1), Contains("does not match seed"));
-  CHECK(pipeline::load_checkpoint(dir, m3, &opt, cfg.seed) == cfg.steps);
+  nn::TransformerModel<float> m3(train::encoder::model_config(cfg, tok.vocab_size(), nn::Task::cls), r3);
+  optim::AdamW<float> opt = train::encoder::make_optimizer(m3, cfg);
+  CHECK_THROWS_WITH(train::load_checkpoint(dir, m3, &opt, cfg.seed + 1), Contains("does not match seed"));
+  CHECK(train::load_checkpoint(dir, m3, &opt, cfg.seed) == cfg.steps);
 }
 
 TEST_CASE("bad input B15 invalid UTF-8 and odd text: defined results", "[bad_input]") {
@@ -549,25 +549,25 @@ TEST_CASE("bad input B17 a path that is not a readable file: a dea::Error naming
   const std::string dir = temp_dir("b17");
   CHECK_THROWS_WITH(io::SafeTensors::load(dir), Contains("is a directory"));
   CHECK_THROWS_WITH(data::SimpleTokenizer::load(dir), Contains("is a directory"));
-  CHECK_THROWS_WITH(pipeline::read_config(dir + "/missing.json"), Contains("cannot open") && Contains("missing.json"));
+  CHECK_THROWS_WITH(train::read_config(dir + "/missing.json"), Contains("cannot open") && Contains("missing.json"));
   CHECK_THROWS_WITH(io::read_alpha_cache(dir + "/missing.jsonl"), Contains("missing.jsonl"));
   CHECK_THROWS_WITH(data::load_babi(dir + "/missing.txt"), Contains("missing.txt"));
-  pipeline::TrainConfig cfg = tiny_train(dir + "/nothing_here");
+  train::TrainConfig cfg = tiny_train(dir + "/nothing_here");
   cfg.resume = true;
-  CHECK_THROWS_WITH(pipeline::run_training(cfg, quiet()), Contains("--resume: no checkpoint"));
+  CHECK_THROWS_WITH(train::encoder::run_training(cfg, quiet()), Contains("--resume: no checkpoint"));
 }
 
 TEST_CASE("bad input B18 interrupted writes: the target holds the old or the new file, never a mix", "[bad_input]") {
   // (test_crash_safety kills the train program while it writes a checkpoint; here: a failed write.)
   const std::string dir = temp_dir("b18");
   const std::string path = dir + "/vocab.txt";
-  data::write_file_atomic(path, "old\n");
+  dea::write_file_atomic(path, "old\n");
   // a temporary that cannot be created (the target's directory is missing) leaves nothing behind
-  CHECK_THROWS_WITH(data::write_file_atomic(dir + "/no/such/dir/f", "x"), Contains("cannot create"));
+  CHECK_THROWS_WITH(dea::write_file_atomic(dir + "/no/such/dir/f", "x"), Contains("cannot create"));
   io::SafeTensors st;
   st.put("w", Tensor<double>({1}, 1.0));
   CHECK_THROWS_AS(st.save(dir + "/no/such/dir/w.safetensors"), Error);
-  data::write_file_atomic(path, "new\n");
+  dea::write_file_atomic(path, "new\n");
   std::ifstream in(path);
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(s == "new\n");

@@ -1,4 +1,4 @@
-// Crash safety of the train program (examples/train.cpp, dea/io/pipeline.hpp), as a user meets it: the program
+// Crash safety of `dea train` (examples/dea/train.cpp, dea/train/), as a user meets it: the program
 // is started as a separate process, killed with SIGKILL while it is writing a checkpoint, and resumed.
 //  * The kill lands between the creation of the temporary checkpoint file and its rename (the test watches the
 //    run directory and kills as soon as "checkpoint.safetensors.tmp.*" appears while an older checkpoint
@@ -9,9 +9,9 @@
 //    that of an uninterrupted run with the same flags (parameters, AdamW moments and step counts), and with a
 //    train_log.jsonl that records every step once (the lines the killed run wrote after its checkpoint are
 //    dropped on resume).
-// The train program's path comes from CMake (DEA_TRAIN_EXE); without it (examples not built) the test only
+// The dea program's path comes from CMake (DEA_EXE); without it (examples not built) the test only
 // warns.
-#include <dea/io/pipeline.hpp>
+#include <dea/train.hpp>
 
 #include <catch2/catch.hpp>
 
@@ -31,10 +31,11 @@
 #endif
 
 using namespace dea;
-using namespace dea::pipeline;
+using namespace dea::train;
+using namespace dea::train::encoder;
 namespace fs = std::filesystem;
 
-#if defined(DEA_CRASH_TEST_POSIX) && defined(DEA_TRAIN_EXE)
+#if defined(DEA_CRASH_TEST_POSIX) && defined(DEA_EXE)
 
 namespace {
 
@@ -50,9 +51,9 @@ std::vector<std::string> tiny_flags(const std::string& dir, bool resume = false)
   return f;
 }
 
-/// Starts the train program with `flags`, its output going to `log`.
+/// Starts `dea train` with `flags`, its output going to `log`.
 pid_t spawn_train(const std::vector<std::string>& flags, const std::string& log) {
-  std::vector<std::string> args = {DEA_TRAIN_EXE};
+  std::vector<std::string> args = {DEA_EXE, "train"};
   args.insert(args.end(), flags.begin(), flags.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -152,8 +153,8 @@ TEST_CASE("crash safety: SIGKILL while a checkpoint is written keeps the previou
   const TrainConfig cfg = read_config(config_path(killed));
   const data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(killed));
   Rng rng(cfg.seed);
-  Model model(model_config(cfg, tok.vocab_size(), nn::Task::cls), rng);
-  optim::AdamW<Scalar> opt = make_optimizer(model, cfg);
+  nn::TransformerModel<float> model(model_config(cfg, tok.vocab_size(), nn::Task::cls), rng);
+  optim::AdamW<float> opt = make_optimizer(model, cfg);
   const std::int64_t step = load_checkpoint(killed, model, &opt, cfg.seed);
   CHECK(step >= 1);
   CHECK(step < kSteps);
@@ -171,8 +172,8 @@ TEST_CASE("crash safety: SIGKILL while a checkpoint is written keeps the previou
 
 #else
 
-TEST_CASE("crash safety: needs POSIX and the train program", "[pipeline][crash]") {
-  WARN("test_crash_safety: built without DEA_TRAIN_EXE or without POSIX; the SIGKILL test did not run");
+TEST_CASE("crash safety: needs POSIX and the dea program", "[pipeline][crash]") {
+  WARN("test_crash_safety: built without DEA_EXE or without POSIX; the SIGKILL test did not run");
 }
 
 #endif

@@ -1,9 +1,9 @@
-// dea_export_c (examples/dea_export_c.cpp), run as a user runs it: a checkpoint of a TransformerModel goes in, and
+// `dea export-c` (examples/dea/export_c.cpp), run as a user runs it: a checkpoint of a TransformerModel goes in, and
 // the header that comes out holds every parameter under its reference name, with its shape and exactly its
 // values (read back from the hexadecimal literals), the model's sizes, and nothing of the optimiser state.
 // Compiling and running such headers is what the embedded programs do (examples/embedded_inference).
 #include <catch2/catch.hpp>
-#include <dea/data/files.hpp>
+#include <dea/core/files.hpp>
 #include <dea/io/safetensors.hpp>
 #include <dea/nn/transformer.hpp>
 
@@ -19,7 +19,7 @@ using namespace dea;
 
 namespace {
 
-/// Runs dea_export_c with `args`; returns its exit status. Its messages go to `err_file` (default: discarded).
+/// Runs `dea export-c` with `args`; returns its exit status. Its messages go to `err_file` (default: discarded).
 int run_export(const std::string& args, const std::string& err_file = "/dev/null") {
   const std::string cmd = std::string(DEA_EXPORT_C_EXE) + " " + args + " >/dev/null 2>" + err_file;
   const int r = std::system(cmd.c_str());
@@ -84,7 +84,7 @@ TEST_CASE("dea_export_c writes every parameter exactly, under its name, with the
   CHECK_FALSE(std::filesystem::exists(out));
   REQUIRE(run_export((dir / "checkpoint.safetensors").string() + " " + out +
                      " --max_len 10 --task cls --namespace my_weights") == 0);
-  const std::string text = data::read_file(out);
+  const std::string text = dea::read_file(out);
   CHECK(text.find("namespace my_weights {") != std::string::npos);
   CHECK(text.find("optim.") == std::string::npos);
   CHECK(text.find("constexpr dea::nn::InferenceConfig config{/*vocab_size*/ 23, /*d_model*/ 8, /*n_heads*/ 2, "
@@ -110,10 +110,10 @@ TEST_CASE("dea_export_c writes every parameter exactly, under its name, with the
   CHECK(run_export((dir / "checkpoint.safetensors").string() + " " + (dir / "other.hpp").string()) == 1);
   CHECK_FALSE(std::filesystem::exists(dir / "other.hpp"));
   // the output must not be the input: the checkpoint would be replaced by its own header
-  const std::string before = data::read_file((dir / "checkpoint.safetensors").string());
+  const std::string before = dea::read_file((dir / "checkpoint.safetensors").string());
   CHECK(run_export((dir / "checkpoint.safetensors").string() + " " + (dir / "checkpoint.safetensors").string() +
                    " --max_len 10 --task cls") == 2);
-  CHECK(data::read_file((dir / "checkpoint.safetensors").string()) == before);
+  CHECK(dea::read_file((dir / "checkpoint.safetensors").string()) == before);
 }
 
 TEST_CASE("dea_export_c --all writes any file's tensors and metadata; bad input is refused", "[export]") {
@@ -121,7 +121,7 @@ TEST_CASE("dea_export_c --all writes any file's tensors and metadata; bad input 
   const std::string golden = std::string(DEA_TEST_DATA_DIR) + "/golden/layer_basic.safetensors";
   const std::string out = (dir / "case.hpp").string();
   REQUIRE(run_export(golden + " " + out + " --all --type double --namespace golden_basic") == 0);
-  const std::string text = data::read_file(out);
+  const std::string text = dea::read_file(out);
   const io::SafeTensors cs = io::SafeTensors::load(golden);
   for (const std::string& name : cs.names()) {
     INFO(name);
@@ -166,7 +166,7 @@ TEST_CASE("dea_export_c gives every array an identifier that compiles; bad names
   st.save((dir / "names.safetensors").string());
   const std::string out = (dir / "names.hpp").string();
   REQUIRE(run_export((dir / "names.safetensors").string() + " " + out + " --all --namespace names_ns") == 0);
-  const std::string text = data::read_file(out);
+  const std::string text = dea::read_file(out);
   for (const auto& [name, id] : expected) {
     INFO(name << " -> " << id);
     // the array under its identifier, listed in the table by its reference name
@@ -193,7 +193,7 @@ TEST_CASE("dea_export_c gives every array an identifier that compiles; bad names
   bad.save(bad_path);
   const std::string err = (dir / "bad_layer.err").string();
   CHECK(run_export(bad_path + " " + (dir / "bad.hpp").string() + " --max_len 4", err) == 1);
-  const std::string msg = data::read_file(err);
+  const std::string msg = dea::read_file(err);
   CHECK(msg.find("bad_layer.safetensors") != std::string::npos);
   CHECK(msg.find("'layers.abc.x'") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(dir / "bad.hpp"));

@@ -1,6 +1,9 @@
-// Tests of dea/io/pipeline.hpp: flags and config JSON, training, checkpoints, bit-exact resume, corrupt files,
-// the evaluation loop and the Paris probe, on a tiny configuration.
-#include <dea/io/pipeline.hpp>
+// Tests of dea/train/ (config, flags, run directory, trainer) and the encoder's run (train/encoder.hpp): flags and
+// config JSON, training, checkpoints, bit-exact resume, corrupt files, the evaluation loop and the Paris probe of
+// `dea train` / `dea eval`, on a tiny configuration.
+#include <dea/train.hpp>
+
+#include "../examples/dea/paris_probe.hpp"
 
 #include <catch2/catch.hpp>
 
@@ -11,10 +14,25 @@
 #include <vector>
 
 using namespace dea;
-using namespace dea::pipeline;
+using namespace dea::train;
+using namespace dea::train::encoder;
+using dea_cli::paris_probe;
+using dea_cli::ParisProbe;
 namespace fs = std::filesystem;
 
 namespace {
+
+using Scalar = float;
+using Model = nn::TransformerModel<Scalar>;
+using Batch = nn::ModelBatch<Scalar>;
+using TrainOpts = train::encoder::TrainOptions<Scalar>;
+
+/// `dea eval`'s work: the evaluation of the run in `dir`, and the Paris probe on its model when asked.
+EvalResult eval_with_probe(const std::string& dir, Split split, ParisProbe* probe = nullptr) {
+  return evaluate_checkpoint<Scalar>(dir, split, [&](Model& m, const LoadedRun<Scalar>& run) {
+    if (probe) *probe = paris_probe(m, run.tok);
+  });
+}
 
 TrainConfig tiny(const std::string& dir) {
   TrainConfig c;
@@ -43,8 +61,8 @@ std::string temp_dir(const std::string& name) {
   return p.string();
 }
 
-TrainOptions quiet() {
-  TrainOptions o;
+TrainOpts quiet() {
+  TrainOpts o;
   o.verbose = false;
   return o;
 }
@@ -164,11 +182,11 @@ TEST_CASE("pipeline: config JSON round trip", "[pipeline]") {
   TrainConfig all = c;
   all.supervise_layers.reset();
   write_config(path, all);
-  CHECK_FALSE(read_config(path).supervise_layers);
+  CHECK_FALSE(read_config(path)->supervise_layers);
   // a key of the wrong type is an error naming the key
-  data::write_file_atomic(path, "{\"d_model\": \"big\"}");
+  dea::write_file_atomic(path, "{\"d_model\": \"big\"}");
   CHECK_THROWS_WITH(read_config(path), Catch::Contains("d_model"));
-  data::write_file_atomic(path, "{not json");
+  dea::write_file_atomic(path, "{not json");
   CHECK_THROWS_AS(read_config(path), dea::Error);
 }
 
@@ -182,7 +200,7 @@ TEST_CASE("pipeline: training decreases the loss on a fixed batch", "[pipeline]"
   Model model(model_config(c, d.tok.vocab_size(), d.task), rng);
   auto opt = make_optimizer(model, c);
   std::vector<std::size_t> idx = {0, 1, 2, 3, 4, 5, 6, 7};
-  const Batch b = make_batch(d, Split::train, idx, c.max_len, nullptr);
+  const Batch b = make_batch<Scalar>(d, Split::train, idx, c.max_len, nullptr);
   REQUIRE(b.alpha_oracle.dim() == 3);
   Model::Cache cache;
   const auto before = model.forward(b, 0.0f, false, nullptr, cache);
@@ -222,7 +240,7 @@ TEST_CASE("pipeline: checkpoint round trip is exact; corrupt checkpoints are rej
   CHECK(load_checkpoint(dir, model, &opt, c.seed) == 3);
   CHECK(opt.step_count("main") == 3);
   const std::string dir2 = temp_dir("ckpt2");
-  save_checkpoint(dir2, c, tok, model, &opt, 3);
+  save_run(dir2, c, tok, model, &opt, 3);
   CHECK(same_tensors(checkpoint_path(dir), checkpoint_path(dir2)));
   // a different seed does not match the stored Rng state
   CHECK_THROWS_AS(load_checkpoint(dir, model, &opt, c.seed + 1), dea::Error);
@@ -250,7 +268,7 @@ TEST_CASE("pipeline: checkpoint round trip is exact; corrupt checkpoints are rej
   // a missing file
   CHECK_THROWS_AS(load_checkpoint(temp_dir("empty"), model, nullptr), dea::Error);
   // the model was left intact by the failed loads: it still evaluates to the saved values
-  save_checkpoint(dir2, c, tok, model, &opt, 3);
+  save_run(dir2, c, tok, model, &opt, 3);
   CHECK(same_tensors(checkpoint_path(dir), checkpoint_path(dir2)));
 }
 
@@ -319,7 +337,7 @@ TEST_CASE("pipeline: evaluation of a checkpoint and the Paris probe", "[pipeline
   c.steps = 4;
   run_training(c, quiet());
   ParisProbe probe;
-  const EvalResult r = evaluate_checkpoint(dir, Split::test, &probe);
+  const EvalResult r = eval_with_probe(dir, Split::test, &probe);
   CHECK(r.split == "test");
   CHECK(r.n_examples > 0);
   CHECK(r.accuracy >= 0);
@@ -333,7 +351,7 @@ TEST_CASE("pipeline: evaluation of a checkpoint and the Paris probe", "[pipeline
                         "alpha_hat_mean", "alpha_oracle_mean", "decision_side_acc", "n_decision_pairs"})
     CHECK(j.contains(k));
   // evaluation is deterministic (eval mode, gamma 0)
-  const EvalResult r2 = evaluate_checkpoint(dir, Split::test);
+  const EvalResult r2 = eval_with_probe(dir, Split::test);
   CHECK(r2.accuracy == r.accuracy);
   CHECK(r2.task_loss == r.task_loss);
   // a config.json whose seed is not the run's would evaluate other splits: refused
@@ -341,7 +359,7 @@ TEST_CASE("pipeline: evaluation of a checkpoint and the Paris probe", "[pipeline
     TrainConfig other = read_config(config_path(dir));
     other.seed += 1;
     write_config(config_path(dir), other);
-    CHECK_THROWS_WITH(evaluate_checkpoint(dir, Split::test), Catch::Contains("does not match seed"));
+    CHECK_THROWS_WITH(eval_with_probe(dir, Split::test), Catch::Contains("does not match seed"));
     other.seed -= 1;
     write_config(config_path(dir), other);
   }
@@ -388,9 +406,9 @@ TEST_CASE("pipeline: a fresh run refuses a directory holding another run unless 
   CHECK_THROWS_WITH(run_training(again, quiet()), Catch::Contains("already holds a run") &&
                                                       Catch::Contains("--overwrite") && Catch::Contains(dir));
   CHECK(fs::file_size(fs::path(dir) / "train_log.jsonl") == log_size);
-  CHECK(read_config(config_path(dir)).lr_main == c.lr_main);
+  CHECK(read_config(config_path(dir))->lr_main == c.lr_main);
   // with overwrite, a new run whose data cannot be read fails before anything of the old run is deleted
-  TrainOptions o = quiet();
+  TrainOpts o = quiet();
   o.overwrite = true;
   TrainConfig no_data = again;
   no_data.oracle = dir + "/missing_cache.jsonl";
@@ -403,7 +421,7 @@ TEST_CASE("pipeline: a fresh run refuses a directory holding another run unless 
   CHECK_FALSE(fs::exists(checkpoint_path(dir)));
   o.on_step = nullptr;
   run_training(again, o);
-  CHECK(read_config(config_path(dir)).lr_main == again.lr_main);
+  CHECK(read_config(config_path(dir))->lr_main == again.lr_main);
   CHECK(io::SafeTensors::load(checkpoint_path(dir)).names().front() == before);
 }
 
@@ -411,7 +429,7 @@ TEST_CASE("pipeline: a non-finite loss stops the run and keeps the last good che
   const std::string dir = temp_dir("nan");
   TrainConfig c = tiny(dir);
   c.steps = 12;
-  TrainOptions o = quiet();
+  TrainOpts o = quiet();
   o.on_step = [](std::int64_t step, double, double, Model& m) {
     if (step == 7) m.ln_f().weight.value[0] = std::numeric_limits<float>::quiet_NaN();  // poison after step 7
   };
@@ -458,7 +476,7 @@ TEST_CASE("pipeline: a state_dict exported from the reference loads, reproduces 
                               {"max_len", 64}, {"batch_size", 16}, {"seed", 42}, {"data_source", "dalpha"},
                               {"oracle", "mock"}, {"n_per_source", 20}, {"tokenizer", "simple"},
                               {"supervise_layers", nullptr}, {"quick", false}};
-  data::write_file_atomic(config_path(dir), cfg.dump(2));
+  dea::write_file_atomic(config_path(dir), cfg.dump(2));
   {
     // a 50-token vocabulary (the case's vocab_size): the specials and the most frequent words of the data
     TrainConfig c = config_from_json(cfg);
@@ -494,7 +512,7 @@ TEST_CASE("pipeline: a state_dict exported from the reference loads, reproduces 
 
   // the eval program's path: data rebuilt from the cfg, tokenised with the exported vocabulary
   ParisProbe probe;
-  const EvalResult r = evaluate_checkpoint(dir, Split::test, &probe);
+  const EvalResult r = eval_with_probe(dir, Split::test, &probe);
   CHECK(r.n_examples > 0);
   CHECK(std::isfinite(r.task_loss));
   CHECK(r.alpha.n_points > 0);
@@ -502,11 +520,56 @@ TEST_CASE("pipeline: a state_dict exported from the reference loads, reproduces 
   // a state_dict from another configuration is rejected with the parameter named
   nlohmann::json other = cfg;
   other["d_ff"] = 128;
-  data::write_file_atomic(config_path(dir), other.dump());
-  CHECK_THROWS_WITH(evaluate_checkpoint(dir, Split::test), Catch::Contains("layers.0.ff.0.weight"));
+  dea::write_file_atomic(config_path(dir), other.dump());
+  CHECK_THROWS_WITH(eval_with_probe(dir, Split::test), Catch::Contains("layers.0.ff.0.weight"));
   // a positional table of the wrong width is rejected before anything changes
   sd.put("pos_enc.pe", Tensor<double>({1, 64, 16}, 0.0), io::DType::F32);
   sd.save(checkpoint_path(dir));
   Model m2(model_config(c, 50, nn::Task::cls), rng);
   CHECK_THROWS_WITH(load_checkpoint(dir, m2, nullptr), Catch::Contains("pos_enc.pe"));
+}
+
+TEST_CASE("train: a resumed run may change only the resumable flags", "[pipeline]") {
+  const TrainConfig saved = tiny("resume_rule");
+  TrainConfig given = saved;
+  given.steps = 40;
+  given.threads = 2;
+  given.out_dir = "elsewhere";
+  const TrainConfig r = resume_config(saved, given, {"steps", "threads", "out_dir", "resume"});
+  CHECK(r.steps == 40);
+  CHECK(r.threads == 2);
+  CHECK(r.resume);
+  CHECK(r.out_dir == "elsewhere");
+  CHECK(r.d_model == saved.d_model);
+  TrainConfig other = saved;
+  other.d_model = 32;
+  CHECK_THROWS_WITH(resume_config(saved, other, {"d_model"}),
+                    Catch::Contains("--d_model") && Catch::Contains("differs from the checkpoint's"));
+  CHECK_NOTHROW(resume_config(saved, saved, {"d_model", "seed", "lr_main"}));  // repeating a saved value is allowed
+  CHECK(resumable_flags().count("steps") == 1);
+  CHECK(resumable_flags().count("lr_main") == 0);
+}
+
+TEST_CASE("flags: a FlagSet parses, refuses and documents every flag", "[pipeline]") {
+  std::int64_t n = 3;
+  double x = 0.5;
+  bool sw = false;
+  std::string name = "a";
+  cli::FlagSet fs("prog [flags]", "A test program.");
+  fs.integer("n", n, 1, 10, "a count").real("x", x, 0, 1, false, true, "a fraction").toggle("sw", sw, "a switch");
+  fs.choice("name", name, {"a", "b"}, "a choice");
+  const auto p = fs.parse(std::vector<std::string>{"--n=7", "--x", "0.25", "--sw", "--name", "b"});
+  CHECK(n == 7);
+  CHECK(x == 0.25);
+  CHECK(sw);
+  CHECK(name == "b");
+  CHECK(p.flags.count("n") == 1);
+  CHECK_THROWS_WITH(fs.parse(std::vector<std::string>{"--n", "11"}), Catch::Contains("--n: expected an integer in [1, 10], got '11'"));
+  CHECK_THROWS_WITH(fs.parse(std::vector<std::string>{"--x", "1"}), Catch::Contains("[0, 1)"));
+  CHECK_THROWS_WITH(fs.parse(std::vector<std::string>{"--name", "c"}), Catch::Contains("'a' or 'b'"));
+  CHECK_THROWS_WITH(fs.parse(std::vector<std::string>{"--n", "2", "--bogus"}), Catch::Contains("unknown flag --bogus"));
+  CHECK_THROWS_WITH(fs.parse(std::vector<std::string>{"file"}), Catch::Contains("unexpected argument 'file'"));
+  const std::string h = fs.help();
+  CHECK_THAT(h, Catch::Contains("--n N") && Catch::Contains("default 3, range [1, 10]") &&
+                    Catch::Contains("range [0, 1)") && Catch::Contains("--sw"));
 }

@@ -1,11 +1,11 @@
-// Tests of dea/io/svg.hpp and dea/io/plots.hpp: escaping (markup, invalid UTF-8, forbidden code points), number
+// Tests of dea/plot/svg.hpp and dea/plot/figures.hpp: escaping (markup, invalid UTF-8, forbidden code points), number
 // formatting and ticks, colour maps, histograms, balanced well-formed documents (checked by a small XML scanner
 // written here), non-finite data, heatmap geometry (the outlined cell is the requested cell), legends that avoid
 // the data, and atomic saving. The test also writes a gallery of figures into svg_test_out/ in the working
 // directory, which the ctest entry svg_gallery_valid then parses with a real XML parser (tests/check_svg.py).
 #include <catch2/catch.hpp>
-#include <dea/io/plots.hpp>
-#include <dea/io/svg.hpp>
+#include <dea/plot/figures.hpp>
+#include <dea/plot/svg.hpp>
 
 #include <cmath>
 #include <filesystem>

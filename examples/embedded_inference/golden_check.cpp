@@ -1,7 +1,7 @@
 // embedded_golden_check: the public golden cases of one Dual-Expert layer (tests/data/golden/layer_*.safetensors,
-// the reference's own numbers) compiled in by `dea_export_c --all --type double`, run through
+// the reference's own numbers) compiled in by `dea export-c --all --type double`, run through
 // DualExpertAttention<float> without file system, fmt, JSON, exceptions, RTTI or OpenMP. It checks what
-// `dea_interop CASE --float --compare` checks: forward on the training graph with dropout 0, the task backward of
+// `dea interop CASE --float --compare` checks: forward on the training graph with dropout 0, the task backward of
 // sum(out.output * in.grad_output) and the gate backward; every out.* and grad.* tensor of the case within 1e-4
 // of max |reference| (NaN in the same places). It prints a few output values, so that two builds (x86-64 and
 // aarch64 in cmake/arm_check.sh) can be compared. Exit status 0 when every case passes.

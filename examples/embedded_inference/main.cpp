@@ -1,5 +1,5 @@
 // embedded_inference: a Dual-Expert transformer with compile-time sizes whose weights are compiled in: a header
-// written by dea_export_c (DEA_WEIGHTS_HEADER, generated at build time from a checkpoint examples/train makes).
+// written by `dea export-c` (DEA_WEIGHTS_HEADER, generated at build time from a checkpoint `dea train` makes).
 // No file system, no fmt, no JSON; built with -fno-exceptions -fno-rtti, without OpenMP. The workspace is a
 // static array sized at compile time, so after set-up nothing is allocated. Prints the logits of a fixed input,
 // the memory the model uses and the latency of one forward pass.

@@ -1,6 +1,7 @@
 // dea/dea.hpp: the umbrella header. It needs Eigen alone (OpenMP optional).
 //
-// File formats (safetensors, JSONL, golden cases) are in dea/io.hpp, which also needs nlohmann_json.
+// File formats, plots and golden cases are in dea/io.hpp (also needs nlohmann_json); training runs in
+// dea/train.hpp (also needs fmt).
 // Embedded users may include single headers from core/, ops/, attention/, nn/ and optim/ instead.
 #pragma once
 
@@ -12,6 +13,8 @@
 #include "core/tensor.hpp"
 #include "core/workspace.hpp"
 #include "core/allocator.hpp"
+#include "core/files.hpp"
+#include "core/utf8.hpp"
 
 #include "ops/gemm.hpp"
 #include "ops/linear.hpp"

@@ -1,4 +1,4 @@
-// Fuzz target: loading a training checkpoint (dea/io/pipeline.hpp, load_checkpoint) into a tiny model and its
+// Fuzz target: loading a training checkpoint (dea/train/run_dir.hpp, load_checkpoint) into a tiny model and its
 // AdamW optimiser. Properties: an accepted checkpoint leaves only finite parameters; a refused one (dea::Error)
 // leaves the model's parameters exactly as they were (loading is all or nothing).
 //
@@ -6,7 +6,7 @@
 // <dir>/checkpoint.safetensors (how the seed corpus was made) and exits.
 #include "fuzz_util.hpp"
 
-#include <dea/io/pipeline.hpp>
+#include <dea/train.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -16,7 +16,10 @@
 
 namespace {
 
-using namespace dea::pipeline;
+using namespace dea::train;
+using namespace dea::train::encoder;
+using Scalar = float;
+using Model = dea::nn::TransformerModel<Scalar>;
 
 TrainConfig tiny_config() {
   TrainConfig c;

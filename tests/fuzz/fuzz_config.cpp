@@ -1,14 +1,15 @@
-// Fuzz target: the run configuration file config.json (dea/io/pipeline.hpp, read_config). Properties of an
+// Fuzz target: the run configuration file config.json (dea/train/config.hpp, read_config). Properties of an
 // accepted file: it passes validate(), it builds a valid model configuration, and it survives the
 // to_json -> config_from_json round trip unchanged.
 #include "fuzz_util.hpp"
 
-#include <dea/io/pipeline.hpp>
+#include <dea/train.hpp>
 
 #include <cstdint>
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
-  using namespace dea::pipeline;
+  using namespace dea::train;
+  using namespace dea::train::encoder;
   TrainConfig c;
   try {
     c = read_config(dea_fuzz::write_temp("config", data, size));

@@ -16,9 +16,9 @@ bool valid_utf8_token(const std::string& t) {
   std::size_t i = 0;
   while (i < t.size()) {
     char32_t cp = 0;
-    const std::size_t n = dea::data::utf8::decode(t, i, cp);
-    if (cp == dea::data::utf8::kReplacement && n == 1) return false;  // an invalid byte inside a token
-    if (dea::data::utf8::is_space(cp)) return false;
+    const std::size_t n = dea::utf8::decode(t, i, cp);
+    if (cp == dea::utf8::kReplacement && n == 1) return false;  // an invalid byte inside a token
+    if (dea::utf8::is_space(cp)) return false;
     i += n;
   }
   return !t.empty();

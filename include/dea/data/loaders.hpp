@@ -22,8 +22,8 @@
 #include "../core/error.hpp"
 #include "../core/rng.hpp"
 #include "dalpha.hpp"
-#include "files.hpp"
-#include "utf8.hpp"
+#include "../core/files.hpp"
+#include "../core/utf8.hpp"
 
 #include <algorithm>
 #include <cctype>

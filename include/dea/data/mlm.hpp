@@ -21,7 +21,7 @@
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
 #include "dalpha.hpp"
-#include "files.hpp"
+#include "../core/files.hpp"
 #include "random.hpp"
 #include "tokenizer.hpp"
 

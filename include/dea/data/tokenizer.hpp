@@ -19,9 +19,9 @@
 
 #include "../core/config.hpp"
 #include "../core/error.hpp"
-#include "files.hpp"
+#include "../core/files.hpp"
 #include "knowledge.hpp"
-#include "utf8.hpp"
+#include "../core/utf8.hpp"
 
 #include <algorithm>
 #include <array>

@@ -11,7 +11,7 @@
 
 #include "../core/error.hpp"
 #include "../data/dalpha.hpp"
-#include "../data/files.hpp"
+#include "../core/files.hpp"
 #include "../data/oracle.hpp"
 #include "json_limits.hpp"
 
@@ -28,9 +28,9 @@ namespace dea::io {
 /// Calls f(object, line_number) for each non-blank line of a JSONL file.
 template <class F>
 void read_jsonl(const std::string& path, F&& f) {
-  const std::vector<std::string> lines = data::read_lines(path);
+  const std::vector<std::string> lines = dea::read_lines(path);
   for (std::size_t i = 0; i < lines.size(); ++i) {
-    if (data::trim(lines[i]).empty()) continue;
+    if (dea::trim(lines[i]).empty()) continue;
     check(detail::json_nesting_depth(lines[i]) <= kMaxJsonDepth, path, ":", i + 1, ": JSON nested deeper than ",
           kMaxJsonDepth, " levels");
     nlohmann::json j = nlohmann::json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
@@ -47,7 +47,7 @@ inline void write_jsonl(const std::string& path, const std::vector<nlohmann::jso
     out += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     out += '\n';
   }
-  data::write_file_atomic(path, out);
+  dea::write_file_atomic(path, out);
 }
 
 namespace detail {

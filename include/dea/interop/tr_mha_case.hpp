@@ -1,4 +1,4 @@
-// dea/io/tr_mha_case.hpp: runs one `kind = tr_mha_layer` interop case (tests/data/golden/README.md) and compares.
+// dea/interop/tr_mha_case.hpp: runs one `kind = tr_mha_layer` interop case (tests/data/golden/README.md) and compares.
 //
 // A case file holds one call of one token-routed MHA layer of the reference: inputs `in.x` [B,S,D],
 // `in.token_ids` [B,S], `in.grad_output` [B,S,D], the parameters under their state_dict names, the expected
@@ -11,24 +11,27 @@
 // double run is not bit-exact; the file records that distance for a pure-float64 evaluation as
 // `dev_pure_f64.<name>`, which the result carries next to ours.
 //
-//   auto r = dea::io::run_tr_mha_case<double>("tests/data/golden/tr_mha/v1_basic.safetensors");
+//   auto r = dea::interop::run_tr_mha_case<double>("tests/data/golden/tr_mha/v1_basic.safetensors");
 //   std::cout << r.str();   // or r.to_json()
 //   return r.ok ? 0 : 1;
 #pragma once
 
 #include "../attention/token_routed.hpp"
-#include "safetensors.hpp"
+#include "../io/safetensors.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
 
-namespace dea::io {
+namespace dea::interop {
+
+using io::SafeTensors;
 
 /// One compared tensor.
 struct TrMhaTensorCheck {
@@ -53,6 +56,9 @@ struct TrMhaCaseResult {
   std::vector<TrMhaTelemetryCheck> telemetry;
   bool ok = true;
   double worst_ratio = 0;  ///< max over tensors of max_abs_error / tolerance (exact tensors excluded)
+  /// Every tensor the runner computed, under the case's names and shapes (out.*, grad.*: F64, out.route_idx: I64),
+  /// with the telemetry as metadata "telemetry.<name>": what `dea interop CASE --out R.safetensors` writes.
+  SafeTensors computed;
 
   std::string str() const {
     std::ostringstream os;
@@ -216,6 +222,15 @@ TrMhaCaseResult run_tr_mha_case(const std::string& path, const TrMhaCaseOptions&
           st.numel(name));
     std::vector<double> ref(static_cast<std::size_t>(n));
     st.get_into<double>(name, ref.data(), n);
+    if (exact) {
+      Tensor<std::int64_t> t(st.shape(name));
+      for (Index i = 0; i < n; ++i) t[i] = static_cast<std::int64_t>(ours[i]);
+      res.computed.put(name, t, io::DType::I64);
+    } else {
+      Tensor<double> t(st.shape(name));
+      for (Index i = 0; i < n; ++i) t[i] = static_cast<double>(ours[i]);
+      res.computed.put(name, t, io::DType::F64);
+    }
     TrMhaTensorCheck c;
     c.name = name;
     for (Index i = 0; i < n; ++i) {
@@ -269,7 +284,10 @@ TrMhaCaseResult run_tr_mha_case(const std::string& path, const TrMhaCaseOptions&
     res.ok = res.ok && t.ok;
     res.telemetry.push_back(t);
   }
+  std::map<std::string, std::string> meta = {{"kind", "tr_mha_layer_result"}, {"case", res.case_name}};
+  for (const auto& t : res.telemetry) meta["telemetry." + t.name] = ::dea::detail::concat(t.ours);
+  res.computed.set_metadata(meta);
   return res;
 }
 
-}  // namespace dea::io
+}  // namespace dea::interop

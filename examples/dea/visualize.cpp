@@ -1,4 +1,4 @@
-// visualize: the reference's visualize.py on this library (spec section 8). Writes the pictures researchers look
+// dea visualize: the reference's visualize.py on this library (spec section 8). Writes the pictures researchers look
 // at, as SVG files, into an output folder (default attention_analysis/):
 //
 //   heatmap_E0tilde_<slug>.svg, heatmap_E1tilde_<slug>.svg, heatmap_S_tilde_<slug>.svg
@@ -22,8 +22,8 @@
 // nothing else changes). With --ckpt (a train output directory, or its checkpoint.safetensors) the trained model,
 // warmed up only when --warmup_steps is given.
 //
-//   visualize [--ckpt DIR] [--out_dir attention_analysis] [--layer -1] [--head 0] [--warmup_steps N]
-//             [--pairs FILE] [--seed 42] [--threads 1]
+//   dea visualize [--ckpt DIR] [--out_dir attention_analysis] [--layer -1] [--head 0] [--warmup_steps N]
+//                 [--pairs FILE] [--seed 42] [--threads 1]
 //
 // --pairs FILE: one pair per line, "sentence<TAB>query word<TAB>key word<TAB>oracle alpha" ('|' may separate the
 // fields instead of tabs); blank lines and lines starting with '#' are skipped. Default: the reference's five
@@ -34,10 +34,12 @@
 // Values: --warmup_steps 0..10^7, --threads 1..4096, --seed 0..2^63-1, --layer and --head -10^6..10^6 (a negative
 // --layer counts from the last layer, --head is taken modulo the head count); "--flag=value" also works.
 // Exit status: 0 done, 1 error, 2 bad command line.
-#include <dea/io/cli.hpp>
-#include <dea/io/pipeline.hpp>
-#include <dea/io/plots.hpp>
-#include <dea/io/svg.hpp>
+#include "commands.hpp"
+
+#include <dea/train/encoder.hpp>
+#include <dea/train/flags.hpp>
+#include <dea/plot/figures.hpp>
+#include <dea/plot/svg.hpp>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -59,14 +61,11 @@
 
 using namespace dea;
 namespace fs = std::filesystem;
-using pipeline::Model;
-using pipeline::Scalar;
+using Scalar = float;  // the program runs in float
+using Model = nn::TransformerModel<Scalar>;
+using Batch = nn::ModelBatch<Scalar>;
 
 namespace {
-
-const char* kUsage =
-    "usage: visualize [--ckpt DIR] [--out_dir attention_analysis] [--layer -1] [--head 0] [--warmup_steps N]\n"
-    "                 [--pairs FILE] [--seed 42] [--threads 1]\n";
 
 struct Pair {
   std::string text, q, k;
@@ -90,55 +89,37 @@ struct Args {
   int threads = 1;
 };
 
-Args parse_args(int argc, char** argv) {
-  Args a;
-  constexpr std::int64_t kMaxSeed = std::numeric_limits<std::int64_t>::max();
-  const std::string known[] = {"--ckpt", "--out_dir",      "--pairs", "--layer",
-                               "--head", "--warmup_steps", "--seed",  "--threads"};
-  for (int i = 1; i < argc; ++i) {
-    std::string f = argv[i], v;
-    if (f == "-h" || f == "--help") {
-      fmt::print("{}", kUsage);
-      std::exit(0);
-    }
-    const auto eq = f.find('=');
-    if (eq != std::string::npos) f = f.substr(0, eq);
-    // an unknown flag is named as such, even as the last argument (not "missing value")
-    if (std::find(std::begin(known), std::end(known), f) == std::end(known))
-      ::dea::detail::raise(f.compare(0, 1, "-") == 0 ? "unknown flag '" + f + "'" : "unexpected argument '" + f + "'");
-    if (eq != std::string::npos) {
-      v = std::string(argv[i]).substr(eq + 1);
-    } else {
-      check(i + 1 < argc, f, ": missing value");
-      v = argv[++i];
-    }
-    if (f == "--ckpt") a.ckpt = v;
-    else if (f == "--out_dir") {
-      check(!v.empty(), "--out_dir: expected a directory");
-      a.out_dir = v;
-    } else if (f == "--pairs") a.pairs = v;
-    else if (f == "--layer") a.layer = cli::parse_int(f, v, -1000000, 1000000);  // negative: from the last layer
-    else if (f == "--head") a.head = cli::parse_int(f, v, -1000000, 1000000);    // taken modulo the head count
-    else if (f == "--warmup_steps") a.warmup_steps = cli::parse_int(f, v, 0, 10000000);
-    else if (f == "--seed") a.seed = static_cast<std::uint64_t>(cli::parse_int(f, v, 0, kMaxSeed));
-    else if (f == "--threads") a.threads = static_cast<int>(cli::parse_int(f, v, 1, cli::kMaxThreads));
-  }
-  return a;
+/// The flags (see the file comment); `a` receives the values.
+cli::FlagSet flag_set(Args& a) {
+  cli::FlagSet fs("dea visualize [flags]",
+                  "Writes the reference's attention pictures (SVG) and summary.json into --out_dir, for the\n"
+                  "reference's five demo pairs or the pairs of --pairs FILE.");
+  fs.text("ckpt", a.ckpt, "DIR", "a dea train run directory (or its checkpoint.safetensors); none: a fresh model", false);
+  fs.text("out_dir", a.out_dir, "DIR", "where the files go", true, "a directory");
+  fs.text("pairs", a.pairs, "FILE", "one pair a line: sentence, query word, key word, oracle alpha (tab or '|')", false);
+  fs.integer("layer", a.layer, -1000000, 1000000, "the layer shown (negative: from the last)");
+  fs.integer("head", a.head, -1000000, 1000000, "the head of the photo-finish plot (taken modulo the head count)");
+  fs.custom("warmup_steps", "N", "300 without --ckpt, 0 with it", "[0, 10000000]",
+            "gate-only warm-up steps (Adam, lr 1e-2) before the pictures",
+            [&a](const std::string& flag, const std::string& v) { a.warmup_steps = cli::parse_int(flag, v, 0, 10000000); });
+  fs.integer("seed", a.seed, 0, cli::kNoMax, "seed of the fresh model and the mock density samples");
+  fs.integer("threads", a.threads, 1, cli::kMaxThreads, "OpenMP threads");
+  return fs;
 }
 
 /// Reads --pairs FILE (format in the file comment).
 std::vector<Pair> read_pairs(const std::string& path) {
   std::vector<Pair> out;
-  const std::vector<std::string> lines = data::read_lines(path);
+  const std::vector<std::string> lines = dea::read_lines(path);
   for (std::size_t n = 0; n < lines.size(); ++n) {
-    const std::string_view line = data::trim(lines[n]);
+    const std::string_view line = dea::trim(lines[n]);
     if (line.empty() || line[0] == '#') continue;
     const char sep = line.find('\t') != std::string_view::npos ? '\t' : '|';
     std::vector<std::string> f;
     std::size_t s = 0;
     while (true) {
       const std::size_t e = line.find(sep, s);
-      f.emplace_back(data::trim(line.substr(s, e == std::string_view::npos ? std::string_view::npos : e - s)));
+      f.emplace_back(dea::trim(line.substr(s, e == std::string_view::npos ? std::string_view::npos : e - s)));
       if (e == std::string_view::npos) break;
       s = e + 1;
     }
@@ -219,7 +200,7 @@ std::string join(const std::vector<std::string>& v) {
 /// Encodes each sentence as one segment (max_len 32); the query span is searched from position 1 and the key span
 /// after it; qi = the query span's last token, ki = the key span's first. The oracle is set at (qi, ki) only and
 /// target_idx[qi] = ki. Right-padded to the longest sentence.
-pipeline::Batch build_batch(const data::SimpleTokenizer& tok, const std::vector<Pair>& pairs, Index max_len,
+Batch build_batch(const data::SimpleTokenizer& tok, const std::vector<Pair>& pairs, Index max_len,
                             std::vector<Meta>& meta) {
   std::set<std::string> used;
   for (std::size_t n = 0; n < pairs.size(); ++n) {
@@ -251,7 +232,7 @@ pipeline::Batch build_batch(const data::SimpleTokenizer& tok, const std::vector<
   for (const Meta& m : meta) T = std::max(T, m.L);
   check(T <= max_len, "the longest sentence has ", T, " tokens, more than the model's max_len ", max_len);
   const Index N = static_cast<Index>(meta.size());
-  pipeline::Batch b;
+  Batch b;
   b.input_ids = Tensor<std::int64_t>({N, T}, data::SimpleTokenizer::pad_id);
   b.attention_mask = Tensor<std::uint8_t>({N, T}, 0);
   b.token_type_ids = Tensor<std::int64_t>({N, T}, 0);
@@ -271,7 +252,7 @@ pipeline::Batch build_batch(const data::SimpleTokenizer& tok, const std::vector<
 
 /// Adam on every W_gate / c_gate, gamma = 0, backward of the gate loss alone, eval mode; prints L_v2.8 at steps
 /// 0, 100, 200, ... and the last.
-void warmup_gate(Model& model, const pipeline::Batch& batch, long steps, double lr) {
+void warmup_gate(Model& model, const Batch& batch, long steps, double lr) {
   ParamList<Scalar> gate;
   for (Param<Scalar>* p : model.parameters())
     if (p->group == "gate") gate.push_back(p);
@@ -293,7 +274,7 @@ void warmup_gate(Model& model, const pipeline::Batch& batch, long steps, double 
 // Plots
 // ------------------------------------------------------------------------------------------------------------
 
-using AttnCache = pipeline::Model::Layer::AttentionType::Cache;
+using AttnCache = Model::Layer::AttentionType::Cache;
 
 /// Value of a [B, H, T, T] cache buffer.
 double at(const AlignedVec<Scalar>& v, const AttnCache& c, Index H, Index b, Index h, Index i, Index j) {
@@ -441,7 +422,7 @@ std::vector<double> pair_means(const AttnCache& c, Index H, const std::vector<Me
   return out;
 }
 
-void alpha_histogram(const AttnCache& c, Index H, const pipeline::Batch& batch, const std::vector<Meta>& meta,
+void alpha_histogram(const AttnCache& c, Index H, const Batch& batch, const std::vector<Meta>& meta,
                      std::uint64_t seed, const std::string& out_dir, int& written) {
   const Index B = c.B, T = c.Tq;
   std::vector<double> ah;
@@ -584,14 +565,19 @@ double round4(double v) { return std::round(v * 1e4) / 1e4; }
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int dea_visualize(int argc, char** argv) {
   Args args;
   std::vector<Pair> pairs;
   try {
-    args = parse_args(argc, argv);
+    const cli::FlagSet fs = flag_set(args);
+    const auto p = fs.parse(std::vector<std::string>(argv + 1, argv + argc));
+    if (p.help) {
+      fmt::print("{}", fs.help());
+      return 0;
+    }
     pairs = args.pairs.empty() ? demo_pairs() : read_pairs(args.pairs);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "visualize: {}\n{}", e.what(), kUsage);
+    fmt::print(stderr, "dea visualize: {}\n(dea visualize --help lists the flags)\n", e.what());
     return 2;
   }
   try {
@@ -605,13 +591,13 @@ int main(int argc, char** argv) {
       std::string dir = args.ckpt;
       if (fs::is_regular_file(dir)) dir = fs::path(dir).parent_path().string();
       if (dir.empty()) dir = ".";
-      const pipeline::TrainConfig cfg = pipeline::read_config(pipeline::config_path(dir));
-      tok = data::SimpleTokenizer::load(pipeline::tokenizer_path(dir));
+      const train::TrainConfig cfg = train::read_config(train::config_path(dir));
+      tok = data::SimpleTokenizer::load(train::tokenizer_path(dir));
       Rng rng(cfg.seed);
-      model.emplace(pipeline::model_config(cfg, tok->vocab_size(), cfg.data_source == "text" ? nn::Task::mlm : nn::Task::cls),
+      model.emplace(train::encoder::model_config(cfg, tok->vocab_size(), cfg.data_source == "text" ? nn::Task::mlm : nn::Task::cls),
                     rng);
-      const std::int64_t step = pipeline::load_checkpoint(dir, *model, nullptr);
-      fmt::print("model: {} (step {}), D={} H={} layers={}\n", pipeline::checkpoint_path(dir), step, cfg.d_model,
+      const std::int64_t step = train::load_checkpoint(dir, *model, nullptr);
+      fmt::print("model: {} (step {}), D={} H={} layers={}\n", train::checkpoint_path(dir), step, cfg.d_model,
                  cfg.n_heads, cfg.n_layers);
       warm = args.warmup_steps.value_or(0);
     } else {
@@ -635,7 +621,7 @@ int main(int argc, char** argv) {
     const Index head = ((args.head % H) + H) % H;  // Python's modulo, as the reference
 
     std::vector<Meta> meta;
-    const pipeline::Batch batch = build_batch(*tok, pairs, model->config().max_len, meta);
+    const Batch batch = build_batch(*tok, pairs, model->config().max_len, meta);
     if (warm > 0) warmup_gate(*model, batch, warm, 1e-2);
 
     Model::Cache cache;
@@ -682,11 +668,11 @@ int main(int argc, char** argv) {
     alpha_histogram(c, H, batch, meta, args.seed, args.out_dir, written);
     spotlight(c, args.out_dir, written);
     alpha_bars(c, H, meta, args.out_dir, written);
-    data::write_file_atomic((fs::path(args.out_dir) / "summary.json").string(), summary.dump(2) + "\n");
+    dea::write_file_atomic((fs::path(args.out_dir) / "summary.json").string(), summary.dump(2) + "\n");
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("wrote {} SVGs and summary.json to {}/ in {:.2f} s\n", written, args.out_dir, secs);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "visualize: {}\n", e.what());
+    fmt::print(stderr, "dea visualize: {}\n", e.what());
     return 1;
   }
   return 0;

@@ -1,4 +1,4 @@
-// dea/data/utf8.hpp: the small amount of UTF-8 and Unicode knowledge the word-level tokenizer needs.
+// dea/core/utf8.hpp: the small amount of UTF-8 and Unicode knowledge the word-level tokenizer needs.
 //
 // The reference tokenizer runs Python's `re` on a `str`, so it sees code points and uses Python's Unicode
 // tables for `\w`, `\s`, `\d` and `str.lower()`. We do not carry the full Unicode database: this header
@@ -16,7 +16,7 @@
 #include <string_view>
 #include <vector>
 
-namespace dea::data::utf8 {
+namespace dea::utf8 {
 
 /// The replacement character that stands for an invalid byte.
 constexpr char32_t kReplacement = 0xFFFD;
@@ -209,4 +209,4 @@ inline std::string ascii_lower(std::string_view s) {
   return out;
 }
 
-}  // namespace dea::data::utf8
+}  // namespace dea::utf8

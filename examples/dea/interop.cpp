@@ -1,6 +1,6 @@
-// dea_interop: runs a reference case file through the library, writes what it computed, and compares.
+// dea interop: runs a reference case file through the library, writes what it computed, and compares.
 //
-//   dea_interop CASE.safetensors [--out RESULT.safetensors] [--compare] [--float] [--pe TABLE.safetensors]
+//   dea interop CASE.safetensors [--out RESULT.safetensors] [--compare] [--float] [--pe TABLE.safetensors]
 //               [--threads N]
 //
 // The case's metadata `kind` selects what runs (tests/data/golden/README.md):
@@ -8,15 +8,19 @@
 //                 sum(out.output * in.grad_output) + loss_gate;
 //   dea_model     a TransformerModel: objective task_loss + loss_gate; --pe gives the positional table the
 //                 reference used (tensor "pe" [max_len, d_model]), which the case files do not store;
-//   tr_mha_layer  one TokenRoutedAttention (tolerance 2e-6 x max(1, max|ref|), route indices exact; the
-//                 runner compares and prints, --out is not available for this kind).
-// --out writes every computed `out.*` and `grad.*` tensor (F64). --compare prints, per expected tensor,
-// max |got - expected| / max(max |expected|, 1e-12) and exits 1 when any exceeds 1e-9 (1e-4 with --float);
-// integer tensors must match exactly. Exit 2 on bad arguments or a bad file.
-#include <dea/io/cli.hpp>
-#include <dea/io/dea_case.hpp>
-#include <dea/io/model_case.hpp>
-#include <dea/io/tr_mha_case.hpp>
+//   tr_mha_layer  one TokenRoutedAttention (tolerance 2e-6 x max(1, max|ref|), route indices exact).
+// --out writes every computed `out.*` and `grad.*` tensor (F64; route indices I64), for every kind, so a program
+// that is not ours can check the results. --compare prints, per expected tensor, max |got - expected| /
+// max(max |expected|, 1e-12) and exits 1 when any exceeds 1e-9 (1e-4 with --float); integer tensors must match
+// exactly. Without --out, --compare is the default. Exit 2 on bad arguments or a bad file.
+// examples/dea/import_reference_checkpoint.py turns a checkpoint of the reference into a run directory.
+#include "commands.hpp"
+
+#include <dea/train/flags.hpp>
+#include <dea/core/parallel.hpp>
+#include <dea/interop/dea_case.hpp>
+#include <dea/interop/model_case.hpp>
+#include <dea/interop/tr_mha_case.hpp>
 
 #include <fmt/core.h>
 
@@ -25,44 +29,41 @@
 #include <filesystem>
 #include <new>
 #include <string>
+#include <vector>
 
 using namespace dea;
 
 namespace {
 [[noreturn]] void usage(const std::string& why) {
-  fmt::print(stderr,
-             "dea_interop: {}\nusage: dea_interop CASE.safetensors [--out RESULT.safetensors] [--compare] [--float] "
-             "[--pe TABLE.safetensors] [--threads N]\n",
-             why);
+  fmt::print(stderr, "dea interop: {}\n(dea interop --help lists the flags)\n", why);
   std::exit(2);
 }
 }  // namespace
 
-int main(int argc, char** argv) {
+int dea_interop(int argc, char** argv) {
   std::string case_path, out_path, pe_path;
   bool compare = false, use_float = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--compare") compare = true;
-    else if (a == "--float") use_float = true;
-    else if (a == "--out") {
-      if (++i >= argc || argv[i][0] == '\0') usage("--out needs a file name");
-      out_path = argv[i];
-    } else if (a == "--pe") {
-      if (++i >= argc) usage("--pe needs a file name");
-      pe_path = argv[i];
-    } else if (a == "--threads") {
-      if (++i >= argc) usage("--threads needs a number");
-      try {
-        set_num_threads(static_cast<int>(cli::parse_int("--threads", argv[i], 1, cli::kMaxThreads)));
-      } catch (const Error& e) {
-        usage(e.what());
-      }
-    } else if (a == "-h" || a == "--help") usage("runs a golden case (tests/data/golden/README.md) through dea");
-    else if (!a.empty() && a[0] == '-') usage("unknown flag " + a);
-    else if (case_path.empty()) case_path = a;
-    else usage("more than one case file given");
+  int threads = 0;
+  cli::FlagSet fs("dea interop CASE.safetensors [flags]",
+                  "Runs a golden case (tests/data/golden/README.md) through the library; writes what it computed\n"
+                  "(--out) and compares it with the case's numbers (--compare, the default without --out).");
+  fs.positional("CASE.safetensors", "a case file of kind dea_layer, dea_model or tr_mha_layer");
+  fs.text("out", out_path, "RESULT.safetensors", "write every computed out.* and grad.* tensor here");
+  fs.toggle("compare", compare, "compare with the case's tensors (tolerance 1e-9, 1e-4 with --float; exit 1 on a miss)");
+  fs.toggle("float", use_float, "run in float instead of double");
+  fs.text("pe", pe_path, "TABLE.safetensors", "dea_model cases: the reference's positional table (tensor 'pe')");
+  fs.integer("threads", threads, 0, cli::kMaxThreads, "OpenMP threads (0 = the library default)");
+  try {
+    const auto p = fs.parse(std::vector<std::string>(argv + 1, argv + argc));
+    if (p.help) {
+      fmt::print("{}", fs.help());
+      return 0;
+    }
+    if (!p.positional.empty()) case_path = p.positional[0];
+  } catch (const std::exception& e) {
+    usage(e.what());
   }
+  if (threads > 0) set_num_threads(threads);
   if (case_path.empty()) usage("no case file given");
   {  // --out over the case itself would replace the reference's numbers with ours
     std::error_code ec;
@@ -77,8 +78,12 @@ int main(int argc, char** argv) {
     const std::string kind = it == cs.metadata().end() ? "" : it->second;
     if (!pe_path.empty() && kind != "dea_model") usage("--pe applies only to dea_model cases (this is '" + kind + "')");
     if (kind == "tr_mha_layer") {
-      if (!out_path.empty()) usage("--out is not available for tr_mha_layer cases");
-      const auto r = use_float ? io::run_tr_mha_case<float>(case_path) : io::run_tr_mha_case<double>(case_path);
+      const auto r = use_float ? interop::run_tr_mha_case<float>(case_path) : interop::run_tr_mha_case<double>(case_path);
+      if (!out_path.empty()) {
+        r.computed.save(out_path);
+        fmt::print("wrote {} tensors to {}\n", r.computed.size(), out_path);
+      }
+      if (!compare) return 0;
       fmt::print("{}", r.str());
       fmt::print("{}: worst error / tolerance {:.3e} ({}): {}\n", case_path, r.worst_ratio, use_float ? "float" : "double",
                  r.ok ? "PASS" : "FAIL");
@@ -86,7 +91,7 @@ int main(int argc, char** argv) {
     }
     io::SafeTensors got;
     if (kind == "dea_layer") {
-      got = use_float ? io::run_dea_layer_case<float>(cs) : io::run_dea_layer_case<double>(cs);
+      got = use_float ? interop::run_dea_layer_case<float>(cs) : interop::run_dea_layer_case<double>(cs);
     } else if (kind == "dea_model") {
       Mat<double> pe;
       if (!pe_path.empty()) {
@@ -95,7 +100,7 @@ int main(int argc, char** argv) {
         pe = t.matrix(t.size(1));
       }
       const Mat<double>* pp = pe_path.empty() ? nullptr : &pe;
-      got = use_float ? io::run_dea_model_case<float>(cs, pp) : io::run_dea_model_case<double>(cs, pp);
+      got = use_float ? interop::run_dea_model_case<float>(cs, pp) : interop::run_dea_model_case<double>(cs, pp);
     } else {
       usage(fmt::format("{}: unsupported case kind '{}' (supported: dea_layer, dea_model, tr_mha_layer)", case_path, kind));
     }
@@ -107,7 +112,7 @@ int main(int argc, char** argv) {
     const char* main_out = kind == "dea_layer" ? "out.output" : "out.logits";
     check(cs.has(main_out), case_path, ": the case holds no expected '", main_out, "': nothing to compare against");
     const double tol = use_float ? 1e-4 : 1e-9;
-    const auto cmp = io::compare_case(cs, got, tol);
+    const auto cmp = interop::compare_case(cs, got, tol);
     bool ok = true;
     double worst = 0;
     for (const auto& c : cmp) {
@@ -122,10 +127,10 @@ int main(int argc, char** argv) {
                tol, use_float ? "float" : "double", ok ? "PASS" : "FAIL");
     return ok ? 0 : 1;
   } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "dea_interop: {}: out of memory running the case (are its sizes right?)\n", case_path);
+    fmt::print(stderr, "dea interop: {}: out of memory running the case (are its sizes right?)\n", case_path);
     return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea_interop: {}\n", e.what());
+    fmt::print(stderr, "dea interop: {}\n", e.what());
     return 2;
   }
 }

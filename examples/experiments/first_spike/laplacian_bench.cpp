@@ -17,7 +17,7 @@
 //   laplacian_bench [--task sequence|sequence_recall] [--seeds 0-7] [--sweep-seeds 0-3]
 //                   [--lr-grid 0.0015,0.003,0.006] [--sigma-grid 0.35,0.7,1.4] [--epochs 12] [--batch 128]
 //                   [--n-train 400] [--n-test 200] [--threads 2] [--out bench_report.json]
-//                   [--anchor examples/laplacian_bench/anchor/anchor_data_sequence.safetensors] [--no-mechanism] [--hist]
+//                   [--anchor examples/experiments/first_spike/anchor/anchor_data_sequence.safetensors] [--no-mechanism] [--hist]
 //                   [--plot_dir DIR (default: the directory of --out)] [--no-plots]
 //
 // --threads N runs N trainings at once, each on one thread (results do not depend on N).
@@ -31,14 +31,14 @@
 // directory of --out must exist and take a new file, and --plot_dir (unless --no-plots) is created and checked.
 // Exit status: 0 done; 1 a failure (a bad --anchor file, a failed training, out of memory, a write error);
 // 2 bad command line (including an --out or --plot_dir that cannot be written).
-#include "laplacian_bench/model.hpp"
-#include "laplacian_bench/plots.hpp"
-#include "laplacian_bench/tasks.hpp"
+#include "model.hpp"
+#include "plots.hpp"
+#include "tasks.hpp"
 
 #include <dea/core/parallel.hpp>
-#include <dea/data/files.hpp>
+#include <dea/core/files.hpp>
 #include <dea/eval/stats.hpp>
-#include <dea/io/cli.hpp>
+#include <dea/train/flags.hpp>
 #include <dea/io/safetensors.hpp>
 
 #include <fmt/core.h>
@@ -953,7 +953,7 @@ int main(int argc, char** argv) try {
        "harness re-created per spec/laplacian_attention.md sections 1b, 2b, 3b (the seed's bench module is not "
        "public); data from dea::Rng unless --anchor gives the PyTorch re-creation's exact data"}};
   if (C.anchor) report["anchor_check"] = anchor_check;
-  dea::data::write_file_atomic(A.out, report.dump(2) + "\n");  // temporary file, fsync, rename
+  dea::write_file_atomic(A.out, report.dump(2) + "\n");  // temporary file, fsync, rename
 
   // ---- plots ----------------------------------------------------------------------------------------------------
   std::vector<std::string> plot_files;

@@ -1,4 +1,4 @@
-// examples/laplacian_bench/model.hpp: the experiment's TinyTransformer and its training loop (train_model of
+// examples/experiments/first_spike/model.hpp: the experiment's TinyTransformer and its training loop (train_model of
 // spec/laplacian_attention.md section 2b), templated on the attention class.
 //
 // TinyTransformer(win = 32, out_dim = 1, depth = 2), float32 (seeds/003 lines 15-66):

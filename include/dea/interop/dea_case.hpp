@@ -1,4 +1,4 @@
-// dea/io/dea_case.hpp: runs a reference case file (tests/data/golden/README.md) through the library and compares
+// dea/interop/dea_case.hpp: runs a reference case file (tests/data/golden/README.md) through the library and compares
 // results.
 //
 // A `kind = dea_layer` case holds the inputs (`in.*`), the parameters under their state_dict names, and the
@@ -9,14 +9,19 @@
 #pragma once
 
 #include "../attention/dual_expert.hpp"
-#include "safetensors.hpp"
+#include "../io/safetensors.hpp"
 
 #include <cmath>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
-namespace dea::io {
+namespace dea::interop {
+
+using io::SafeTensors;
+using io::DType;
+using io::dtype_is_floating;
+using io::load_parameters;
 
 namespace detail {
 
@@ -200,4 +205,4 @@ inline std::vector<TensorComparison> compare_case(const SafeTensors& expected, c
   return out;
 }
 
-}  // namespace dea::io
+}  // namespace dea::interop

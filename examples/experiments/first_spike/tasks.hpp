@@ -1,4 +1,4 @@
-// examples/laplacian_bench/tasks.hpp: the benchmark's data sets and reference predictors.
+// examples/experiments/first_spike/tasks.hpp: the benchmark's data sets and reference predictors.
 //
 // RE-CREATION (spec/laplacian_attention.md section 1b; the draw orders of anchors/laplacian.md):
 //   'sequence'        noisy next-step forecasting: a sum of two sinusoids plus an offset, N(0, 0.1^2) noise on

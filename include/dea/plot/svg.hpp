@@ -1,4 +1,4 @@
-// dea/io/svg.hpp: plots written as self-contained SVG 1.1 files, with the standard library alone.
+// dea/plot/svg.hpp: plots written as self-contained SVG 1.1 files, with the standard library alone.
 //
 // Three layers:
 //   * text and numbers: escape() makes any byte string safe as XML character data or an attribute value
@@ -26,8 +26,8 @@
 #pragma once
 
 #include "../core/error.hpp"
-#include "../data/files.hpp"
-#include "../data/utf8.hpp"
+#include "../core/files.hpp"
+#include "../core/utf8.hpp"
 
 #include <algorithm>
 #include <array>
@@ -57,7 +57,7 @@ inline std::string escape(std::string_view s) {
   std::size_t i = 0;
   while (i < s.size()) {
     char32_t cp = 0;
-    const std::size_t n = data::utf8::decode(s, i, cp);
+    const std::size_t n = utf8::decode(s, i, cp);
     i += n;
     switch (cp) {
       case '&': out += "&amp;"; continue;
@@ -68,7 +68,7 @@ inline std::string escape(std::string_view s) {
       default: break;
     }
     const bool allowed = cp == 0x9 || cp == 0xA || cp == 0xD || (cp >= 0x20 && cp != 0xFFFE && cp != 0xFFFF);
-    data::utf8::append(out, allowed ? cp : data::utf8::kReplacement);
+    utf8::append(out, allowed ? cp : utf8::kReplacement);
   }
   return out;
 }
@@ -78,7 +78,7 @@ inline std::size_t text_length(std::string_view s) {
   std::size_t n = 0, i = 0;
   while (i < s.size()) {
     char32_t cp = 0;
-    i += data::utf8::decode(s, i, cp);
+    i += utf8::decode(s, i, cp);
     // combining marks (U+0300..U+036F) take no advance of their own
     if (!(cp >= 0x300 && cp <= 0x36F)) ++n;
   }
@@ -524,7 +524,7 @@ public:
     return out_ + "</svg>\n";
   }
   /// Writes the document to `path` atomically (temporary file, then rename).
-  void save(const std::string& path) const { data::write_file_atomic(path, str()); }
+  void save(const std::string& path) const { dea::write_file_atomic(path, str()); }
 
 private:
   static std::string points(const std::vector<std::pair<double, double>>& pts) {
@@ -1603,7 +1603,7 @@ public:
     return doc.str();
   }
   /// Writes the figure atomically (temporary file, then rename).
-  void save(const std::string& path) const { data::write_file_atomic(path, svg()); }
+  void save(const std::string& path) const { dea::write_file_atomic(path, svg()); }
 
 private:
   double w_, h_;

@@ -1,4 +1,4 @@
-// examples/laplacian_bench/plots.hpp: the benchmark's two pictures, drawn with dea/io/svg.hpp.
+// examples/experiments/first_spike/plots.hpp: the benchmark's two pictures, drawn with dea/plot/svg.hpp.
 //
 //   <stem>_mse_per_seed.svg   left: each paired seed's test MSE, dot (baseline) and lap (idea), joined by a line;
 //                             right: d = lap - dot per seed (green when lap wins), its mean and the paired bootstrap
@@ -8,7 +8,7 @@
 //                             inputs and the uniform row's ln T.
 #pragma once
 
-#include <dea/io/svg.hpp>
+#include <dea/plot/svg.hpp>
 
 #include <array>
 #include <cmath>

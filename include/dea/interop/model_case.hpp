@@ -1,4 +1,4 @@
-// dea/io/model_case.hpp: runs a `kind = dea_model` reference case (tests/data/golden/README.md) through
+// dea/interop/model_case.hpp: runs a `kind = dea_model` reference case (tests/data/golden/README.md) through
 // nn::TransformerModel.
 //
 // The case holds the model sizes in its metadata, the parameters under their state_dict names, the inputs
@@ -12,13 +12,17 @@
 
 #include "../nn/transformer.hpp"
 #include "dea_case.hpp"
-#include "safetensors.hpp"
+#include "../io/safetensors.hpp"
 
 #include <sstream>
 #include <string>
 #include <vector>
 
-namespace dea::io {
+namespace dea::interop {
+
+using io::SafeTensors;
+using io::DType;
+using io::load_parameters;
 
 namespace detail {
 
@@ -140,4 +144,4 @@ SafeTensors run_dea_model_case(const SafeTensors& cs, const Mat<double>* pe_tabl
   return res;
 }
 
-}  // namespace dea::io
+}  // namespace dea::interop

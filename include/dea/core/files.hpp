@@ -1,4 +1,4 @@
-// dea/data/files.hpp: plain file reading and atomic writing for the data pipeline (standard library and POSIX only).
+// dea/core/files.hpp: plain file reading and atomic writing (standard library and POSIX only).
 //
 // Reading loads a whole file (data files here are small: vocabularies, task files, caches), after checking its
 // size against a maximum, and splits it into lines; every error names the file. Writing goes to a temporary
@@ -6,8 +6,8 @@
 // the real name.
 #pragma once
 
-#include "../core/atomic_file.hpp"
-#include "../core/error.hpp"
+#include "atomic_file.hpp"
+#include "error.hpp"
 
 #include <atomic>
 #include <cerrno>
@@ -24,7 +24,7 @@
 #include <vector>
 
 
-namespace dea::data {
+namespace dea {
 
 /// Largest file read_file loads by default (2 GiB); callers that know their format pass a smaller limit.
 constexpr std::size_t kMaxFileBytes = std::size_t(1) << 31;
@@ -97,4 +97,4 @@ inline std::string_view trim(std::string_view s) {
   return s.substr(b, e - b + 1);
 }
 
-}  // namespace dea::data
+}  // namespace dea

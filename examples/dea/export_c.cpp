@@ -1,14 +1,14 @@
-// dea_export_c: writes the tensors of a safetensors file as a C++ header, for programs that compile their weights
+// dea export-c: writes the tensors of a safetensors file as a C++ header, for programs that compile their weights
 // in (no file system at run time): each tensor becomes an aligned constexpr array named after its reference name,
 // listed in a table with its name, type and shape, and a model checkpoint also gets its InferenceConfig and a
 // loader that binds the arrays to a dea::nn::InferenceModel without copying (Eigen Maps over the arrays).
 //
-//   dea_export_c CHECKPOINT.safetensors OUT.hpp [--namespace NAME] [--type float|double] [--all]
+//   dea export-c CHECKPOINT.safetensors OUT.hpp [--namespace NAME] [--type float|double] [--all]
 //                [--max_len N (1..2^20)] [--task cls|mlm] [--n_heads N (1..65536)]
 //
 // Default: the parameters of a model checkpoint (the AdamW state "optim.*", "train.*" and the tied
 // "mlm_head.weight" are left out), as float. The model's sizes come from the tensor shapes; max_len and the task
-// from the run's config.json beside the checkpoint (written by examples/train), unless given. --all writes every
+// from the run's config.json beside the checkpoint (written by dea train), unless given. --all writes every
 // tensor of any safetensors file (e.g. a golden case) and its metadata; floating tensors as --type, integers as
 // int64_t / int32_t, U8 and BOOL as uint8_t. Values are written as hexadecimal floating literals, so the arrays
 // hold exactly the stored values (after the conversion to --type). The header is written atomically; its
@@ -25,9 +25,12 @@
 // and "a_b" become a_b and a_b_2): every array has its own identifier. The table `tensors` and find(name) give
 // each tensor under its reference name, which these rules leave as it is.
 // Exit status: 0 written, 1 bad file or inconsistent model, 2 bad command line.
-#include <dea/data/files.hpp>
-#include <dea/io/cli.hpp>
-#include <dea/io/pipeline.hpp>
+#include <dea/core/files.hpp>
+#include "commands.hpp"
+
+#include <dea/train/config.hpp>
+#include <dea/train/flags.hpp>
+#include <dea/train/run_dir.hpp>
 #include <dea/io/safetensors.hpp>
 #include <dea/nn/inference.hpp>
 
@@ -49,10 +52,7 @@ using namespace dea;
 namespace {
 
 [[noreturn]] void usage(const std::string& why) {
-  fmt::print(stderr,
-             "dea_export_c: {}\nusage: dea_export_c CHECKPOINT.safetensors OUT.hpp [--namespace NAME] "
-             "[--type float|double] [--all] [--max_len N] [--task cls|mlm] [--n_heads N]\n",
-             why);
+  fmt::print(stderr, "dea export-c: {}\n(dea export-c --help lists the flags)\n", why);
   std::exit(2);
 }
 
@@ -199,10 +199,10 @@ ModelInfo infer_model(const io::SafeTensors& st, const std::string& ckpt, Index 
     c.n_classes = ch[0];
   }
 
-  const std::string cfg_path = pipeline::config_path(std::filesystem::path(ckpt).parent_path().string());
+  const std::string cfg_path = train::config_path(std::filesystem::path(ckpt).parent_path().string());
   const bool have_cfg = std::filesystem::exists(cfg_path);
-  pipeline::TrainConfig tc;
-  if (have_cfg) tc = pipeline::read_config(cfg_path);
+  train::TrainConfig tc;
+  if (have_cfg) tc = train::read_config(cfg_path);
   if (max_len_flag > 0) {
     c.max_len = max_len_flag;
     mi.source_note = "max_len from --max_len";
@@ -226,25 +226,29 @@ ModelInfo infer_model(const io::SafeTensors& st, const std::string& ckpt, Index 
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int dea_export_c(int argc, char** argv) {
   std::string in_path, out_path, ns = "dea_weights", type = "float", task;
   bool all = false;
   Index max_len = 0, n_heads = 0;
+  cli::FlagSet fs("dea export-c CHECKPOINT.safetensors OUT.hpp [flags]",
+                  "Writes the tensors of a safetensors file as a C++ header (constexpr arrays; a model checkpoint\n"
+                  "also gets its InferenceConfig and a loader for nn::InferenceModel).");
+  fs.positional("CHECKPOINT.safetensors OUT.hpp", "the file to export and the header to write", 2);
+  fs.text("namespace", ns, "NAME", "the header's namespace (a C++ identifier, not a keyword, not reserved)");
+  fs.choice("type", type, {"float", "double"}, "element type of the floating arrays");
+  fs.toggle("all", all, "every tensor of any safetensors file, and its metadata (default: a model's parameters)");
+  fs.integer("max_len", max_len, 1, 1 << 20, "the model's max_len (default: from config.json beside the checkpoint)");
+  fs.custom("task", "cls|mlm", "from config.json", "cls or mlm", "the model's task",
+            [&task](const std::string&, const std::string& v) { task = v; });
+  fs.integer("n_heads", n_heads, 1, 1 << 16, "the model's head count (default: from the checkpoint when it can tell)");
   try {
-    cli::Args args(argc, argv);
-    while (args.next()) {
-      if (args.is("--namespace")) ns = args.value();
-      else if (args.is("--type")) type = args.value();
-      else if (args.is("--all")) all = true;
-      else if (args.is("--max_len")) max_len = static_cast<Index>(args.int_value(1, 1 << 20));
-      else if (args.is("--task")) task = args.value();
-      else if (args.is("--n_heads")) n_heads = static_cast<Index>(args.int_value(1, 1 << 16));
-      else if (args.is("-h") || args.is("--help")) usage("writes a safetensors file's tensors as a C++ header");
-      else if (args.arg().compare(0, 1, "-") == 0) args.unknown();
-      else if (in_path.empty()) in_path = args.arg();
-      else if (out_path.empty()) out_path = args.arg();
-      else usage("more than two file names given");
+    const auto p = fs.parse(std::vector<std::string>(argv + 1, argv + argc));
+    if (p.help) {
+      fmt::print("{}", fs.help());
+      return 0;
     }
+    if (p.positional.size() > 0) in_path = p.positional[0];
+    if (p.positional.size() > 1) out_path = p.positional[1];
   } catch (const std::exception& e) {
     usage(e.what());
   }
@@ -289,7 +293,7 @@ int main(int argc, char** argv) {
     }
 
     std::string out;
-    out += fmt::format("// Generated by dea_export_c from {} -- do not edit.\n", std::filesystem::path(in_path).filename().string());
+    out += fmt::format("// Generated by dea export-c from {} -- do not edit.\n", std::filesystem::path(in_path).filename().string());
     Index total = 0;
     for (const std::string& n : names) total += st.numel(n);
     out += fmt::format("// {} tensors, {} values.\n#pragma once\n\n#include <cstdint>\n#include <limits>\n", names.size(),
@@ -393,15 +397,15 @@ int main(int argc, char** argv) {
     out += fmt::format("\n}}  // namespace\n}}  // namespace {}\n", ns);
     const std::filesystem::path parent = std::filesystem::path(out_path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
-    data::write_file_atomic(out_path, out);
+    dea::write_file_atomic(out_path, out);
     std::string what = fmt::format("{} tensors, {} values", names.size(), total);
     if (is_model)
       what += fmt::format(" (model V={} D={} H={} L={} d_ff={} max_len={} C={} {})", mi.cfg.vocab_size, mi.cfg.d_model,
                           mi.cfg.n_heads, mi.cfg.n_layers, mi.cfg.d_ff, mi.cfg.max_len, mi.cfg.n_classes,
                           nn::to_string(mi.cfg.task));
-    fmt::print("dea_export_c: wrote {}: {}\n", out_path, what);
+    fmt::print("dea export-c: wrote {}: {}\n", out_path, what);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea_export_c: {}\n", e.what());
+    fmt::print(stderr, "dea export-c: {}\n", e.what());
     return 1;
   }
   return 0;

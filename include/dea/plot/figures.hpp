@@ -1,4 +1,4 @@
-// dea/io/plots.hpp: the training and evaluation pictures of the reference (eval.py plot_alpha_histogram, and the
+// dea/plot/figures.hpp: the training and evaluation pictures of the reference (eval.py plot_alpha_histogram, and the
 // curves a reader of train_log.jsonl wants), drawn with svg.hpp.
 //
 //   alpha_histogram(alpha_hat, alpha_oracle, title)   alpha-hat against the oracle alpha on labelled cells: the

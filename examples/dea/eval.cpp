@@ -1,0 +1,85 @@
+// dea eval: the reference's eval.py (spec section 6). Loads checkpoint.safetensors, config.json and tokenizer.txt
+// from a run directory, rebuilds the data from the saved configuration, evaluates a split at gamma_mix = 0 in
+// evaluation mode, writes eval_<split>.json next to the checkpoint and alpha_hist_<split>.svg (alpha-hat against
+// the oracle alpha on the split's labelled cells) into --plot_dir (default: the run directory), then runs the
+// Paris probe.
+// Exit status: 0 done, 1 error (missing or corrupt files), 2 bad command line.
+#include "commands.hpp"
+#include "paris_probe.hpp"
+
+#include <dea/core/files.hpp>
+#include <dea/core/parallel.hpp>
+#include <dea/plot/figures.hpp>
+#include <dea/train/encoder.hpp>
+#include <dea/train/flags.hpp>
+
+#include <fmt/core.h>
+
+#include <exception>
+#include <filesystem>
+#include <new>
+#include <string>
+#include <vector>
+
+using namespace dea;
+
+int dea_eval(int argc, char** argv) {
+  using S = float;
+  namespace enc = train::encoder;
+  std::string dir, split_s = "test", plot_dir;
+  bool no_plots = false;
+  int threads = 0;
+  cli::FlagSet fs("dea eval --ckpt DIR [flags]",
+                  "Evaluates a run's checkpoint on one split as the reference's eval.py does; writes\n"
+                  "eval_<split>.json into the run directory.");
+  fs.text("ckpt", dir, "DIR", "the run directory of dea train (required)");
+  fs.choice("split", split_s, {"test", "val", "train"}, "the split to evaluate");
+  fs.integer("threads", threads, 0, cli::kMaxThreads, "OpenMP threads (0 = the library default)");
+  fs.text("plot_dir", plot_dir, "DIR", "where alpha_hist_<split>.svg goes (default: --ckpt)");
+  fs.toggle("no-plots", no_plots, "write no plot");
+  enc::Split split = enc::Split::test;
+  try {
+    const auto p = fs.parse(std::vector<std::string>(argv + 1, argv + argc));
+    if (p.help) {
+      fmt::print("{}", fs.help());
+      return 0;
+    }
+    check(!dir.empty(), "--ckpt DIR is required");
+    split = enc::parse_split(split_s);
+    if (!no_plots && !plot_dir.empty()) {  // checked before the evaluation, not after it
+      std::error_code ec;
+      std::filesystem::create_directories(plot_dir, ec);
+      check(!ec && std::filesystem::is_directory(plot_dir), "--plot_dir: cannot create the directory '", plot_dir, "'",
+            ec ? ": " + ec.message() : std::string());
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dea eval: {}\n(dea eval --help lists the flags)\n", e.what());
+    return 2;
+  }
+  try {
+    if (threads > 0) set_num_threads(threads);
+    dea_cli::ParisProbe probe;
+    const enc::EvalResult r = enc::evaluate_checkpoint<S>(
+        dir, split, [&](nn::TransformerModel<S>& m, const enc::LoadedRun<S>& run) { probe = dea_cli::paris_probe(m, run.tok); });
+    const std::string name = enc::split_name(split);
+    const std::string out = (std::filesystem::path(dir) / ("eval_" + name + ".json")).string();
+    const nlohmann::json j = enc::to_json(r);
+    write_file_atomic(out, j.dump(2) + "\n");
+    fmt::print("{}\nwritten to {}\n", j.dump(2), out);
+    if (!no_plots) {
+      const std::string pdir = plot_dir.empty() ? dir : plot_dir;
+      std::filesystem::create_directories(pdir);
+      const std::string path = (std::filesystem::path(pdir) / ("alpha_hist_" + name + ".svg")).string();
+      plots::alpha_histogram(r.alpha_hat_points, r.alpha_oracle_points, name + ": alpha_hat vs oracle").save(path);
+      fmt::print("plot: {}\n", path);
+    }
+    dea_cli::print_paris_probe(probe);
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "dea eval: out of memory evaluating the run in '{}' (see its config.json for the sizes)\n", dir);
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dea eval: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,75 @@
+// The Paris probe of `dea train` and `dea eval` (the reference's train.py ends with it): "Paris is capital of
+// France" as one segment, eval mode, no oracle, gamma 0; the mean over heads of alpha-hat[paris -> france] per layer
+// (the paper's target is about 0.9 in a trained model).
+#pragma once
+
+#include <dea/data/tokenizer.hpp>
+#include <dea/nn/transformer.hpp>
+
+#include <fmt/core.h>
+
+#include <string>
+#include <vector>
+
+namespace dea_cli {
+
+struct ParisProbe {
+  bool ok = false;
+  std::string error;             ///< why it did not run (a token is missing)
+  dea::Index qi = -1, ki = -1;
+  std::vector<double> per_layer;  ///< mean over heads of alpha-hat[qi -> ki]
+};
+
+/// "Paris is capital of France" as one segment (max_len 32); eval mode, no oracle, gamma 0.
+template <class Model>
+ParisProbe paris_probe(Model& model, const dea::data::SimpleTokenizer& tok) {
+  using Scalar = typename Model::Scalar;
+  ParisProbe p;
+  const dea::data::Encoding e = tok.encode("Paris is capital of France", 32);
+  for (dea::Index t = 0; t < e.size(); ++t) {
+    const std::string& s = e.tokens[static_cast<std::size_t>(t)];
+    if (s == "paris") p.qi = t;                // the last sub-token of "paris"
+    if (s == "france" && p.ki < 0) p.ki = t;   // the first sub-token of "france"
+  }
+  for (const char* w : {"paris", "france"})
+    if (!tok.contains(w)) p.error = std::string("token '") + w + "' is not in the vocabulary";
+  if (p.qi < 0 || p.ki < 0 || !p.error.empty()) {
+    if (p.error.empty()) p.error = "token not found in the encoding";
+    return p;
+  }
+  const dea::Index T = e.size();
+  if (T > model.config().max_len) {
+    p.error = dea::detail::concat("the probe sentence has ", T, " tokens, more than the model's max_len ",
+                                    model.config().max_len);
+    return p;
+  }
+  dea::nn::ModelBatch<Scalar> b;
+  b.input_ids = dea::Tensor<std::int64_t>({1, T});
+  for (dea::Index t = 0; t < T; ++t) b.input_ids[t] = e.input_ids[static_cast<std::size_t>(t)];
+  b.attention_mask = dea::Tensor<std::uint8_t>({1, T}, 1);
+  b.token_type_ids = dea::Tensor<std::int64_t>({1, T}, 0);
+  typename Model::Cache c;
+  model.forward(b, Scalar(0), false, nullptr, c);
+  for (dea::Index l = 0; l < model.n_layers(); ++l) {
+    const auto& a = c.layers[static_cast<std::size_t>(l)].attn;
+    const dea::Index H = model.config().n_heads;
+    double s = 0;
+    for (dea::Index h = 0; h < H; ++h) s += static_cast<double>(a.alpha_hat[static_cast<std::size_t>(a.cell(0, h, p.qi, p.ki, H))]);
+    p.per_layer.push_back(s / static_cast<double>(H));
+  }
+  p.ok = true;
+  return p;
+}
+
+inline void print_paris_probe(const ParisProbe& p) {
+  if (!p.ok) {
+    fmt::print("Paris probe skipped: {}\n", p.error);
+    return;
+  }
+  fmt::print("Paris probe (eval mode, no oracle): alpha_hat[paris(pos {}) -> france(pos {})], mean over heads\n", p.qi,
+             p.ki);
+  for (std::size_t l = 0; l < p.per_layer.size(); ++l)
+    fmt::print("  layer {}: {:.4f}   (paper target ~0.9)\n", l, p.per_layer[l]);
+}
+
+}  // namespace dea_cli

@@ -1,0 +1,104 @@
+// dea train: the reference's train.py (spec section 5): the Dual-Expert encoder on D_alpha (or masked-LM on a local
+// text corpus), AdamW with the main / gate groups, the gamma_mix schedule, periodic validation, atomic checkpoints,
+// bit-exact --resume and the Paris probe at the end. `dea train --help` lists every flag with its default and range.
+//
+// Plots (SVG, into --plot_dir, default out_dir; --no-plots turns them off): at each evaluation
+// alpha_hist_train_step<N>.svg and alpha_hist_val_step<N>.svg and training_curves.svg. With --resume the run
+// continues from out_dir's checkpoint with the saved configuration; only --steps, --log_every, --eval_every,
+// --eval_batches and --threads may change (train::resumable_flags). A fresh run refuses an out_dir that holds
+// another run's files unless --overwrite, which deletes them first. config.json records --text and --oracle by
+// absolute path.
+// Exit status: 0 done, 1 error (bad input, failed isolation check, non-finite loss), 2 bad command line.
+#include "commands.hpp"
+#include "paris_probe.hpp"
+
+#include <dea/core/allocator.hpp>
+#include <dea/train/config.hpp>
+#include <dea/train/encoder.hpp>
+#include <dea/train/flags.hpp>
+
+#include <fmt/core.h>
+
+#include <exception>
+#include <new>
+#include <optional>
+#include <string>
+#include <vector>
+
+using namespace dea;
+
+int dea_train(int argc, char** argv) {
+  using S = float;  // the program trains in float
+  dea::retain_freed_memory();  // reuse freed activations instead of faulting pages in every step
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  train::TrainConfig given;
+  std::string plot_dir;
+  bool no_plots = false, overwrite = false;
+  cli::FlagSet fs("dea train [flags]",
+                  "Trains the Dual-Expert encoder as the reference's train.py does, into --out_dir (checkpoint,\n"
+                  "config.json, tokenizer.txt, train_log.jsonl, plots); ends with the Paris probe.");
+  train::add_config_flags(fs, given);
+  fs.text("plot_dir", plot_dir, "DIR", "where the plots go (default: --out_dir)");
+  fs.toggle("no-plots", no_plots, "write no plots");
+  fs.toggle("overwrite", overwrite, "a fresh run replaces the run in --out_dir (its files are deleted first)");
+  auto bad_line = [&](const std::string& why) {
+    fmt::print(stderr, "dea train: {}\n(dea train --help lists the flags)\n", why);
+    return 2;
+  };
+  cli::FlagSet::Parsed p;
+  try {
+    p = fs.parse(args);
+  } catch (const std::exception& e) {
+    return bad_line(e.what());
+  }
+  if (p.help) {
+    fmt::print("{}", fs.help());
+    return 0;
+  }
+  if (given.quick) train::apply_quick_preset(given, p.flags);
+  if (given.resume && overwrite) return bad_line("--resume and --overwrite contradict each other (continue the run, or replace it)");
+  std::optional<train::ValidConfig> cfg;
+  if (given.resume) {
+    std::optional<train::ValidConfig> saved;
+    try {  // the saved configuration: a bad file is bad input (1), not a bad command line (2)
+      saved = train::read_config(train::config_path(given.out_dir));
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "dea train: --resume: {}\n", e.what());
+      return 1;
+    }
+    try {
+      cfg = train::resume_config(*saved, given, p.flags);
+    } catch (const std::exception& e) {
+      return bad_line(e.what());
+    }
+  } else {
+    try {
+      const train::ValidConfig checked = given;  // validated here, once
+      train::check_fresh_run_dir(given.out_dir, overwrite);
+      cfg = checked.with_absolute_paths();
+    } catch (const std::exception& e) {
+      return bad_line(e.what());
+    }
+  }
+  const train::TrainConfig& c = *cfg;
+  try {
+    train::encoder::TrainOptions<S> opts;
+    opts.overwrite = overwrite;
+    if (!no_plots) opts.plot_dir = plot_dir.empty() ? c.out_dir : plot_dir;
+    opts.on_finish = [](nn::TransformerModel<S>& model, const train::encoder::RunData& d) {
+      dea_cli::print_paris_probe(dea_cli::paris_probe(model, d.tok));
+    };
+    const train::encoder::TrainResult r = train::encoder::run_training<S>(*cfg, opts);
+    if (r.last_eval) fmt::print("final val: {}\n", train::encoder::to_json(*r.last_eval).dump());
+    fmt::print("checkpoint: {}\n", train::checkpoint_path(c.out_dir));
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "dea train: out of memory (--d_model {} --d_ff {} --n_layers {} --batch_size {} --max_len {} "
+                       "--n_per_source {}): choose smaller sizes\n",
+               c.d_model, c.d_ff, c.n_layers, c.batch_size, c.max_len, c.n_per_source);
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dea train: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,12 @@
+// dea/train.hpp: training runs: the run configuration and its flags (train/config.hpp, train/flags.hpp), the run
+// directory and checkpoints (train/run_dir.hpp), the generic training loop (train/trainer.hpp) and the Dual-Expert
+// encoder's data, evaluation and run (train/encoder.hpp). Needs fmt and nlohmann_json besides Eigen.
+#pragma once
+
+#include "io.hpp"
+#include "train/config.hpp"
+#include "train/encoder.hpp"
+#include "train/flags.hpp"
+#include "train/run_dir.hpp"
+#include "train/seeds.hpp"
+#include "train/trainer.hpp"

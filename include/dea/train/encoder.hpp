@@ -1,0 +1,612 @@
+// dea/train/encoder.hpp: training the Dual-Expert encoder (nn::TransformerModel) as the reference's train.py and
+// eval.py do: the data of a configuration (D_alpha pairs with their oracle, or masked-LM chunks of a text corpus),
+// its batches and their epoch order, the model's and the optimiser's configuration, the evaluation loop, and
+// run_training(), which wires the generic Trainer to the run directory, the log, the progress line and the plots.
+//
+// Determinism and resuming: see train/seeds.hpp. The model's initial weights come from Rng(seed); the training
+// order is epoch-wise: epoch e = (step-1) / n_batches is a permutation of the training split drawn from
+// Rng(stream_seed(seed, kOrderStream, e)), batch k = (step-1) % n_batches of it is the step's batch. A run resumed
+// from the checkpoint of step k (parameters, AdamW moments and step counts, all stored exactly) continues bit for
+// bit as the uninterrupted run.
+#pragma once
+
+#include "../core/error.hpp"
+#include "../core/files.hpp"
+#include "../core/parallel.hpp"
+#include "../core/rng.hpp"
+#include "../core/tensor.hpp"
+#include "../data/collate.hpp"
+#include "../data/dalpha.hpp"
+#include "../data/mlm.hpp"
+#include "../data/tokenizer.hpp"
+#include "../eval/metrics.hpp"
+#include "../io/jsonl.hpp"
+#include "../nn/transformer.hpp"
+#include "../optim/adamw.hpp"
+#include "../optim/schedule.hpp"
+#include "../plot/figures.hpp"
+#include "config.hpp"
+#include "run_dir.hpp"
+#include "seeds.hpp"
+#include "trainer.hpp"
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dea::train::encoder {
+
+using ::dea::train::detail::with_context;
+
+inline nn::ModelConfig model_config(const TrainConfig& c, Index vocab_size, nn::Task task) {
+  nn::ModelConfig m;
+  m.vocab_size = vocab_size;
+  m.d_model = c.d_model;
+  m.n_heads = c.n_heads;
+  m.n_layers = c.n_layers;
+  m.d_ff = c.d_ff;
+  m.max_len = c.max_len;
+  m.dropout = c.dropout;
+  m.n_classes = 2;
+  m.pad_id = data::SimpleTokenizer::pad_id;
+  m.task = task;
+  m.supervise_layers = c.supervise_layers;
+  return m;
+}
+
+/// The attention options of the models train() builds: the model's dropout, and the Dual-Expert kernel. The tiled
+/// kernel (the default) keeps O(T) per layer in a training step instead of every [B, H, T, T] map; the model's
+/// evaluation-mode forwards still run the reference kernel and keep the maps (TransformerModel::set_map_policy).
+/// Both kernels give the same results to round-off and draw the same dropout masks.
+template <class S>
+typename nn::TransformerModel<S>::AttentionOptionsFn attention_options(const TrainConfig& c,
+                                                                    DeaKernel kernel = DeaKernel::tiled) {
+  return [dropout = c.dropout, n_layers = c.n_layers, kernel](Index layer) {
+    auto o = nn::default_attention_options<DualExpertAttention<S>>(dropout, layer, n_layers);
+    o.kernel = kernel;
+    return o;
+  };
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Data
+// ------------------------------------------------------------------------------------------------------------
+
+enum class Split { train, val, test };
+
+inline Split parse_split(const std::string& s) {
+  if (s == "train") return Split::train;
+  if (s == "val") return Split::val;
+  if (s == "test") return Split::test;
+  ::dea::detail::raise("--split: expected 'train', 'val' or 'test', got '" + s + "'");
+}
+inline const char* split_name(Split s) { return s == Split::train ? "train" : (s == Split::val ? "val" : "test"); }
+
+/// The data of a run: D_alpha records (cls) or masked-LM chunks (text), and the tokenizer.
+struct RunData {
+  std::string source;
+  nn::Task task = nn::Task::cls;
+  data::SimpleTokenizer tok;
+  data::Splits recs;                                        // dalpha
+  std::vector<std::vector<std::int64_t>> chunks[3];         // text: train, val, test
+  bool mock_mlm_oracle = true;
+
+  std::size_t size(Split s) const {
+    const int k = static_cast<int>(s);
+    if (task == nn::Task::mlm) return chunks[k].size();
+    return (s == Split::train ? recs.train : s == Split::val ? recs.val : recs.test).size();
+  }
+};
+
+/// Builds the data of a configuration (D_alpha, with its mock or cached oracle, or the text corpus's MLM chunks).
+/// With `tok` (a saved tokenizer) it is used instead of building one.
+inline RunData build_data(const ValidConfig& vc, const data::SimpleTokenizer* tok = nullptr) {
+  const TrainConfig& c = vc;
+  RunData d;
+  d.source = c.data_source;
+  if (c.data_source == "dalpha") {
+    data::DalphaOptions opt;
+    opt.n_per_source = static_cast<std::size_t>(c.n_per_source);
+    opt.seed = c.seed;
+    std::vector<data::Record> all = data::build_dalpha_synthetic(opt);
+    if (c.oracle == "mock") {
+      data::attach_mock_oracle(all, c.seed);
+    } else {
+      ::dea::train::detail::with_context("--oracle '" + c.oracle + "': ", [&] {
+        const data::AlphaCache cache = io::read_alpha_cache(c.oracle);
+        cache.attach(all, true);
+      });
+    }
+    d.recs = data::split_records(all);
+    d.task = nn::Task::cls;
+    if (tok) {
+      d.tok = *tok;
+    } else {
+      std::vector<std::string> texts;
+      texts.reserve(2 * d.recs.train.size());
+      for (const auto& r : d.recs.train) {
+        texts.push_back(r.q_text);
+        texts.push_back(r.k_text);
+      }
+      d.tok = data::SimpleTokenizer::from_texts(texts);
+    }
+  } else {
+    data::TextSplits ts = ::dea::train::detail::with_context("--text '" + c.text + "': ", [&] {
+      return data::split_texts(data::read_text_corpus(c.text), c.seed);
+    });
+    d.task = nn::Task::mlm;
+    d.tok = tok ? *tok : data::SimpleTokenizer::from_texts(ts.train);
+    d.chunks[0] = data::make_mlm_chunks(ts.train, d.tok, c.max_len);
+    d.chunks[1] = data::make_mlm_chunks(ts.val, d.tok, c.max_len);
+    d.chunks[2] = data::make_mlm_chunks(ts.test, d.tok, c.max_len);
+    d.mock_mlm_oracle = c.oracle == "mock";
+  }
+  check(d.size(Split::train) > 0, "the training split is empty (raise --n_per_source)");
+  return d;
+}
+
+/// Collates records / chunks `idx` of a split into a model batch; `mask_rng` draws the MLM masking (text).
+template <class Scalar>
+nn::ModelBatch<Scalar> make_batch(const RunData& d, Split s, const std::vector<std::size_t>& idx, Index max_len,
+                        Rng* mask_rng) {
+  nn::ModelBatch<Scalar> b;
+  if (d.task == nn::Task::cls) {
+    const auto& recs = s == Split::train ? d.recs.train : s == Split::val ? d.recs.val : d.recs.test;
+    data::PairBatch<Scalar> p = data::collate_pairs<Scalar>(recs, idx, d.tok, max_len);
+    b.input_ids = std::move(p.input_ids);
+    b.token_type_ids = std::move(p.token_type_ids);
+    b.attention_mask = std::move(p.attention_mask);
+    b.labels = std::move(p.labels);
+    bool any = false;
+    for (Index i = 0; i < p.alpha_oracle.numel() && !any; ++i) any = !std::isnan(p.alpha_oracle[i]);
+    if (any) b.alpha_oracle = std::move(p.alpha_oracle);
+  } else {
+    check(mask_rng != nullptr, "make_batch: masked-LM batches need an Rng");
+    data::MlmOptions o;
+    o.mock_oracle = d.mock_mlm_oracle;
+    data::MlmBatch<Scalar> m =
+        data::collate_mlm<Scalar>(d.chunks[static_cast<int>(s)], idx, d.tok.vocab_size(), *mask_rng, o);
+    b.input_ids = std::move(m.input_ids);
+    b.token_type_ids = std::move(m.token_type_ids);
+    b.attention_mask = std::move(m.attention_mask);
+    b.labels = std::move(m.labels);
+    b.alpha_oracle = std::move(m.alpha_oracle);
+  }
+  return b;
+}
+
+/// The training batch order: batch `step` (1-based) is batch (step-1) % n of the permutation of epoch
+/// (step-1) / n, drawn from Rng(stream_seed(seed, kOrderStream, epoch)).
+class BatchOrder {
+public:
+  BatchOrder(std::size_t n, std::size_t batch_size, std::uint64_t seed) : n_(n), bs_(batch_size), seed_(seed) {
+    check(n > 0 && batch_size > 0, "BatchOrder: empty split or batch size 0");
+    per_epoch_ = (n + batch_size - 1) / batch_size;
+  }
+  std::size_t batches_per_epoch() const { return per_epoch_; }
+  const std::vector<std::size_t>& at(std::int64_t step) {
+    check(step >= 1, "BatchOrder::at: step must be >= 1, got ", step);
+    const std::uint64_t s0 = static_cast<std::uint64_t>(step - 1);
+    const std::uint64_t epoch = s0 / per_epoch_;
+    if (!have_ || epoch != epoch_) {
+      Rng rng(stream_seed(seed_, kOrderStream, epoch));
+      batches_ = data::make_batches(n_, bs_, true, &rng);
+      epoch_ = epoch;
+      have_ = true;
+    }
+    return batches_[static_cast<std::size_t>(s0 % per_epoch_)];
+  }
+
+private:
+  std::size_t n_, bs_, per_epoch_ = 0;
+  std::uint64_t seed_;
+  std::uint64_t epoch_ = 0;
+  bool have_ = false;
+  std::vector<std::vector<std::size_t>> batches_;
+};
+
+// ------------------------------------------------------------------------------------------------------------
+// Evaluation
+// ------------------------------------------------------------------------------------------------------------
+
+struct EvalResult {
+  std::string split;
+  std::size_t n_batches = 0;
+  std::size_t n_examples = 0;
+  double accuracy = 0;
+  double task_loss = 0;
+  eval::AlphaMetrics alpha;
+  double decision_side_acc = eval::kNaN;
+  std::size_t n_decision_pairs = 0;
+  /// The pooled labelled cells of the last layer (alpha-hat, oracle), in batch order, for the histogram plots.
+  std::vector<double> alpha_hat_points, alpha_oracle_points;
+};
+
+inline nlohmann::json to_json(const EvalResult& r) {
+  auto num = [](double x) { return std::isfinite(x) ? nlohmann::json(x) : nlohmann::json(nullptr); };
+  nlohmann::json j;
+  j["split"] = r.split;
+  j["n_batches"] = r.n_batches;
+  j["n_examples"] = r.n_examples;
+  j["accuracy"] = num(r.accuracy);
+  j["task_loss"] = num(r.task_loss);
+  j["alpha_mae"] = num(r.alpha.mae);
+  j["alpha_pearson"] = num(r.alpha.pearson);
+  j["alpha_spearman"] = num(r.alpha.spearman);
+  j["band_agreement"] = num(r.alpha.band_agreement);
+  j["alpha_hat_mean"] = num(r.alpha.alpha_hat_mean);
+  j["alpha_oracle_mean"] = num(r.alpha.alpha_oracle_mean);
+  j["alpha_n_points"] = r.alpha.n_points;
+  j["decision_side_acc"] = num(r.decision_side_acc);
+  j["n_decision_pairs"] = r.n_decision_pairs;
+  return j;
+}
+
+/// Appends the labelled cells (oracle not NaN, key real) of the last layer's alpha-hat in a forward cache.
+template <class Model>
+void collect_last_layer(const typename Model::Cache& c, const nn::ModelBatch<typename Model::Scalar>& b,
+                        std::vector<double>& ah, std::vector<double>& ao) {
+  using Scalar = typename Model::Scalar;
+  if (c.layers.empty() || b.alpha_oracle.dim() == 0) return;
+  const auto& a = c.layers.back().attn;
+  const Index H = a.alpha_hat.size() / std::max<Index>(1, c.B * c.T * c.T);
+  Tensor<Scalar> t({c.B, H, c.T, c.T});
+  check(static_cast<Index>(a.alpha_hat.size()) == t.numel(), "collect_last_layer: alpha-hat size mismatch");
+  std::copy(a.alpha_hat.begin(), a.alpha_hat.end(), t.data.data());
+  eval::collect_labelled_cells(t, b.alpha_oracle, b.attention_mask.dim() ? &b.attention_mask : nullptr, ah, ao);
+}
+
+/// Arg-max predictions of logits rows.
+template <class Scalar>
+std::vector<std::int64_t> predictions(const Mat<Scalar>& logits) {
+  std::vector<std::int64_t> p(static_cast<std::size_t>(logits.rows()));
+  for (Index r = 0; r < logits.rows(); ++r) {
+    Index k = 0;
+    logits.row(r).maxCoeff(&k);
+    p[static_cast<std::size_t>(r)] = k;
+  }
+  return p;
+}
+
+/// eval.py's evaluate: eval mode, gamma = 0, batches in order (at most max_batches, 0 = all). The alpha metrics
+/// pool the last layer's labelled cells. The MLM masking of batch k is drawn from stream kEvalMaskStream.
+template <class Model>
+EvalResult evaluate(Model& model, const RunData& d, Split s, Index batch_size, Index max_len, std::uint64_t seed,
+                    std::size_t max_batches = 0) {
+  using Scalar = typename Model::Scalar;
+  EvalResult r;
+  r.split = split_name(s);
+  const std::size_t n = d.size(s);
+  if (n == 0) return r;
+  auto batches = data::make_batches(n, static_cast<std::size_t>(batch_size), false);
+  if (max_batches && batches.size() > max_batches) batches.resize(max_batches);
+  eval::AccuracyCounter acc;
+  eval::DecisionSideAccumulator side;
+  std::vector<double> ah, ao;
+  double loss_sum = 0;
+  evaluation_pass(
+      model, batches.size(),
+      [&](std::size_t k) {
+        Rng mrng(stream_seed(seed, kEvalMaskStream, k));
+        return make_batch<Scalar>(d, s, batches[k], max_len, &mrng);
+      },
+      [&](std::size_t k, const nn::ModelBatch<Scalar>& b, const auto& out, const typename Model::Cache& cache) {
+        loss_sum += static_cast<double>(out.task_loss);
+        const std::vector<std::int64_t> lab(b.labels.ptr(), b.labels.ptr() + b.labels.numel());
+        acc.add(predictions(out.logits), lab);
+        if (!out.layer_stats.empty() && out.layer_supervised.back())
+          side.add(out.layer_stats.back().decision_side_acc,
+                   static_cast<std::size_t>(out.layer_stats.back().n_decision_pairs));
+        collect_last_layer<Model>(cache, b, ah, ao);
+        r.n_examples += batches[k].size();
+      });
+  r.n_batches = batches.size();
+  r.accuracy = acc.value();
+  r.task_loss = loss_sum / static_cast<double>(batches.size());
+  r.alpha = eval::alpha_metrics(ah, ao);
+  r.decision_side_acc = side.value();
+  r.n_decision_pairs = side.n_pairs;
+  r.alpha_hat_points = std::move(ah);
+  r.alpha_oracle_points = std::move(ao);
+  return r;
+}
+
+/// Builds the reference's optimiser for a configuration.
+template <class Model>
+optim::AdamW<typename Model::Scalar> make_optimizer(Model& model, const TrainConfig& c) {
+  optim::GroupConfig gm = optim::main_group_defaults(), gg = optim::gate_group_defaults();
+  gm.lr = c.lr_main;
+  gm.weight_decay = c.weight_decay;
+  gm.max_grad_norm = c.grad_clip;
+  gg.lr = c.lr_gate;
+  gg.max_grad_norm = c.grad_clip;
+  return optim::build_optimizer(model.parameters(), gm, gg);
+}
+
+/// Writes tokenizer.txt, config.json and checkpoint.safetensors into `dir` (each atomically, in that order).
+template <class Model>
+void save_run(const std::string& dir, const TrainConfig& cfg, const data::SimpleTokenizer& tok, Model& model,
+              const optim::AdamW<typename Model::Scalar>* opt, std::int64_t step) {
+  std::filesystem::create_directories(dir);
+  tok.save(tokenizer_path(dir));
+  write_config(config_path(dir), cfg);
+  save_checkpoint(dir, model, opt, step, cfg.seed);
+}
+
+template <class S>
+struct TrainOptions {
+  using Model = nn::TransformerModel<S>;
+  bool verbose = true;          ///< progress line, log lines, isolation report
+  bool write_log = true;        ///< out_dir/train_log.jsonl
+  bool evaluate = true;         ///< periodic validation
+  bool checkpoint = true;       ///< checkpoints at each evaluation and at the end
+  /// Where the plots go (empty: none): at each evaluation alpha_hist_train_step<N>.svg (alpha-hat against the
+  /// oracle on up to 4,000 labelled cells of the last layer per step since the previous evaluation),
+  /// alpha_hist_val_step<N>.svg and training_curves.svg (from train_log.jsonl).
+  std::string plot_dir;
+  /// A fresh run (not cfg.resume) into an out_dir that holds another run's files (run_files): false refuses it
+  /// (dea::Error, nothing touched), true deletes those files first, so the directory never mixes two runs.
+  bool overwrite = false;
+  /// Called after every optimiser step with (step, task_loss, loss_gate, model) (progress hooks, tests).
+  std::function<void(std::int64_t, double, double, Model&)> on_step;
+  /// Called at the end of the run with the trained model and the run's data (e.g. a probe the program prints).
+  std::function<void(Model&, const RunData&)> on_finish;
+};
+
+struct TrainResult {
+  std::int64_t start_step = 0;   ///< step of the checkpoint resumed from (0 = fresh)
+  std::int64_t last_step = 0;
+  double last_task_loss = 0, last_loss_gate = 0;
+  std::optional<EvalResult> last_eval;
+  nn::ModelIsolationReport isolation;
+  double seconds = 0;
+  double seconds_per_step = 0;
+  bool stopped_nonfinite = false;
+  std::string message;
+};
+
+/// train.py's run (see the file comment). With cfg.resume, the checkpoint in cfg.out_dir is loaded (its tokenizer
+/// too) and the run continues from its step. Throws dea::Error on bad input, on a failed isolation check and on a
+/// non-finite loss or gradient (the last good checkpoint on disk is left as it was).
+template <class S>
+TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {}) {
+  using Model = nn::TransformerModel<S>;
+  using Batch = nn::ModelBatch<S>;
+  const TrainConfig& cfg = vcfg;
+  const bool fresh_dir = !cfg.resume && (o.write_log || o.checkpoint || o.evaluate);
+  if (fresh_dir) check_fresh_run_dir(cfg.out_dir, o.overwrite);
+  if (cfg.threads > 0) set_num_threads(cfg.threads);
+  const auto t_start = std::chrono::steady_clock::now();
+  TrainResult res;
+
+  std::optional<data::SimpleTokenizer> saved_tok;
+  if (cfg.resume) {
+    check(std::filesystem::exists(checkpoint_path(cfg.out_dir)), "--resume: no checkpoint at ",
+          checkpoint_path(cfg.out_dir));
+    saved_tok = data::SimpleTokenizer::load(tokenizer_path(cfg.out_dir));
+  }
+  const RunData d = build_data(vcfg, saved_tok ? &*saved_tok : nullptr);
+  Rng init_rng(cfg.seed);
+  Model model(model_config(cfg, d.tok.vocab_size(), d.task), init_rng, attention_options<S>(cfg));
+  optim::AdamW<S> opt = make_optimizer(model, cfg);
+  if (fresh_dir) remove_run_files(cfg.out_dir);  // --overwrite: only now that the new run's data and model exist
+  std::int64_t step0 = 0;
+  if (cfg.resume) {
+    step0 = load_checkpoint(cfg.out_dir, model, &opt, cfg.seed);
+    check(step0 <= cfg.steps, "--resume: the checkpoint is at step ", step0, ", beyond --steps ", cfg.steps);
+  }
+  res.start_step = step0;
+
+  std::size_t n_params = 0;
+  for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
+  if (o.verbose)
+    fmt::print("data: {} train / {} val / {} test ({}), vocab {}, model {:.2f}M parameters (D={} H={} L={} d_ff={}), "
+               "{} steps, batch {}, gamma_steps {}{}\n",
+               d.size(Split::train), d.size(Split::val), d.size(Split::test), d.source, d.tok.vocab_size(),
+               static_cast<double>(n_params) / 1e6, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, cfg.steps,
+               cfg.batch_size, cfg.gamma_steps, step0 ? fmt::format(", resumed at step {}", step0) : std::string());
+
+  BatchOrder order(d.size(Split::train), static_cast<std::size_t>(cfg.batch_size), cfg.seed);
+  auto train_batch = [&](std::int64_t step) {
+    Rng mrng(stream_seed(cfg.seed, kMaskStream, static_cast<std::uint64_t>(step)));
+    return make_batch<S>(d, Split::train, order.at(step), cfg.max_len, &mrng);
+  };
+
+  // isolation check on the first batch
+  {
+    const Batch b0 = train_batch(1);
+    if (b0.alpha_oracle.dim() && cfg.n_layers > 0) {
+      res.isolation = model.verify_gradient_isolation(b0, S(0.5), cfg.seed);
+      const auto& r = res.isolation;
+      if (o.verbose)
+        fmt::print("gradient isolation: task->gate {:.3g}  task->W_rel {:.3g}  gate->main {:.3g}  gate->gate {:.3g}  {}\n",
+                   r.task_gate_grad, r.task_rel_grad, r.gate_main_grad, r.gate_gate_grad, r.ok ? "OK" : "FAILED");
+      check(r.ok, "gradient isolation check failed on the first batch (task->gate ", r.task_gate_grad, ", task->W_rel ",
+            r.task_rel_grad, ", gate->main ", r.gate_main_grad, ", gate->gate ", r.gate_gate_grad, ")");
+    } else if (o.verbose) {
+      fmt::print("gradient isolation: skipped (no oracle on the first batch)\n");
+    }
+  }
+
+  TrainLog log;
+  if (o.write_log) log = TrainLog(cfg.out_dir, step0);
+  ProgressLine progress(o.verbose);
+  std::vector<double> hist_hat, hist_oracle;  // training cells for the next alpha_hist_train_step<N>.svg
+  auto plot = [&](const std::string& name, const auto& draw) {  // a failed plot warns and training goes on
+    try {
+      std::filesystem::create_directories(o.plot_dir);
+      draw().save((std::filesystem::path(o.plot_dir) / name).string());
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "warning: plot {} not written: {}\n", name, e.what());
+    }
+  };
+  auto eval_and_checkpoint = [&](std::int64_t step) {
+    if (o.evaluate && d.size(Split::val) > 0) {
+      EvalResult er = evaluate(model, d, Split::val, cfg.batch_size, cfg.max_len, cfg.seed,
+                               static_cast<std::size_t>(cfg.eval_batches));
+      if (o.verbose) {
+        progress.finish_line();
+        fmt::print("[eval step {}] val: acc {:.4f}  task_loss {:.4f}  alpha_mae {:.4f}  pearson {:.4f}  side_acc {:.4f} "
+                   "({} pairs)\n",
+                   step, er.accuracy, er.task_loss, er.alpha.mae, er.alpha.pearson, er.decision_side_acc,
+                   er.n_decision_pairs);
+      }
+      nlohmann::json j = to_json(er);
+      j["step"] = step;
+      j["event"] = "eval";
+      log.write(j);
+      if (!o.plot_dir.empty()) {
+        const double g = static_cast<double>(optim::gamma_mix<S>(std::max<std::int64_t>(0, step - 1), cfg.gamma_steps));
+        if (!hist_hat.empty())
+          plot("alpha_hist_train_step" + std::to_string(step) + ".svg", [&] {
+            return plots::alpha_histogram(hist_hat, hist_oracle,
+                                          fmt::format("train step {}: alpha_hat vs oracle (g_mix={:.2f})", step, g));
+          });
+        plot("alpha_hist_val_step" + std::to_string(step) + ".svg", [&] {
+          return plots::alpha_histogram(er.alpha_hat_points, er.alpha_oracle_points, fmt::format("val step {}", step));
+        });
+      }
+      hist_hat.clear();
+      hist_oracle.clear();
+      er.alpha_hat_points = {};
+      er.alpha_oracle_points = {};
+      res.last_eval = std::move(er);
+    }
+    if (!o.plot_dir.empty() && o.write_log)
+      plot("training_curves.svg", [&] {
+        return plots::training_curves(read_file(log_path(cfg.out_dir)), "training: " + cfg.out_dir);
+      });
+    if (o.checkpoint) save_run(cfg.out_dir, cfg, d.tok, model, &opt, step);
+  };
+
+  Trainer<Model> trainer(model, opt, cfg.seed, cfg.gamma_steps);
+  typename Trainer<Model>::Hooks hooks;
+  hooks.eval_every = cfg.eval_every;
+  hooks.on_eval = eval_and_checkpoint;
+  std::int64_t done = 0;
+  const auto t_loop = std::chrono::steady_clock::now();
+  hooks.on_step = [&](const typename Trainer<Model>::Step& st, const Batch& b) {
+    const std::int64_t step = st.step;
+    ++done;
+    res.last_step = step;
+    res.last_task_loss = st.task_loss;
+    res.last_loss_gate = st.loss_gate;
+    if (!o.plot_dir.empty()) {
+      // train.py's histogram sample: the last layer's labelled cells, at most 4,000 per step (a uniform subset)
+      std::vector<double> ah, ao;
+      collect_last_layer<Model>(trainer.cache(), b, ah, ao);
+      const std::size_t k = std::min<std::size_t>(ah.size(), 4000);
+      const std::vector<std::size_t> idx =
+          k < ah.size() ? eval::subsample_indices(ah.size(), k, stream_seed(cfg.seed, kPlotStream, static_cast<std::uint64_t>(step)))
+                        : std::vector<std::size_t>();
+      for (std::size_t i = 0; i < k; ++i) {
+        hist_hat.push_back(ah[idx.empty() ? i : idx[i]]);
+        hist_oracle.push_back(ao[idx.empty() ? i : idx[i]]);
+      }
+    }
+    if (o.on_step) o.on_step(step, st.task_loss, st.loss_gate, model);
+
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
+    const double rate = static_cast<double>(done) / std::max(el, 1e-9);
+    // logged steps depend on the step number alone (a resumed run logs what an uninterrupted one does); the
+    // console also shows the first step of a resumed run
+    const bool log_now = step % cfg.log_every == 0 || step == 1 || step == cfg.steps;
+    if (log_now && log.is_open()) {
+      std::vector<double> ah, ao;
+      collect_last_layer<Model>(trainer.cache(), b, ah, ao);
+      const auto& out = trainer.output();
+      const GateStats gs = out.layer_stats.empty() ? GateStats{} : out.layer_stats.back();
+      nlohmann::json j;
+      j["step"] = step;
+      j["gamma"] = static_cast<double>(st.gamma);
+      j["task_loss"] = json_number(st.task_loss);
+      j["loss_gate"] = json_number(st.loss_gate);
+      j["grad_norm_main"] = json_number(st.norms.at("main"));
+      j["grad_norm_gate"] = json_number(st.norms.at("gate"));
+      j["loss_reg"] = json_number(gs.loss_reg);
+      j["loss_spot"] = json_number(gs.loss_spot);
+      j["loss_decision"] = json_number(gs.loss_decision);
+      j["decision_side_acc"] = json_number(gs.decision_side_acc);
+      j["n_decision_pairs"] = gs.n_decision_pairs;
+      j["n_labelled"] = gs.n_labelled;
+      j["alpha_hat_mean"] = json_number(eval::mean(ah));
+      j["alpha_mae"] = json_number(eval::alpha_mae(ah, ao));
+      j["steps_per_s"] = rate;
+      log.write(j);
+    }
+    const double eta = static_cast<double>(cfg.steps - step) / rate;
+    progress.show(fmt::format("step {:>6}/{}  gamma {:.3f}  task {:.4f}  gate {:.4f}  |g| main {:.3f} gate {:.3f}  "
+                              "{:.2f} it/s  ETA {}",
+                              step, cfg.steps, static_cast<double>(st.gamma), st.task_loss, st.loss_gate,
+                              st.norms.at("main"), st.norms.at("gate"), rate, format_duration(eta)),
+                  log_now || step == step0 + 1);
+  };
+  try {
+    trainer.run(step0, cfg.steps, train_batch, hooks);
+  } catch (const NonFiniteError& e) {
+    progress.finish_line();
+    res.stopped_nonfinite = true;
+    std::string m = e.what();
+    if (m.compare(0, 5, "dea: ") == 0) m.erase(0, 5);
+    res.message = m + " The last good checkpoint in " + cfg.out_dir + " is kept.";
+    ::dea::detail::raise(res.message);
+  }
+  if (done == 0 && o.checkpoint && !cfg.resume) eval_and_checkpoint(step0);
+  const auto t_end = std::chrono::steady_clock::now();
+  res.seconds = std::chrono::duration<double>(t_end - t_start).count();
+  res.seconds_per_step =
+      done ? std::chrono::duration<double>(t_end - t_loop).count() / static_cast<double>(done) : 0.0;
+  if (o.verbose)
+    fmt::print("done: {} steps in {:.1f} s ({:.4f} s/step incl. evaluation)\n", done, res.seconds,
+               res.seconds_per_step);
+  if (o.on_finish) o.on_finish(model, d);
+  return res;
+}
+
+/// A trained run read back from its directory: the configuration, tokenizer, data and model of config.json,
+/// tokenizer.txt and checkpoint.safetensors.
+template <class S>
+struct LoadedRun {
+  ValidConfig cfg;
+  data::SimpleTokenizer tok;
+  RunData data;
+  std::unique_ptr<nn::TransformerModel<S>> model;
+  std::int64_t step = 0;
+};
+
+/// Loads the run in `dir` (every file validated; dea::Error naming the file). A config.json whose seed is not the
+/// run's (its splits would differ) is refused.
+template <class S>
+LoadedRun<S> load_run(const std::string& dir) {
+  ValidConfig cfg = read_config(config_path(dir));
+  data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
+  // a data file the run's config.json names (--text, --oracle) is reported with that origin
+  RunData d = with_context(config_path(dir) + ": ", [&] { return build_data(cfg, &tok); });
+  Rng init_rng(cfg->seed);
+  auto model = std::make_unique<nn::TransformerModel<S>>(model_config(cfg, tok.vocab_size(), d.task), init_rng);
+  const std::int64_t step = load_checkpoint(dir, *model, nullptr, cfg->seed);
+  return LoadedRun<S>{std::move(cfg), std::move(tok), std::move(d), std::move(model), step};
+}
+
+/// eval.py: the run in `dir` evaluated on `split` at gamma = 0 (all batches). `after` (when given) sees the model
+/// and the run afterwards (e.g. a probe).
+template <class S>
+EvalResult evaluate_checkpoint(const std::string& dir, Split split,
+                               const std::function<void(nn::TransformerModel<S>&, const LoadedRun<S>&)>& after = {}) {
+  LoadedRun<S> run = load_run<S>(dir);
+  EvalResult r = evaluate(*run.model, run.data, split, run.cfg->batch_size, run.cfg->max_len, run.cfg->seed, 0);
+  if (after) after(*run.model, run);
+  return r;
+}
+
+}  // namespace dea::train::encoder
