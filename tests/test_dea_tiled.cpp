@@ -94,13 +94,13 @@ L make_layer(const Case& cs, DeaKernel kernel) {
 }
 
 template <class S>
-AttnContext<S> make_ctx(const Case& cs, Inputs<S>& in) {
-  AttnContext<S> ctx;
-  if (cs.mask) ctx.key_mask = &in.km;
-  if (cs.oracle) ctx.alpha_oracle = &in.oracle;
-  if (cs.targets) ctx.target_idx = &in.target;
-  ctx.gamma_mix = S(cs.gamma);
-  return ctx;
+AttnInputs<S> make_attn_inputs(const Case& cs, const Inputs<S>& in) {
+  AttnInputs<S> ai(cs.B, cs.Tq, cs.Tk);
+  if (cs.mask) ai.set_key_mask(in.km);
+  if (cs.oracle) ai.set_oracle(in.oracle);
+  if (cs.targets) ai.set_targets(in.target);
+  ai.set_gamma_mix(S(cs.gamma));
+  return ai;
 }
 
 /// Everything a forward + task backward + gate backward produces.
@@ -118,16 +118,13 @@ template <class L>
 Result<typename L::Scalar> run(L& layer, const Case& cs, Inputs<typename L::Scalar>& in, const Mat<double>& Rd,
                                const Tensor<typename L::Scalar>* frozen = nullptr) {
   using S = typename L::Scalar;
-  AttnContext<S> ctx = make_ctx(cs, in);
+  AttnInputs<S> ai = make_attn_inputs(cs, in);
   Rng drop_rng(99);
-  if (cs.dropout > 0) {
-    ctx.training = true;
-    ctx.rng = &drop_rng;
-  }
-  ctx.frozen_alpha_hat = frozen;
+  if (cs.dropout > 0) ai.set_training(true, &drop_rng);
+  if (frozen) ai.set_frozen_alpha_hat(*frozen);
   typename L::Cache c;
   Result<S> r;
-  r.y = cs.cross ? layer.forward(in.q, in.k, in.v, cs.B, ctx, c) : layer.forward(in.q, cs.B, ctx, c);
+  r.y = cs.cross ? layer.forward(in.q, in.k, in.v, ai, c) : layer.forward(in.q, ai, c);
   const Mat<S> R = Rd.cast<S>();
   layer.zero_grad();
   auto g = layer.backward_inputs(R, c);
@@ -302,21 +299,18 @@ testing::GradCheckReport tiled_task_gradcheck(const Case& cs) {
   using L = DualExpertAttention<double>;
   L layer = make_layer<L>(cs, DeaKernel::tiled);
   Inputs<double> in = make_inputs<double>(cs);
-  AttnContext<double> ctx = make_ctx(cs, in);
+  AttnInputs<double> ai = make_attn_inputs(cs, in);
   Rng drop_rng(99);
-  if (cs.dropout > 0) {
-    ctx.training = true;
-    ctx.rng = &drop_rng;
-  }
+  if (cs.dropout > 0) ai.set_training(true, &drop_rng);
   Tensor<double> frozen({cs.B, cs.H, cs.Tq, cs.Tk});
   {
     L ref = make_layer<L>(cs, DeaKernel::reference);
     L::Cache c;
     drop_rng.reseed(99);
-    cs.cross ? ref.forward(in.q, in.k, in.v, cs.B, ctx, c) : ref.forward(in.q, cs.B, ctx, c);
+    cs.cross ? ref.forward(in.q, in.k, in.v, ai, c) : ref.forward(in.q, ai, c);
     for (Index i = 0; i < frozen.numel(); ++i) frozen[i] = c.alpha_hat[static_cast<std::size_t>(i)];
   }
-  ctx.frozen_alpha_hat = &frozen;
+  ai.set_frozen_alpha_hat(frozen);
   const Mat<double> R = testing::random_projection(cs.B * cs.Tq, cs.D, cs.seed + 7);
   Mat<double> dq = Mat<double>::Zero(in.q.rows(), in.q.cols()), dk, dv;
   if (cs.cross) {
@@ -325,7 +319,7 @@ testing::GradCheckReport tiled_task_gradcheck(const Case& cs) {
   }
   auto fwd = [&](L::Cache& c) {
     drop_rng.reseed(99);
-    return cs.cross ? layer.forward(in.q, in.k, in.v, cs.B, ctx, c) : layer.forward(in.q, cs.B, ctx, c);
+    return cs.cross ? layer.forward(in.q, in.k, in.v, ai, c) : layer.forward(in.q, ai, c);
   };
   auto objective = [&] {
     L::Cache c;
@@ -365,9 +359,9 @@ testing::GradCheckReport tiled_gate_gradcheck(const Case& cs) {
   using L = DualExpertAttention<double>;
   L layer = make_layer<L>(cs, DeaKernel::tiled);
   Inputs<double> in = make_inputs<double>(cs);
-  AttnContext<double> ctx = make_ctx(cs, in);
+  const AttnInputs<double> ai = make_attn_inputs(cs, in);
   auto fwd = [&](L::Cache& c) {
-    cs.cross ? layer.forward(in.q, in.k, in.v, cs.B, ctx, c) : layer.forward(in.q, cs.B, ctx, c);
+    cs.cross ? layer.forward(in.q, in.k, in.v, ai, c) : layer.forward(in.q, ai, c);
   };
   auto objective = [&] {
     L::Cache c;
@@ -498,10 +492,9 @@ TEMPLATE_TEST_CASE("self-attention backward: dx is the sum of backward_inputs' t
   const Mat<S> R = testing::random_projection(cs.B * cs.Tq, cs.D, 4).cast<S>();
   auto forward = [&](typename L::Cache& c) {
     Rng drop_rng(99);
-    AttnContext<S> ctx = make_ctx(cs, in);
-    ctx.training = true;
-    ctx.rng = &drop_rng;
-    layer.forward(in.q, cs.B, ctx, c);
+    AttnInputs<S> ai = make_attn_inputs(cs, in);
+    ai.set_training(true, &drop_rng);
+    layer.forward(in.q, ai, c);
   };
   auto grads = [&] {
     std::vector<S> v;
@@ -548,17 +541,16 @@ TEST_CASE("tiled kernel: dropout masks are deterministic and depend on the seed 
   cs.oracle = true;
   L layer = make_layer<L>(cs, DeaKernel::tiled);
   Inputs<double> in = make_inputs<double>(cs);
-  AttnContext<double> ctx = make_ctx(cs, in);
-  ctx.training = true;
+  AttnInputs<double> ai = make_attn_inputs(cs, in);
   Rng rng(5);
-  ctx.rng = &rng;
+  ai.set_training(true, &rng);
   L::Cache c;
-  const Mat<double> y1 = layer.forward(in.q, cs.B, ctx, c);
+  const Mat<double> y1 = layer.forward(in.q, ai, c);
   rng.reseed(5);
-  const Mat<double> y2 = layer.forward(in.q, cs.B, ctx, c);
-  const Mat<double> y3 = layer.forward(in.q, cs.B, ctx, c);  // the next seed
-  ctx.training = false;
-  const Mat<double> y_eval = layer.forward(in.q, cs.B, ctx, c);
+  const Mat<double> y2 = layer.forward(in.q, ai, c);
+  const Mat<double> y3 = layer.forward(in.q, ai, c);  // the next seed
+  ai.set_training(false);
+  const Mat<double> y_eval = layer.forward(in.q, ai, c);
   REQUIRE((y1 - y2).cwiseAbs().maxCoeff() == 0.0);
   REQUIRE((y1 - y3).cwiseAbs().maxCoeff() > 1e-6);
   REQUIRE((y1 - y_eval).cwiseAbs().maxCoeff() > 1e-6);
@@ -566,10 +558,10 @@ TEST_CASE("tiled kernel: dropout masks are deterministic and depend on the seed 
   Case c2 = cs;
   c2.block = 2;
   L other = make_layer<L>(c2, DeaKernel::tiled);
-  ctx.training = true;
+  ai.set_training(true, &rng);
   rng.reseed(5);
   L::Cache c3;
-  REQUIRE((other.forward(in.q, cs.B, ctx, c3) - y1).cwiseAbs().maxCoeff() <= 1e-13);
+  REQUIRE((other.forward(in.q, ai, c3) - y1).cwiseAbs().maxCoeff() <= 1e-13);
   // the fraction of dropped cells is p
   std::size_t dropped = 0, n = 200000;
   for (std::size_t k = 0; k < n; ++k) dropped += detail::dropout_uniform(77, k) < 0.4;
@@ -582,8 +574,8 @@ TEST_CASE("tiled kernel: gradient isolation is exact", "[dea][tiled][isolation]"
   using L = DualExpertAttention<double>;
   L layer = make_layer<L>(cs, DeaKernel::tiled);
   Inputs<double> in = make_inputs<double>(cs);
-  AttnContext<double> ctx = make_ctx(cs, in);
-  const auto rep = layer.verify_gradient_isolation(in.q, cs.B, ctx);
+  const AttnInputs<double> ai = make_attn_inputs(cs, in);
+  const auto rep = layer.verify_gradient_isolation(in.q, ai);
   REQUIRE(rep.task_gate_grad == 0.0);
   REQUIRE(rep.gate_main_grad == 0.0);
   REQUIRE(rep.task_rel_grad > 0.0);
@@ -602,9 +594,9 @@ TEST_CASE("tiled kernel: the cache holds no [Tq, Tk] map", "[dea][tiled][memory]
   cs.block = 8;
   L layer = make_layer<L>(cs, DeaKernel::tiled);
   Inputs<double> in = make_inputs<double>(cs);
-  AttnContext<double> ctx = make_ctx(cs, in);
+  const AttnInputs<double> ai = make_attn_inputs(cs, in);
   L::Cache c;
-  layer.forward(in.q, cs.B, ctx, c);
+  layer.forward(in.q, ai, c);
   for (auto* v : {&c.e0n, &c.e1n, &c.logit, &c.alpha_hat, &c.alpha_mix, &c.scores, &c.attn, &c.drop, &c.dlogit_gate,
                   &c.beta, &c.w, &c.d_b, &c.g_reg, &c.g_spot, &c.oracle_ref})
     REQUIRE(v->empty());
@@ -622,8 +614,8 @@ TEST_CASE("tiled kernel: the cache holds no [Tq, Tk] map", "[dea][tiled][memory]
   // the cache's map fields of the reference kernel are released when a cache switches kernels
   L ref = make_layer<L>(cs, DeaKernel::reference);
   L::Cache shared;
-  ref.forward(in.q, cs.B, ctx, shared);
+  ref.forward(in.q, ai, shared);
   REQUIRE(shared.e0n.size() == cells);
-  layer.forward(in.q, cs.B, ctx, shared);
+  layer.forward(in.q, ai, shared);
   REQUIRE(shared.e0n.capacity() == 0);
 }

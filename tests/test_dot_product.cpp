@@ -416,7 +416,7 @@ TEST_CASE("DotProductAttention: bad arguments throw dea::Error naming them", "[d
   REQUIRE_THROWS_WITH(att.backward(dyn, cache), Catch::Contains("dy"));
 }
 
-TEST_CASE("DotProductAttention: the AttnContext overload (transitional) gives the bits of AttnInputs", "[dot_product]") {
+TEST_CASE("DotProductAttention: the into-y overload writes the bits of the returning one", "[dot_product]") {
   const Index B = 2, T = 4, D = 8, H = 2;
   Rng rng(24);
   DotProductAttention<double>::Options opt;
@@ -424,32 +424,15 @@ TEST_CASE("DotProductAttention: the AttnContext overload (transitional) gives th
   DotProductAttention<double> att(D, H, rng, opt);
   const Mat<double> x = random_input<double>(B * T, D, 25);
   Tensor<std::uint8_t> mask = make_mask({"1101", "1110"});
-  Rng r1(3), r2(3);
-  AttnContext<double> ctx;
-  ctx.key_mask = &mask;
-  ctx.causal = true;
-  ctx.training = true;
-  ctx.rng = &r1;
+  Rng r2(3), r3(3);
   AttnInputs<double> in(B, T);
   in.set_key_mask(mask).set_causal(true).set_training(true, &r2);
-  DotProductAttention<double>::Cache c1, c2;
-  const Mat<double> y1 = att.forward(x, B, ctx, c1), y2 = att.forward(x, in, c2);
-  REQUIRE(y1 == y2);
-  REQUIRE(att.backward(y1, c1) == att.backward(y2, c2));
-  // the into-y overload writes the same output
-  DotProductAttention<double>::Cache c3;
+  DotProductAttention<double>::Cache c2, c3;
+  const Mat<double> y2 = att.forward(x, in, c2);
   Mat<double> y3;
-  Rng r3(3);
   in.set_training(true, &r3);
   att.forward(x, in, c3, y3);
   REQUIRE(y3 == y2);
-  // the adapter's own argument checks
-  REQUIRE_THROWS_WITH(att.forward(x, 3, ctx, c1), Catch::Contains("x: expected batch*T rows"));
-  REQUIRE_THROWS_WITH(att.forward(x, 0, ctx, c1), Catch::Contains("batch"));
-  Tensor<std::uint8_t> bad({2, 3}, 1);
-  ctx.key_mask = &bad;
-  REQUIRE_THROWS_WITH(att.forward(x, B, ctx, c1), Catch::Contains("DotProductAttention: ctx.key_mask") &&
-                                                      Catch::Contains("[2, 4]") && Catch::Contains("[2, 3]"));
 }
 
 TEST_CASE("DotProductAttention refuses the inputs it does not support, naming itself and the input",
@@ -473,11 +456,6 @@ TEST_CASE("DotProductAttention refuses the inputs it does not support, naming it
   with_targets.set_targets(Tensor<std::int64_t>({B, T}, 0));
   refuses(with_targets, "oracle");
   refuses(AttnInputs<double>(B, T).set_frozen_alpha_hat(Tensor<double>({B, H, T, T}, 0.5)), "frozen_alpha_hat");
-  // the transitional AttnContext overload refuses them too (it used to ignore them)
-  AttnContext<double> ctx;
-  ctx.alpha_oracle = &oracle;
-  REQUIRE_THROWS_WITH(att.forward(x, B, ctx, cache), Catch::Contains("DotProductAttention") &&
-                                                         Catch::Contains("oracle") && Catch::Contains("not supported"));
   // what it supports runs: causal masking, keep_maps (its probabilities are always in the cache), training
   AttnInputs<double> ok(B, T);
   ok.set_causal(true).set_keep_maps(true).set_training(true, nullptr);

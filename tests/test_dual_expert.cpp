@@ -82,34 +82,31 @@ DEA make_layer(const Case& cs) {
   return layer;
 }
 
-AttnContext<double> make_ctx(const Case& cs, Inputs& in) {
-  AttnContext<double> ctx;
-  if (cs.mask) ctx.key_mask = &in.km;
-  if (cs.oracle) ctx.alpha_oracle = &in.oracle;
-  if (cs.targets) ctx.target_idx = &in.target;
-  ctx.gamma_mix = cs.gamma;
-  return ctx;
+AttnInputs<double> make_attn_inputs(const Case& cs, const Inputs& in) {
+  AttnInputs<double> ai(cs.B, cs.Tq, cs.Tk);
+  if (cs.mask) ai.set_key_mask(in.km);
+  if (cs.oracle) ai.set_oracle(in.oracle);
+  if (cs.targets) ai.set_targets(in.target);
+  ai.set_gamma_mix(cs.gamma);
+  return ai;
 }
 
-Mat<double> run_forward(DEA& layer, const Case& cs, Inputs& in, const AttnContext<double>& ctx, DEA::Cache& cache) {
-  return cs.cross ? layer.forward(in.q, in.k, in.v, cs.B, ctx, cache) : layer.forward(in.q, cs.B, ctx, cache);
+Mat<double> run_forward(DEA& layer, const Case& cs, Inputs& in, const AttnInputs<double>& ai, DEA::Cache& cache) {
+  return cs.cross ? layer.forward(in.q, in.k, in.v, ai, cache) : layer.forward(in.q, ai, cache);
 }
 
 /// Task path: every main parameter and every input, alpha-hat held at its unperturbed value.
 testing::GradCheckReport check_task_path(const Case& cs) {
   DEA layer = make_layer(cs);
   Inputs in = make_inputs(cs);
-  AttnContext<double> ctx = make_ctx(cs, in);
+  AttnInputs<double> ai = make_attn_inputs(cs, in);
   Rng drop_rng(99);
-  if (cs.dropout > 0) {
-    ctx.training = true;
-    ctx.rng = &drop_rng;
-  }
+  if (cs.dropout > 0) ai.set_training(true, &drop_rng);
   DEA::Cache cache;
-  run_forward(layer, cs, in, ctx, cache);
+  run_forward(layer, cs, in, ai, cache);
   Tensor<double> frozen({cs.B, cs.H, cs.Tq, cs.Tk});
   for (Index k = 0; k < frozen.numel(); ++k) frozen[k] = cache.alpha_hat[static_cast<std::size_t>(k)];
-  ctx.frozen_alpha_hat = &frozen;
+  ai.set_frozen_alpha_hat(frozen);
   const Mat<double> R = testing::random_projection(cs.B * cs.Tq, cs.D, cs.seed + 7);
 
   Mat<double> dq = Mat<double>::Zero(in.q.rows(), in.q.cols()), dk, dv;
@@ -120,13 +117,13 @@ testing::GradCheckReport check_task_path(const Case& cs) {
   auto objective = [&] {
     drop_rng.reseed(99);
     DEA::Cache c;
-    return run_forward(layer, cs, in, ctx, c).cwiseProduct(R).sum();
+    return run_forward(layer, cs, in, ai, c).cwiseProduct(R).sum();
   };
   auto analytic = [&] {
     drop_rng.reseed(99);
     layer.zero_grad();
     DEA::Cache c;
-    run_forward(layer, cs, in, ctx, c);
+    run_forward(layer, cs, in, ai, c);
     if (cs.cross) {
       // copy into the registered buffers (assigning a temporary would move a new buffer in)
       const auto g = layer.backward_inputs(R, c);
@@ -157,16 +154,16 @@ testing::GradCheckReport check_task_path(const Case& cs) {
 testing::GradCheckReport check_gate_path(const Case& cs) {
   DEA layer = make_layer(cs);
   Inputs in = make_inputs(cs);
-  AttnContext<double> ctx = make_ctx(cs, in);
+  const AttnInputs<double> ai = make_attn_inputs(cs, in);
   auto objective = [&] {
     DEA::Cache c;
-    run_forward(layer, cs, in, ctx, c);
+    run_forward(layer, cs, in, ai, c);
     return c.loss_gate;
   };
   auto analytic = [&] {
     layer.zero_grad();
     DEA::Cache c;
-    run_forward(layer, cs, in, ctx, c);
+    run_forward(layer, cs, in, ai, c);
     layer.backward_gate(c);
     for (Param<double>* p : layer.parameters())
       if (p->group == "main") REQUIRE(p->grad.cwiseAbs().maxCoeff() == 0.0);
@@ -258,8 +255,8 @@ TEST_CASE("DEA gradient isolation is exact", "[dea][isolation]") {
   cs.mask = true;
   DEA layer = make_layer(cs);
   Inputs in = make_inputs(cs);
-  AttnContext<double> ctx = make_ctx(cs, in);
-  const auto rep = layer.verify_gradient_isolation(in.q, cs.B, ctx);
+  const AttnInputs<double> ai = make_attn_inputs(cs, in);
+  const auto rep = layer.verify_gradient_isolation(in.q, ai);
   REQUIRE(rep.task_gate_grad == 0.0);
   REQUIRE(rep.gate_main_grad == 0.0);
   REQUIRE(rep.task_rel_grad > 0.0);
@@ -275,11 +272,11 @@ TEST_CASE("DEA backward accumulates into parameter gradients", "[dea][contract]"
   cs.mask = true;
   DEA layer = make_layer(cs);
   Inputs in = make_inputs(cs);
-  AttnContext<double> ctx = make_ctx(cs, in);
+  const AttnInputs<double> ai = make_attn_inputs(cs, in);
   const Mat<double> R = testing::random_projection(cs.B * cs.Tq, cs.D, 3);
   DEA::Cache c;
   layer.zero_grad();
-  layer.forward(in.q, cs.B, ctx, c);
+  layer.forward(in.q, ai, c);
   layer.backward(R, c);
   layer.backward_gate(c);
   std::vector<Vec<double>> once;
@@ -311,17 +308,15 @@ TEMPLATE_TEST_CASE("DEA results are bitwise identical for 1 and 2 threads", "[de
       for (Index j = 20; j < 35; ++j) oracle[(b * T + i) * T + j] = TestType(rng.uniform(0, 0.95));
   Tensor<std::uint8_t> km({B, T}, 1);
   for (Index j = 36; j < T; ++j) km[T + j] = 0;
-  AttnContext<TestType> ctx;
-  ctx.alpha_oracle = &oracle;
-  ctx.key_mask = &km;
-  ctx.gamma_mix = TestType(0.5);
+  AttnInputs<TestType> in(B, T);
+  in.set_oracle(oracle).set_key_mask(km).set_gamma_mix(TestType(0.5));
   Mat<TestType> dy(B * T, D);
   init::normal(dy, rng, 0, 1);
   auto run = [&](int threads) {
     set_num_threads(threads);
     typename L::Cache c;
     layer.zero_grad();
-    Mat<TestType> y = layer.forward(x, B, ctx, c);
+    Mat<TestType> y = layer.forward(x, in, c);
     Mat<TestType> dx = layer.backward(dy, c);
     layer.backward_gate(c);
     std::vector<TestType> all(y.data(), y.data() + y.size());
@@ -349,10 +344,10 @@ TEST_CASE("DEA masks: padded keys read 0, rows normalised, fully masked rows giv
   Tensor<std::uint8_t> km({B, T}, 1);
   km[4] = km[5] = 0;                          // batch 0: two padded keys
   for (Index j = 0; j < T; ++j) km[T + j] = 0;  // batch 1: every key padded
-  AttnContext<double> ctx;
-  ctx.key_mask = &km;
+  AttnInputs<double> in(B, T);
+  in.set_key_mask(km);
   DEA::Cache c;
-  const Mat<double> y = layer.forward(x, B, ctx, c);
+  const Mat<double> y = layer.forward(x, in, c);
   REQUIRE(y.allFinite());
   for (Index h = 0; h < H; ++h)
     for (Index i = 0; i < T; ++i) {
@@ -396,9 +391,9 @@ TEST_CASE("DEA gate: alpha-hat <= 0.95, beta is the exact crossing, the loss rec
   DEA layer = make_layer(cs);
   layer.c_gate().value[1] = 6.0;  // head 1 saturates: sigmoid > 0.95 everywhere
   Inputs in = make_inputs(cs);
-  AttnContext<double> ctx = make_ctx(cs, in);
+  const AttnInputs<double> ai = make_attn_inputs(cs, in);
   DEA::Cache c;
-  layer.forward(in.q, cs.B, ctx, c);
+  layer.forward(in.q, ai, c);
   const Index H = cs.H, T = cs.Tq;
   double reg = 0, spot = 0;
   Index n_has = 0, n_valid = 0, n_side = 0;
@@ -459,9 +454,9 @@ TEST_CASE("DEA gate: given targets are used where labelled; oracle winner otherw
   cs.targets = true;
   DEA layer = make_layer(cs);
   Inputs in = make_inputs(cs);
-  AttnContext<double> ctx = make_ctx(cs, in);
+  const AttnInputs<double> ai = make_attn_inputs(cs, in);
   DEA::Cache c;
-  layer.forward(in.q, cs.B, ctx, c);
+  layer.forward(in.q, ai, c);
   const Index H = cs.H, T = cs.Tq;
   Index active = 0;
   for (Index b = 0; b < cs.B; ++b)
@@ -476,8 +471,9 @@ TEST_CASE("DEA gate: given targets are used where labelled; oracle winner otherw
     }
   REQUIRE(active > 0);
   // oracle winner: the labelled key with the largest S* = (1 - a) E0~ + a E1~, per head
-  ctx.target_idx = nullptr;
-  layer.forward(in.q, cs.B, ctx, c);
+  Case no_targets = cs;
+  no_targets.targets = false;
+  layer.forward(in.q, make_attn_inputs(no_targets, in), c);
   for (Index b = 0; b < cs.B; ++b)
     for (Index h = 0; h < H; ++h)
       for (Index i = 0; i < T; ++i) {
@@ -502,9 +498,8 @@ TEST_CASE("DEA without an oracle: zero gate loss, scores are S~ and backward_gat
   Case cs;
   DEA layer = make_layer(cs);
   Inputs in = make_inputs(cs);
-  AttnContext<double> ctx;
   DEA::Cache c;
-  layer.forward(in.q, cs.B, ctx, c);
+  layer.forward(in.q, AttnInputs<double>(cs.B, cs.Tq), c);
   REQUIRE(c.loss_gate == 0.0);
   for (std::size_t k = 0; k < c.scores.size(); ++k)
     REQUIRE(c.scores[k] == Approx((1 - c.alpha_hat[k]) * c.e0n[k] + c.alpha_hat[k] * c.e1n[k]).margin(1e-15));
@@ -520,11 +515,10 @@ TEST_CASE("DEA gamma 1 with a fully labelled oracle mixes the oracle alone", "[d
   Tensor<double> oracle({cs.B, cs.Tq, cs.Tk});
   Rng r(4);
   for (Index k = 0; k < oracle.numel(); ++k) oracle[k] = r.uniform(-0.2, 1.2);  // clamped to [0, 0.95]
-  AttnContext<double> ctx;
-  ctx.alpha_oracle = &oracle;
-  ctx.gamma_mix = 1.0;
+  AttnInputs<double> ai(cs.B, cs.Tq, cs.Tk);
+  ai.set_oracle(oracle).set_gamma_mix(1.0);
   DEA::Cache c;
-  layer.forward(in.q, cs.B, ctx, c);
+  layer.forward(in.q, ai, c);
   for (Index b = 0; b < cs.B; ++b)
     for (Index h = 0; h < cs.H; ++h)
       for (Index i = 0; i < cs.Tq; ++i)
@@ -542,48 +536,47 @@ TEST_CASE("DEA bad input: each is a dea::Error naming the argument, expected and
                                                                           Catch::Contains("got 8"));
   DEA layer(16, 2, rng);
   Mat<double> x = Mat<double>::Zero(2 * 5, 16);
-  AttnContext<double> ctx;
+  const AttnInputs<double> plain(2, 5);
   DEA::Cache c;
   Mat<double> bad_cols = Mat<double>::Zero(10, 12);
-  REQUIRE_THROWS_WITH(layer.forward(bad_cols, 2, ctx, c), Catch::Contains("x") && Catch::Contains("16 columns") &&
-                                                              Catch::Contains("got 12"));
-  REQUIRE_THROWS_WITH(layer.forward(x, 3, ctx, c), Catch::Contains("B = 3") && Catch::Contains("10 rows"));
+  REQUIRE_THROWS_WITH(layer.forward(bad_cols, plain, c), Catch::Contains("x") && Catch::Contains("16 columns") &&
+                                                             Catch::Contains("got 12"));
+  REQUIRE_THROWS_WITH(layer.forward(x, AttnInputs<double>(3, 5), c), Catch::Contains("x: expected 15 rows") &&
+                                                                         Catch::Contains("got 10"));
+  AttnInputs<double> in(2, 5);
   Tensor<std::uint8_t> km({2, 4}, 1);
-  ctx.key_mask = &km;
-  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("key_mask") && Catch::Contains("[2, 5]") &&
-                                                       Catch::Contains("[2, 4]"));
-  ctx.key_mask = nullptr;
+  REQUIRE_THROWS_WITH(in.set_key_mask(km), Catch::Contains("AttnInputs::set_key_mask: key_mask") &&
+                                               Catch::Contains("[2, 5]") && Catch::Contains("[2, 4]"));
   Tensor<double> oracle({2, 5, 4}, 0.5);
-  ctx.alpha_oracle = &oracle;
-  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("alpha_oracle") && Catch::Contains("[2, 5, 5]") &&
-                                                       Catch::Contains("[2, 5, 4]"));
+  REQUIRE_THROWS_WITH(in.set_oracle(oracle), Catch::Contains("AttnInputs::set_oracle: alpha") &&
+                                                 Catch::Contains("[2, 5, 5]") && Catch::Contains("[2, 5, 4]"));
   Tensor<double> good_oracle({2, 5, 5}, 0.5);
-  ctx.alpha_oracle = &good_oracle;
+  in.set_oracle(good_oracle);
   Tensor<std::int64_t> target({2, 5}, 0);
   target[3] = 5;
-  ctx.target_idx = &target;
-  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("target_idx") && Catch::Contains("got 5"));
+  REQUIRE_THROWS_WITH(in.set_targets(target), Catch::Contains("AttnInputs::set_targets: target") &&
+                                                  Catch::Contains("got 5"));
   target[3] = -2;
-  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("target_idx") && Catch::Contains("got -2"));
+  REQUIRE_THROWS_WITH(in.set_targets(target), Catch::Contains("AttnInputs::set_targets: target") &&
+                                                  Catch::Contains("got -2"));
   target[3] = 1;
-  ctx.gamma_mix = 1.5;
-  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("gamma_mix"));
-  ctx.gamma_mix = 0.5;
-  REQUIRE_NOTHROW(layer.forward(x, 2, ctx, c));
+  in.set_targets(target);
+  REQUIRE_THROWS_WITH(in.set_gamma_mix(1.5), Catch::Contains("gamma_mix"));
+  in.set_gamma_mix(0.5);
+  REQUIRE_NOTHROW(layer.forward(x, in, c));
   x(7, 3) = std::numeric_limits<double>::quiet_NaN();
-  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("x: non-finite") && Catch::Contains("row 7"));
+  REQUIRE_THROWS_WITH(layer.forward(x, in, c), Catch::Contains("x: non-finite") && Catch::Contains("row 7"));
   x(7, 3) = 0;
-  ctx.target_idx = nullptr;
-  ctx.alpha_oracle = nullptr;
   Tensor<std::int64_t> t2({2, 5}, 0);
-  ctx.target_idx = &t2;
-  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("without alpha_oracle"));
-  ctx.target_idx = nullptr;
+  REQUIRE_THROWS_WITH(AttnInputs<double>(2, 5).set_targets(t2), Catch::Contains("AttnInputs::set_targets") &&
+                                                                    Catch::Contains("without an oracle"));
   DEA::Options o;
   o.dropout = 0.2;
   DEA drop_layer(16, 2, rng, o);
-  ctx.training = true;
-  REQUIRE_THROWS_WITH(drop_layer.forward(x, 2, ctx, c), Catch::Contains("ctx.rng"));
+  AttnInputs<double> training(2, 5);
+  training.set_training(true);
+  REQUIRE_THROWS_WITH(drop_layer.forward(x, training, c), Catch::Contains("needs an Rng") &&
+                                                              Catch::Contains("AttnInputs::set_training"));
   DEA::Cache empty;
   REQUIRE_THROWS_WITH(layer.backward(x, empty), Catch::Contains("no forward"));
 }
@@ -604,17 +597,15 @@ void require_fixed_matches_dynamic(Index D, Index H, Index T, double dropout, De
   Mat<double> x(2 * T, D);
   init::normal(x, rng, 0, 1);
   Tensor<double> oracle({2, T, T}, 0.3);
-  AttnContext<double> ctx;
-  ctx.alpha_oracle = &oracle;
-  ctx.gamma_mix = 0.5;
-  ctx.training = dropout > 0;
+  AttnInputs<double> in(2, T);
+  in.set_oracle(oracle).set_gamma_mix(0.5);
   Rng d1(21), d2(21);
   typename Fixed::Cache cf;
   DualExpertAttention<double>::Cache cd;
-  ctx.rng = &d1;
-  const Mat<double> yf = fixed.forward(x, 2, ctx, cf);
-  ctx.rng = &d2;
-  const Mat<double> yd = dyn.forward(x, 2, ctx, cd);
+  in.set_training(dropout > 0, &d1);
+  const Mat<double> yf = fixed.forward(x, in, cf);
+  in.set_training(dropout > 0, &d2);
+  const Mat<double> yd = dyn.forward(x, in, cd);
   REQUIRE(yf.allFinite());
   REQUIRE((yf - yd).cwiseAbs().maxCoeff() < 1e-13);
   const Mat<double> gf = fixed.backward(yf, cf), gd = dyn.backward(yd, cd);
@@ -644,7 +635,7 @@ TEST_CASE("DEA one-dimensional heads at fixed size (DHead = 1) match dynamic siz
   }
 }
 
-TEST_CASE("DEA refuses causal masking (AttnInputs and AttnContext) instead of ignoring it", "[dea][errors]") {
+TEST_CASE("DEA refuses causal masking instead of ignoring it", "[dea][errors]") {
   Rng rng(3);
   DEA layer(8, 2, rng);
   Mat<double> x(2 * 5, 8);
@@ -653,12 +644,9 @@ TEST_CASE("DEA refuses causal masking (AttnInputs and AttnContext) instead of ig
   AttnInputs<double> in(2, 5);
   in.set_causal(true);
   REQUIRE_THROWS_WITH(layer.forward(x, in, c), Catch::Contains("DualExpertAttention") && Catch::Contains("causal"));
-  AttnContext<double> ctx;
-  ctx.causal = true;
-  REQUIRE_THROWS_WITH(layer.forward(x, 2, ctx, c), Catch::Contains("DualExpertAttention") && Catch::Contains("causal"));
 }
 
-TEST_CASE("DEA: the AttnInputs and AttnContext forms give the same bits; the cache shares the oracle", "[dea]") {
+TEST_CASE("DEA: the cache shares the oracle of the inputs", "[dea]") {
   Rng rng(5);
   const Index B = 2, T = 6;
   Mat<double> x(B * T, 8);
@@ -667,10 +655,6 @@ TEST_CASE("DEA: the AttnInputs and AttnContext forms give the same bits; the cac
   km[T - 1] = 0;
   Tensor<double> oracle({B, T, T}, std::numeric_limits<double>::quiet_NaN());
   for (Index k = 0; k < oracle.numel(); k += 3) oracle[k] = 0.1 * double(k % 7);
-  AttnContext<double> ctx;
-  ctx.key_mask = &km;
-  ctx.alpha_oracle = &oracle;
-  ctx.gamma_mix = 0.5;
   AttnInputs<double> in(B, T);
   in.set_key_mask(km).set_oracle(oracle).set_gamma_mix(0.5);
   for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
@@ -679,11 +663,9 @@ TEST_CASE("DEA: the AttnInputs and AttnContext forms give the same bits; the cac
     opt.kernel = kernel;
     Rng r1(9);
     DEA l(8, 2, r1, opt);
-    DEA::Cache a, b;
-    const Mat<double> ya = l.forward(x, B, ctx, a), yb = l.forward(x, in, b);
-    REQUIRE(ya == yb);
-    REQUIRE(a.loss_gate == b.loss_gate);
-    REQUIRE(l.backward(ya, a) == l.backward(yb, b));
+    DEA::Cache b;
+    const Mat<double> yb = l.forward(x, in, b);
+    REQUIRE(yb.allFinite());
     // one oracle tensor for the inputs and every cache that read them
     REQUIRE(&b.in.oracle() == &in.oracle());
   }

@@ -800,13 +800,11 @@ TEST_CASE("LaplacianAttention: bad arguments throw dea::Error naming them", "[la
   Mat<double> xn = x;
   xn(2, 5) = -std::numeric_limits<double>::infinity();
   REQUIRE_THROWS_WITH(att.forward(xn, in, cache), Catch::Contains("x") && Catch::Contains("row 2, column 5"));
-  // the transitional AttnContext overload checks its key mask against batch and T
+  // a key mask of the wrong shape is refused where it is set, naming it and its shape
   Tensor<std::uint8_t> mask({3, 2}, 1);
-  AttnContext<double> ctx;
-  ctx.key_mask = &mask;
-  REQUIRE_THROWS_WITH(att.forward(x, 2, ctx, cache), Catch::Contains("LaplacianAttention: ctx.key_mask") &&
-                                                         Catch::Contains("[3, 2]"));
-  REQUIRE_THROWS_WITH(att.forward(x, 4, AttnContext<double>{}, cache), Catch::Contains("x: expected batch*T rows"));
+  AttnInputs<double> masked(2, 3);
+  REQUIRE_THROWS_WITH(masked.set_key_mask(mask), Catch::Contains("AttnInputs::set_key_mask: key_mask") &&
+                                                     Catch::Contains("[3, 2]"));
   find_param(att.parameters(), "theta").value[1] = std::numeric_limits<double>::quiet_NaN();
   REQUIRE_THROWS_WITH(att.forward(x, in, cache), Catch::Contains("theta"));
   find_param(att.parameters(), "theta").value[1] = 0.0;
@@ -814,7 +812,7 @@ TEST_CASE("LaplacianAttention: bad arguments throw dea::Error naming them", "[la
   REQUIRE_THROWS_WITH(att.backward(random_input<double>(3, 8, 2), cache), Catch::Contains("dy"));
 }
 
-TEST_CASE("LaplacianAttention: the AttnContext overload (transitional) gives the bits of AttnInputs", "[laplacian]") {
+TEST_CASE("LaplacianAttention: the into-y overload writes the bits of the returning one", "[laplacian]") {
   const Index B = 2, T = 4, D = 8, H = 2;
   Rng rng(28);
   LaplacianAttention<double>::Options opt;
@@ -822,18 +820,11 @@ TEST_CASE("LaplacianAttention: the AttnContext overload (transitional) gives the
   LaplacianAttention<double> att(D, H, rng, opt);
   const Mat<double> x = random_input<double>(B * T, D, 29);
   Tensor<std::uint8_t> mask = make_mask({"1101", "1110"});
-  Rng r1(3), r2(3), r3(3);
-  AttnContext<double> ctx;
-  ctx.key_mask = &mask;
-  ctx.causal = true;
-  ctx.training = true;
-  ctx.rng = &r1;
+  Rng r2(3), r3(3);
   AttnInputs<double> in(B, T);
   in.set_key_mask(mask).set_causal(true).set_training(true, &r2);
-  LaplacianAttention<double>::Cache c1, c2, c3;
-  const Mat<double> y1 = att.forward(x, B, ctx, c1), y2 = att.forward(x, in, c2);
-  REQUIRE(y1 == y2);
-  REQUIRE(att.backward(y1, c1) == att.backward(y2, c2));
+  LaplacianAttention<double>::Cache c2, c3;
+  const Mat<double> y2 = att.forward(x, in, c2);
   Mat<double> y3;
   in.set_training(true, &r3);
   att.forward(x, in, c3, y3);  // into y
@@ -859,10 +850,6 @@ TEST_CASE("LaplacianAttention refuses the inputs it does not support, naming its
   REQUIRE_THROWS_WITH(att.forward(x, frozen, cache), Catch::Contains("LaplacianAttention") &&
                                                          Catch::Contains("frozen_alpha_hat") &&
                                                          Catch::Contains("not supported"));
-  AttnContext<double> ctx;  // the transitional overload refuses it too (it used to ignore it)
-  ctx.alpha_oracle = &oracle;
-  REQUIRE_THROWS_WITH(att.forward(x, B, ctx, cache), Catch::Contains("LaplacianAttention") &&
-                                                         Catch::Contains("oracle") && Catch::Contains("not supported"));
   AttnInputs<double> ok(B, T);
   ok.set_causal(true).set_keep_maps(true);
   REQUIRE(att.forward(x, ok, cache).allFinite());
