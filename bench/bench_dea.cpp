@@ -157,12 +157,10 @@ std::vector<Vec<double>> check_step(Layer& layer, const Shape4& s, const Mat<typ
   using S = typename Layer::Scalar;
   std::vector<Vec<double>> out;
   typename Layer::Cache cache;
-  AttnContext<S> ctx;
-  ctx.alpha_oracle = &oracle;
-  ctx.gamma_mix = S(0.5);
-  ctx.training = true;
+  AttnInputs<S> in(s.B, s.T);
+  in.set_oracle(oracle).set_gamma_mix(S(0.5)).set_training(true);
   layer.zero_grad();
-  const Mat<S> y = layer.forward(x, s.B, ctx, cache);
+  const Mat<S> y = layer.forward(x, in, cache);
   const Mat<S> dx = layer.backward((S(2) / S(y.size())) * y, cache);
   layer.backward_gate(cache);
   loss_gate = double(cache.loss_gate);
@@ -170,9 +168,8 @@ std::vector<Vec<double>> check_step(Layer& layer, const Shape4& s, const Mat<typ
   out.push_back(flat(y.data(), y.size()));
   out.push_back(flat(dx.data(), dx.size()));
   for (Param<S>* p : layer.parameters()) out.push_back(flat(p->grad.data(), p->numel()));
-  AttnContext<S> inf;
   typename Layer::Cache c2;
-  const Mat<S> yi = layer.forward(x, s.B, inf, c2);
+  const Mat<S> yi = layer.forward(x, AttnInputs<S>(s.B, s.T), c2);
   out.push_back(flat(yi.data(), yi.size()));
   return out;
 }
@@ -228,19 +225,19 @@ void run_shape(const Shape4& s, DeaKernel kernel, Index block_q, int threads, in
     std::fflush(stdout);
   };
   if (fwd) {
-    AttnContext<S> ctx;
-    const double ms = median_ms(reps, [&] { layer.forward(x, s.B, ctx, cache); });
+    const AttnInputs<S> in(s.B, s.T);
+    const double ms = median_ms(reps, [&] { layer.forward(x, in, cache); });
     emit("forward", ms, gf);
     ms_out[0] = ms;
   }
   if (train) {
-    AttnContext<S> ctx;
-    if (oracle_on) ctx.alpha_oracle = &oracle;
-    ctx.gamma_mix = S(0.5);
-    ctx.training = true;
+    // the inputs of one training forward: built, validated and (with the oracle) copied once, as a model does
+    AttnInputs<S> in(s.B, s.T);
+    if (oracle_on) in.set_oracle(oracle).set_gamma_mix(S(0.5));
+    in.set_training(true);
     const double ms = median_ms(reps, [&] {
       layer.zero_grad();
-      const Mat<S> y = layer.forward(x, s.B, ctx, cache);
+      const Mat<S> y = layer.forward(x, in, cache);
       layer.backward((S(2) / S(y.size())) * y, cache);  // d mean(y^2) / dy
       layer.backward_gate(cache);
     });

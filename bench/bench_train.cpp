@@ -4,7 +4,7 @@
 //               [--kernel tiled|reference] [--n_per_source N] [--seed 42] [--dump-batches FILE] [--dump-only]
 //
 // One training step is what `dea train` runs each step (train::encoder::run_training): collate the step's D_alpha
-// batch (train::encoder::build_data + train::encoder::make_batch, batch order nn::ModelBatch<float>Order), forward of the Dual-Expert
+// batch (train::encoder::build_data + train::encoder::make_batch, batch order train::encoder::BatchOrder), forward of the Dual-Expert
 // TransformerModel in training mode (dropout 0.1) with the oracle block at gamma_mix, task cross-entropy + gate
 // loss, zero_grad, backward, per-group gradient clipping and the AdamW step (train::encoder::make_optimizer). The
 // attention runs the kernel train uses (train::encoder::attention_options: tiled by default; --kernel picks). Logging,
@@ -192,7 +192,7 @@ void run_config(const BenchConfig& bc, const Options& opt, BatchDump* dump) {
     h["n_classes"] = 2;
     h["steps"] = total;
     dump->text += h.dump() + '\n';
-    nn::ModelBatch<float>Order order(d.size(train::encoder::Split::train), static_cast<std::size_t>(bc.batch), opt.seed);
+    train::encoder::BatchOrder order(d.size(train::encoder::Split::train), static_cast<std::size_t>(bc.batch), opt.seed);
     for (int s = 1; s <= total; ++s) {
       const nn::ModelBatch<float> b = train::encoder::make_batch<float>(d, train::encoder::Split::train, order.at(s), cfg.max_len, nullptr);
       nlohmann::json j;
@@ -218,7 +218,7 @@ void run_config(const BenchConfig& bc, const Options& opt, BatchDump* dump) {
     optim::AdamW<float> adamw = train::encoder::make_optimizer(model, cfg);
     std::size_t n_params = 0;
     for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
-    nn::ModelBatch<float>Order order(d.size(train::encoder::Split::train), static_cast<std::size_t>(bc.batch), opt.seed);
+    train::encoder::BatchOrder order(d.size(train::encoder::Split::train), static_cast<std::size_t>(bc.batch), opt.seed);
     nn::TransformerModel<float>::Cache cache;
     const auto gamma = static_cast<float>(opt.gamma);
 

@@ -8,7 +8,11 @@
 # then instantiate none of them. Users who include the headers without the macro instantiate as usual.
 option(DEA_EXTERN_INSTANCES "Compile the common template instances once for the project's programs and tests" ON)
 if(DEA_EXTERN_INSTANCES)
-  file(GLOB DEA_INSTANCE_SOURCES CONFIGURE_DEPENDS ${CMAKE_CURRENT_LIST_DIR}/instances/*.cpp)
+  set(DEA_INSTANCE_SOURCES)
+  foreach(inst dual_expert_float dual_expert_double transformer_float transformer_double token_routed_float
+               token_routed_double init)
+    list(APPEND DEA_INSTANCE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/instances/${inst}.cpp)
+  endforeach()
   add_library(dea_instances STATIC EXCLUDE_FROM_ALL ${DEA_INSTANCE_SOURCES})
   target_link_libraries(dea_instances PUBLIC dea::dea PRIVATE dea_warnings)
   target_compile_definitions(dea_instances PUBLIC DEA_EXTERN_TEMPLATES)
@@ -20,7 +24,10 @@ if(DEA_EXTERN_INSTANCES)
   endif()
   # The compile-time shapes only the tests use (tests/instances/, declared by tests/instances/dual_expert_shapes.hpp):
   # a library of their own, so that nothing test-only is part of the library's interface or its instance list.
-  file(GLOB DEA_TEST_INSTANCE_SOURCES CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/instances/*.cpp)
+  set(DEA_TEST_INSTANCE_SOURCES)
+  foreach(inst dual_expert_double_2x1 dual_expert_double_2x4 dual_expert_float_2x8)
+    list(APPEND DEA_TEST_INSTANCE_SOURCES ${PROJECT_SOURCE_DIR}/tests/instances/${inst}.cpp)
+  endforeach()
   add_library(dea_test_instances STATIC EXCLUDE_FROM_ALL ${DEA_TEST_INSTANCE_SOURCES})
   target_link_libraries(dea_test_instances PUBLIC dea_instances PRIVATE dea_warnings)
   if(DEA_INSTANCES_OPT)

@@ -92,9 +92,8 @@ int main(int argc, char** argv) try {
   Tensor<std::int64_t> target({1, T}, -1);
   target[qi] = ki;
 
-  AttnContext<double> ctx;
-  ctx.alpha_oracle = &oracle;
-  ctx.target_idx = &target;
+  AttnInputs<double> in(1, T);
+  in.set_oracle(oracle).set_targets(target);
   Layer::Cache cache;
   auto alpha = [&](Index h, Index j) { return cache.alpha_hat[static_cast<std::size_t>(cache.cell(0, h, qi, j, H))]; };
   auto head_mean = [&](Index j) {
@@ -106,8 +105,8 @@ int main(int argc, char** argv) try {
   fmt::print("Dual-Expert Attention demo: D={} H={} tokens:", D, H);
   for (const auto& t : tokens) fmt::print(" {}", t);
   fmt::print("\n");
-  ctx.gamma_mix = 1.0;
-  layer.forward(x, 1, ctx, cache);
+  in.set_gamma_mix(1.0);
+  layer.forward(x, in, cache);
   fmt::print("alpha_hat(paris->france) at init, per head:");
   for (Index h = 0; h < H; ++h) fmt::print(" {:.3f}", alpha(h, ki));
   fmt::print("  mean {:.4f} (sigmoid(c_gate) = {:.4f} plus input terms)\n", head_mean(ki), 1 / (1 + std::exp(0.5)));
@@ -116,23 +115,23 @@ int main(int argc, char** argv) try {
   fmt::print("\n");
 
   // isolation before the fit, where no gate cell sits at the 0.95 cap yet and both gradients are non-zero
-  ctx.gamma_mix = 0.5;
-  const Iso iso_init = layer.verify_gradient_isolation(x, 1, ctx);
-  ctx.gamma_mix = 1.0;
+  in.set_gamma_mix(0.5);
+  const Iso iso_init = layer.verify_gradient_isolation(x, in);
+  in.set_gamma_mix(1.0);
 
   // fit only the gate: Adam on [W_gate, c_gate], gamma = 1, the gate loss alone
   ParamList<double> gate = {&layer.W_gate(), &layer.c_gate()};
   auto adam = optim::make_adam(gate, lr);
   for (long s = 1; s <= steps; ++s) {
-    layer.forward(x, 1, ctx, cache);
+    layer.forward(x, in, cache);
     layer.zero_grad();
     layer.backward_gate(cache);
     adam.step();
     if (s % 100 == 0 || s == steps) fmt::print("  step {:4d}  L_v2.8 = {:.5f}\n", s, cache.loss_gate);
   }
 
-  ctx.gamma_mix = 0.0;
-  layer.forward(x, 1, ctx, cache);
+  in.set_gamma_mix(0.0);
+  layer.forward(x, in, cache);
   fmt::print("\nafter {} gate steps (forward at gamma = 0):\n", steps);
   fmt::print("alpha_hat(paris->france) per head:");
   for (Index h = 0; h < H; ++h) fmt::print(" {:.3f}", alpha(h, ki));
@@ -166,8 +165,8 @@ int main(int argc, char** argv) try {
 
   // isolation: task stand-in mean(output^2) reaches W_rel and never W_gate; the gate loss the reverse (checked
   // before the fit above and here after it)
-  ctx.gamma_mix = 0.5;
-  const Iso iso = layer.verify_gradient_isolation(x, 1, ctx);
+  in.set_gamma_mix(0.5);
+  const Iso iso = layer.verify_gradient_isolation(x, in);
   fmt::print("\n");
   print_iso("before the fit", iso_init);
   print_iso("after the fit ", iso);

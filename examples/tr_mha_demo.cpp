@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
     const Mat<double> x = rmsnorm_like(B * T, D, rng);
     Tensor<std::int64_t> ids({B, T});
     for (Index i = 0; i < ids.numel(); ++i) ids[i] = static_cast<std::int64_t>(rng.below(vocab));
-    AttnContext<double> ctx;
+    const AttnInputs<double> in(B, T);
 
     std::printf("token-routed MHA adapters: B=%ld T=%ld D=%ld H=%ld, E=4, k=2, priors (2, 1, -2), tau=1\n\n",
                 static_cast<long>(B), static_cast<long>(T), static_cast<long>(D), static_cast<long>(H));
@@ -167,8 +167,8 @@ int main(int argc, char** argv) {
     Layer::Options o1;  // defaults: v1, E = 4, r = 8, k = 2, alpha = 0.1, verifier 0.1
     Layer v1(D, H, rng, o1);
     Layer::Cache c1, c1p;
-    const Mat<double> y1 = v1.forward(x, B, ids, ctx, c1);
-    const Mat<double> y1p = v1.forward_plain(x, B, ctx, c1p);
+    const Mat<double> y1 = v1.forward(x, ids, in, c1);
+    const Mat<double> y1p = v1.forward_plain(x, in, c1p);
     std::printf("v1 (tr_mha), at init: %ld parameters\n", static_cast<long>(count_parameters(v1.parameters())));
     print_telemetry("telemetry:", v1.telemetry());
     std::printf("  routed branch effect max|y - y_plain| / max|y| = %.3e (v1 is not neutral at init)\n\n",
@@ -182,8 +182,8 @@ int main(int argc, char** argv) {
     o2.targets = TrTargets::qv;
     Layer v2(D, H, rng, o2);
     Layer::Cache c2, c2p;
-    const Mat<double> y2 = v2.forward(x, B, ids, ctx, c2);
-    const Mat<double> y2p = v2.forward_plain(x, B, ctx, c2p);
+    const Mat<double> y2 = v2.forward(x, ids, in, c2);
+    const Mat<double> y2p = v2.forward_plain(x, in, c2p);
     const bool same_bits = std::memcmp(y2.data(), y2p.data(), sizeof(double) * static_cast<std::size_t>(y2.size())) == 0;
     std::printf("v2 (tr_mha_v2, targets qv), at init: %ld parameters\n",
                 static_cast<long>(count_parameters(v2.parameters())));
@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
     Mat<double> target;
     {
       Layer::Cache c;
-      target = v2t.forward_plain(x, B, ctx, c);
+      target = v2t.forward_plain(x, in, c);
       Mat<double> noise(B * T, D);
       init::normal(noise, rng, 0.0, 0.05);
       target += noise;
@@ -223,12 +223,12 @@ int main(int argc, char** argv) {
     std::printf("v2 (alpha_0 = 1), %d SGD steps (lr %.2f) on L = mean over tokens of |y - target|^2:\n", steps, lr);
     for (int s = 0; s <= steps; ++s) {
       Layer::Cache c, cp;
-      const Mat<double> y = v2t.forward(x, B, ids, ctx, c);
+      const Mat<double> y = v2t.forward(x, ids, in, c);
       const double loss = (y - target).squaredNorm() / static_cast<double>(y.rows());
       if (s == 0) first_loss = loss;
       last_loss = loss;
       if (s % 10 == 0 || s == steps) {
-        const Mat<double> yp = v2t.forward_plain(x, B, ctx, cp);
+        const Mat<double> yp = v2t.forward_plain(x, in, cp);
         char label[96];
         std::snprintf(label, sizeof label, "step %3d loss %.5f effect %.1e", s, loss, max_abs(y - yp) / max_abs(y));
         print_telemetry(label, v2t.telemetry());

@@ -1,7 +1,7 @@
 // The reference's own numbers: every public dea_layer golden case reproduced to 1e-9 in double (1e-4 in float),
 // and the gate-loss statistics (computed by the reference in float32) to float precision.
 #include <catch2/catch.hpp>
-#include <dea/io/dea_case.hpp>
+#include <dea/interop/dea_case.hpp>
 
 #include <cstdlib>
 
@@ -15,8 +15,8 @@ TEST_CASE("dea_layer golden cases reproduce in double and float", "[golden][dea]
   for (const char* name : {"layer_basic.safetensors", "layer_masked_block.safetensors", "layer_inference.safetensors"}) {
     SECTION(name) {
       const io::SafeTensors cs = io::SafeTensors::load(golden(name));
-      const io::SafeTensors got = io::run_dea_layer_case<double>(cs);
-      const auto cmp = io::compare_case(cs, got, 1e-9);
+      const io::SafeTensors got = interop::run_dea_layer_case<double>(cs);
+      const auto cmp = interop::compare_case(cs, got, 1e-9);
       REQUIRE(cmp.size() >= 15);
       double worst = 0;
       for (const auto& c : cmp) {
@@ -27,8 +27,8 @@ TEST_CASE("dea_layer golden cases reproduce in double and float", "[golden][dea]
       }
       WARN(name << ": worst relative error in double " << worst);
 
-      const io::SafeTensors gotf = io::run_dea_layer_case<float>(cs);
-      for (const auto& c : io::compare_case(cs, gotf, 1e-4)) {
+      const io::SafeTensors gotf = interop::run_dea_layer_case<float>(cs);
+      for (const auto& c : interop::compare_case(cs, gotf, 1e-4)) {
         INFO(name << " float " << c.name << " rel " << c.rel_error);
         CHECK(c.ok);
       }

@@ -9,7 +9,7 @@
 //   2. runs it with the table the reference's formula gives in PyTorch 1.13 (tests/data/reference/model_cls_pe,
 //      written by make_model_cls_pe.py there) and requires 1e-9 for every tensor.
 #include <catch2/catch.hpp>
-#include <dea/io/model_case.hpp>
+#include <dea/interop/model_case.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -28,7 +28,7 @@ struct Worst {
 
 Worst compare(const io::SafeTensors& cs, const io::SafeTensors& got, double tol, const char* what) {
   Worst w;
-  const auto cmp = io::compare_case(cs, got, tol);
+  const auto cmp = interop::compare_case(cs, got, tol);
   REQUIRE(cmp.size() == 3 + 47);  // out.logits, out.task_loss, out.loss_gate + one grad per parameter (47)
   for (const auto& c : cmp) {
     INFO(what << ": " << c.name << " rel " << c.rel_error << " max|ref| " << c.max_expected);
@@ -47,16 +47,16 @@ Worst compare(const io::SafeTensors& cs, const io::SafeTensors& got, double tol,
 
 TEST_CASE("dea_model golden case reproduces (double and float)", "[golden][model]") {
   const io::SafeTensors cs = io::SafeTensors::load(golden("model_cls.safetensors"));
-  const nn::ModelConfig cfg = io::model_case_config(cs);
+  const nn::ModelConfig cfg = interop::model_case_config(cs);
   REQUIRE(cfg.task == nn::Task::cls);
   const Index D = cfg.d_model;
 
   // 1. our own float32 table
-  const io::SafeTensors own = io::run_dea_model_case<double>(cs);
+  const io::SafeTensors own = interop::run_dea_model_case<double>(cs);
   const Worst w_own = compare(cs, own, 2e-7, "own table");
   WARN("model_cls, our positional table: worst relative error in double " << w_own.rel << " (" << w_own.name << ")");
   // the objective reaches every parameter but the unused MLM bias, whose reference gradient is zero
-  for (const auto& c : io::compare_case(cs, own, 1.0))
+  for (const auto& c : interop::compare_case(cs, own, 1.0))
     if (c.name.rfind("grad.", 0) == 0 && c.name != "grad.mlm_head.bias") CHECK(c.max_expected > 0);
 
   // 2. the reference's own table
@@ -65,13 +65,13 @@ TEST_CASE("dea_model golden case reproduces (double and float)", "[golden][model
   const Mat<double> ref_table = pe.matrix(D);
   const Mat<double> own_table = nn::SinusoidalPositionalEncoding<double>(cfg.max_len, D).table();
   REQUIRE((ref_table - own_table).cwiseAbs().maxCoeff() < 1e-6);  // the same table up to float32 rounding
-  const io::SafeTensors with_ref = io::run_dea_model_case<double>(cs, &ref_table);
+  const io::SafeTensors with_ref = interop::run_dea_model_case<double>(cs, &ref_table);
   const Worst w_ref = compare(cs, with_ref, 1e-9, "reference table");
   WARN("model_cls, the reference's positional table: worst relative error in double " << w_ref.rel << " ("
                                                                                        << w_ref.name << ")");
 
   // float, with our own table
-  const io::SafeTensors gotf = io::run_dea_model_case<float>(cs);
+  const io::SafeTensors gotf = interop::run_dea_model_case<float>(cs);
   const Worst w_f = compare(cs, gotf, 1e-4, "float");
   WARN("model_cls: worst relative error in float " << w_f.rel << " (" << w_f.name << ")");
 }
@@ -79,17 +79,17 @@ TEST_CASE("dea_model golden case reproduces (double and float)", "[golden][model
 TEST_CASE("dea_model case runner rejects a wrong kind and a tampered tied head", "[golden][model]") {
   io::SafeTensors cs = io::SafeTensors::load(golden("model_cls.safetensors"));
   io::SafeTensors layer = io::SafeTensors::load(golden("layer_basic.safetensors"));
-  REQUIRE_THROWS_AS(io::run_dea_model_case<double>(layer), Error);
+  REQUIRE_THROWS_AS(interop::run_dea_model_case<double>(layer), Error);
   Tensor<double> emb = cs.get<double>("tok_emb.weight");
   emb[3] += 1.0;
   cs.put("mlm_head.weight", emb, io::DType::F64);
-  REQUIRE_THROWS_AS(io::run_dea_model_case<double>(cs), Error);
+  REQUIRE_THROWS_AS(interop::run_dea_model_case<double>(cs), Error);
   cs.put("mlm_head.weight", cs.get<double>("tok_emb.weight"), io::DType::F64);
-  REQUIRE_NOTHROW(io::run_dea_model_case<double>(cs));
+  REQUIRE_NOTHROW(interop::run_dea_model_case<double>(cs));
   // a parameter of the wrong shape is refused by the strict load
   io::SafeTensors bad = io::SafeTensors::load(golden("model_cls.safetensors"));
   bad.put("ln_f.bias", Tensor<double>({31}, 0.0), io::DType::F64);
-  REQUIRE_THROWS_AS(io::run_dea_model_case<double>(bad), Error);
+  REQUIRE_THROWS_AS(interop::run_dea_model_case<double>(bad), Error);
 }
 
 TEST_CASE("case runners check the metadata sizes against the stored tensors and refuse non-finite parameters",
@@ -98,20 +98,20 @@ TEST_CASE("case runners check the metadata sizes against the stored tensors and 
   for (const char* key : {"vocab_size", "d_model", "d_ff", "n_heads", "n_classes", "n_layers", "max_len"}) {
     io::SafeTensors cs = io::SafeTensors::load(golden("model_cls.safetensors"));
     cs.set_metadata(key, "1000000000000");
-    CHECK_THROWS_WITH(io::run_dea_model_case<double>(cs), Catch::Contains(std::string("'") + key + "'"));
+    CHECK_THROWS_WITH(interop::run_dea_model_case<double>(cs), Catch::Contains(std::string("'") + key + "'"));
   }
   io::SafeTensors two = io::SafeTensors::load(golden("model_cls.safetensors"));
   two.set_metadata("n_layers", "1");  // the file stores two layers
-  CHECK_THROWS_WITH(io::run_dea_model_case<double>(two), Catch::Contains("n_layers") && Catch::Contains("disagrees"));
+  CHECK_THROWS_WITH(interop::run_dea_model_case<double>(two), Catch::Contains("n_layers") && Catch::Contains("disagrees"));
   // a NaN parameter is a bad file, named with its index (otherwise every output would be NaN: a "mismatch")
   io::SafeTensors layer = io::SafeTensors::load(golden("layer_basic.safetensors"));
   Tensor<double> wg = layer.get<double>("W_gate");
   wg[5] = std::nan("");
   layer.put("W_gate", wg, io::DType::F64);
-  CHECK_THROWS_WITH(io::run_dea_layer_case<double>(layer), Catch::Contains("'W_gate'") && Catch::Contains("index 5"));
+  CHECK_THROWS_WITH(interop::run_dea_layer_case<double>(layer), Catch::Contains("'W_gate'") && Catch::Contains("index 5"));
   io::SafeTensors model = io::SafeTensors::load(golden("model_cls.safetensors"));
   Tensor<double> lnb = model.get<double>("ln_f.bias");
   lnb[0] = INFINITY;
   model.put("ln_f.bias", lnb, io::DType::F64);
-  CHECK_THROWS_WITH(io::run_dea_model_case<double>(model), Catch::Contains("'ln_f.bias'") && Catch::Contains("non-finite"));
+  CHECK_THROWS_WITH(interop::run_dea_model_case<double>(model), Catch::Contains("'ln_f.bias'") && Catch::Contains("non-finite"));
 }

@@ -3,7 +3,7 @@
 // routing held fixed, thread-count invariance, bad input, and the public golden cases.
 #include <catch2/catch.hpp>
 #include <dea/attention/token_routed.hpp>
-#include <dea/io/tr_mha_case.hpp>
+#include <dea/interop/tr_mha_case.hpp>
 #include <dea/testing/gradcheck.hpp>
 
 #include <algorithm>
@@ -831,7 +831,7 @@ TEST_CASE("a query whose keys are all masked gives zeros, never NaN", "[token_ro
 TEST_CASE("golden tr_mha cases reproduce the reference", "[token_routed][golden]") {
   const std::string dir = std::string(DEA_TEST_DATA_DIR) + "/golden/tr_mha/";
   for (const char* name : {"v1_basic", "v2_qv_basic", "v2_v_only", "v2_init_neutral"}) {
-    const auto res = io::run_tr_mha_case<double>(dir + name + ".safetensors");
+    const auto res = interop::run_tr_mha_case<double>(dir + name + ".safetensors");
     INFO(res.str());
     REQUIRE(res.ok);
     WARN(name << ": worst error / tolerance " << res.worst_ratio);
@@ -855,7 +855,7 @@ TEST_CASE("golden tr_mha cases reproduce the reference", "[token_routed][golden]
 
 TEST_CASE("golden v2_init_neutral: bitwise plain MHA, exact zero routed gradients", "[token_routed][golden]") {
   const auto st = io::SafeTensors::load(std::string(DEA_TEST_DATA_DIR) + "/golden/tr_mha/v2_init_neutral.safetensors");
-  const auto opt = io::tr_mha_options_from_metadata(st.metadata());
+  const auto opt = interop::tr_mha_options_from_metadata(st.metadata());
   Rng rng(0);
   TRA layer(32, 4, rng, opt);
   for (auto* p : layer.parameters()) st.get_into<double>(p->name, p->value.data(), p->numel());
@@ -878,7 +878,7 @@ TEST_CASE("golden v2_init_neutral: bitwise plain MHA, exact zero routed gradient
 TEST_CASE("golden cases in float within 1e-4", "[token_routed][golden][float]") {
   const std::string dir = std::string(DEA_TEST_DATA_DIR) + "/golden/tr_mha/";
   for (const char* name : {"v1_basic", "v2_qv_basic", "v2_v_only", "v2_init_neutral"}) {
-    const auto res = io::run_tr_mha_case<float>(dir + name + ".safetensors");
+    const auto res = interop::run_tr_mha_case<float>(dir + name + ".safetensors");
     INFO(res.str());
     REQUIRE(res.ok);
   }
@@ -886,10 +886,10 @@ TEST_CASE("golden cases in float within 1e-4", "[token_routed][golden][float]") 
 
 TEST_CASE("the golden runner reports a mismatch instead of passing it", "[token_routed][golden]") {
   // A tolerance far below the reference's own float32 rounding must fail: the comparison is live.
-  const auto res = io::run_tr_mha_case<double>(std::string(DEA_TEST_DATA_DIR) + "/golden/tr_mha/v1_basic.safetensors",
+  const auto res = interop::run_tr_mha_case<double>(std::string(DEA_TEST_DATA_DIR) + "/golden/tr_mha/v1_basic.safetensors",
                                                {1e-12, 1e-6});
   REQUIRE_FALSE(res.ok);
-  REQUIRE_THROWS_AS(io::run_tr_mha_case<double>(std::string(DEA_TEST_DATA_DIR) + "/golden/tr_mha/missing.safetensors"),
+  REQUIRE_THROWS_AS(interop::run_tr_mha_case<double>(std::string(DEA_TEST_DATA_DIR) + "/golden/tr_mha/missing.safetensors"),
                     Error);
 }
 

@@ -59,7 +59,7 @@ int run_case(const char* label, const Info* tensors, int n_tensors, FindFn<Info>
     std::printf("%s: not a dea_layer case\n", label);
     return 1;
   }
-  const Index B = x_info->shape[0], D = x_info->shape[2], H = cg_info->numel;
+  const Index B = x_info->shape[0], T = x_info->shape[1], D = x_info->shape[2], H = cg_info->numel;
   double gamma = 0;
   for (int k = 0; k < n_md; ++k)
     if (std::strcmp(md[k][0], "gamma_mix") == 0) gamma = std::atof(md[k][1]);
@@ -77,30 +77,23 @@ int run_case(const char* label, const Info* tensors, int n_tensors, FindFn<Info>
     }
     p->value = floats(*t).data;
   }
-  Tensor<std::uint8_t> km;
-  Tensor<float> oracle;
-  Tensor<std::int64_t> target;
-  AttnContext<float> ctx;
-  ctx.gamma_mix = static_cast<float>(gamma);
+  AttnInputs<float> in(B, T);
   if (const Info* t = find("in.key_mask")) {
-    km = Tensor<std::uint8_t>(Shape(t->shape, t->shape + t->rank));
+    Tensor<std::uint8_t> km(Shape(t->shape, t->shape + t->rank));
     std::memcpy(km.ptr(), t->data, static_cast<std::size_t>(km.numel()));
-    ctx.key_mask = &km;
+    in.set_key_mask(km);
   }
-  if (const Info* t = find("in.alpha_oracle")) {
-    oracle = floats(*t);
-    ctx.alpha_oracle = &oracle;
-  }
+  if (const Info* t = find("in.alpha_oracle")) in.set_oracle(floats(*t)).set_gamma_mix(static_cast<float>(gamma));
   if (const Info* t = find("in.target_idx")) {
-    target = Tensor<std::int64_t>(Shape(t->shape, t->shape + t->rank));
+    Tensor<std::int64_t> target(Shape(t->shape, t->shape + t->rank));
     std::memcpy(target.ptr(), t->data, static_cast<std::size_t>(target.numel()) * sizeof(std::int64_t));
-    ctx.target_idx = &target;
+    in.set_targets(std::move(target));
   }
 
   const Mat<float> xm = floats(*x_info).matrix(D);
   DualExpertAttention<float>::Cache cache;
   layer.zero_grad();
-  const Mat<float> y = layer.forward(xm, B, ctx, cache);
+  const Mat<float> y = layer.forward(xm, in, cache);
   const Mat<float> dx = layer.backward(floats(*gy_info).matrix(D), cache);
   layer.backward_gate(cache, 1.0f);
 

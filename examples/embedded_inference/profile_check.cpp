@@ -10,7 +10,7 @@
 //   3. every attention class trains in this configuration: a TransformerModel forward / backward with each, and
 //      an AdamW step (profile_train.cpp).
 // Prints one line per check; exit status 0 when all pass.
-#include <dea/attention/context.hpp>
+#include <dea/attention/inputs.hpp>
 #include <dea/attention/dot_product.hpp>
 #include <dea/attention/dual_expert.hpp>
 #include <dea/attention/gate_loss.hpp>
@@ -102,14 +102,12 @@ void check_error_handler() {
   DualExpertAttention<float> layer(64, 4, rng);
   DualExpertAttention<float>::Cache cache;
   Mat<float> x = Mat<float>::Zero(6, 63);
-  report(reports_error([&] { layer.forward(x, 2, AttnContext<float>{}, cache); },
+  report(reports_error([&] { layer.forward(x, AttnInputs<float>(2, 3), cache); },
                        "dea: DualExpertAttention::forward: x: expected 64 columns (d_model), got 63"),
          "custom error handler gets the message of a bad argument");
   Mat<float> x2 = Mat<float>::Zero(6, 64);
   Tensor<std::uint8_t> km({3, 2}, 1);
-  AttnContext<float> ctx;
-  ctx.key_mask = &km;
-  report(reports_error([&] { layer.forward(x2, 2, ctx, cache); }, "key_mask: expected shape [2, 3], got [3, 2]"),
+  report(reports_error([&] { AttnInputs<float>(2, 3).set_key_mask(km); }, "key_mask: expected shape [2, 3], got [3, 2]"),
          "custom error handler: a bad key mask shape");
   report(g_message[0] != '\0' && std::strncmp(g_message, "dea: ", 5) == 0, "the message starts with 'dea: '");
 
@@ -165,11 +163,11 @@ void check_fixed_sizes() {
   init::normal(x, rng, 0, 1);
   Tensor<std::uint8_t> km({B, T}, 1);
   km[T - 1] = 0;
-  AttnContext<float> ctx;
-  ctx.key_mask = &km;
+  AttnInputs<float> in(B, T);
+  in.set_key_mask(km);
   DualExpertAttention<float>::Cache cd;
   DualExpertAttention<float, 4, 16>::Cache cf;
-  const Mat<float> yd = dyn.forward(x, B, ctx, cd), yf = fixed.forward(x, B, ctx, cf);
+  const Mat<float> yd = dyn.forward(x, in, cd), yf = fixed.forward(x, in, cf);
   Mat<float> gy(B * T, 64);
   init::normal(gy, rng, 0, 1);
   const Mat<float> dxd = dyn.backward(gy, cd), dxf = fixed.backward(gy, cf);

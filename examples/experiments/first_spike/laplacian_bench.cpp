@@ -454,8 +454,7 @@ ScaleCheck check_scaling(TinyTransformer<LapAttn>& net, Index l, Index B) {
 
 template <class Attn>
 std::vector<AttnStats> block_stats(TinyTransformer<Attn>& net, const MatF& x) {
-  dea::AttnContext<S> ctx;
-  net.forward(x, ctx);
+  net.forward(x);
   std::vector<AttnStats> out;
   for (Index l = 0; l < net.depth(); ++l) out.push_back(attention_stats(net.cache(l).attn.p, x.rows(), 2, net.win()));
   return out;
@@ -792,8 +791,7 @@ int main(int argc, char** argv) try {
     for (Run* r : collect) {
       if (!r->lap) continue;
       const TaskData& d = C.data.at(r->seed);
-      dea::AttnContext<S> ctx;
-      r->lap->forward(d.xte, ctx);
+      r->lap->forward(d.xte);
       const auto& p = r->lap->cache(r->lap->depth() - 1).attn.p;
       const Index T = r->lap->win(), rows = p.size() / T;
       double e = 0;

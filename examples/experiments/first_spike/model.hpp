@@ -14,7 +14,7 @@
 
 #include "tasks.hpp"
 
-#include <dea/attention/context.hpp>
+#include <dea/attention/inputs.hpp>
 #include <dea/attention/dot_product.hpp>
 #include <dea/attention/laplacian.hpp>
 #include <dea/core/param.hpp>
@@ -97,9 +97,9 @@ public:
     }
 
     /// h [N, D] -> out [N, D]
-    void forward(const MatF& h, Index batch, const dea::AttnContext<S>& ctx, Cache& c, MatF& out) {
+    void forward(const MatF& h, const dea::AttnInputs<S>& in, Cache& c, MatF& out) {
       n1.forward(h, c.attn.x, c.ln1);                      // z1 = n1(h), written where the attention keeps its input
-      const MatF a = attn.forward(c.attn.x, batch, ctx, c.attn);  // a = attn(z1) (o included)
+      const MatF a = attn.forward(c.attn.x, in, c.attn);  // a = attn(z1) (o included)
       c.h1 = h + a;                                        // h1 = h + a
       n2.forward(c.h1, c.z2, c.ln2);                       // z2 = n2(h1)
       linear_forward(ff0, c.z2, c.r);                      // f0 = ff0(z2)
@@ -199,17 +199,19 @@ public:
     x_.resize(0, 0);
   }
 
-  /// x [B, win] -> out [B, 1].
-  MatF forward(const MatF& x, const dea::AttnContext<S>& ctx) {
+  /// x [B, win] -> out [B, 1]; training: dropout active (the attention inputs of the call are built here).
+  MatF forward(const MatF& x, bool training = false) {
     dea::check(x.cols() == win_, "TinyTransformer: x: expected ", win_, " columns, got ", x.cols());
     const Index B = x.rows(), N = B * win_;
     x_ = x;
+    dea::AttnInputs<S> in(B, win_);
+    in.set_training(training);
     MatF& h0 = acts_[0];
     h0.resize(N, D);
     const dea::ConstMatMap<S> P(pos_.value.data(), win_, D);
     const Eigen::Map<const dea::RowVec<S>> w(inp_.weight.value.data(), D), b(inp_.bias.value.data(), D);
     for (Index n = 0; n < N; ++n) h0.row(n) = x(n / win_, n % win_) * w + b + P.row(n % win_);  // inp(x) + pos
-    for (std::size_t l = 0; l < blocks_.size(); ++l) blocks_[l]->forward(acts_[l], B, ctx, caches_[l], acts_[l + 1]);
+    for (std::size_t l = 0; l < blocks_.size(); ++l) blocks_[l]->forward(acts_[l], in, caches_[l], acts_[l + 1]);
     const dea::ConstMatMap<S> flat(acts_.back().data(), B, win_ * D);  // flatten: [B*T, D] -> [B, T*D]
     MatF out;
     head_.forward(flat, out);                                            // out = head(flat)
@@ -295,8 +297,7 @@ struct AnchorInit {
 
 template <class Attn>
 double evaluate_mse(TinyTransformer<Attn>& net, const MatF& x, const MatF& y) {
-  dea::AttnContext<S> ctx;  // eval mode
-  const MatF out = net.forward(x, ctx);
+  const MatF out = net.forward(x);  // eval mode
   return dea::ops::mse_forward(out, y);
 }
 
@@ -324,8 +325,6 @@ TrainResult train_model(const TaskData& data, std::uint64_t seed, const TrainCon
   const Index n = data.xtr.rows(), win = data.win();
   std::vector<Index> perm(static_cast<std::size_t>(n));
   MatF xb, yb, dout;
-  dea::AttnContext<S> ctx;
-  ctx.training = true;
   TrainResult res;
   for (int ep = 0; ep < cfg.epochs && !res.diverged; ++ep) {
     if (anchor && anchor->st && !anchor->perms.empty()) {
@@ -346,7 +345,7 @@ TrainResult train_model(const TaskData& data, std::uint64_t seed, const TrainCon
         yb.row(i) = data.ytr.row(perm[static_cast<std::size_t>(start + i)]);
       }
       net->zero_grad();
-      const MatF out = net->forward(xb, ctx);
+      const MatF out = net->forward(xb, /*training*/ true);
       const double loss = dea::ops::mse_forward(out, yb);
       if (!std::isfinite(loss)) {
         res.diverged = true;

@@ -11,7 +11,7 @@
 // block, however large, from the heap (M_MMAP_MAX = 0; glibc still maps memory when the heap cannot grow).
 // Measured: a one-thread paper step 11-24 % faster in seven paired runs, and perf's samples in the kernel's
 // page-fault path fell from about 200 ms per step to none.
-// It is a process-wide choice, so the library never makes it by itself: programs call it (examples/train and
+// It is a process-wide choice, so the library never makes it by itself: programs call it (`dea train` and
 // bench/bench_train do).
 #pragma once
 

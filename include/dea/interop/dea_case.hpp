@@ -99,28 +99,15 @@ SafeTensors run_dea_layer_case(const SafeTensors& cs) {
   load_parameters(layer.parameters(), cs, true, {"in.", "out.", "grad."});
   detail::check_finite_parameters(layer.parameters(), cs.source());
 
-  Tensor<std::uint8_t> km;
-  Tensor<S> oracle;
-  Tensor<std::int64_t> target;
-  AttnContext<S> ctx;
-  ctx.gamma_mix = S(gamma);
-  if (cs.has("in.key_mask")) {
-    km = cs.get<std::uint8_t>("in.key_mask");
-    ctx.key_mask = &km;
-  }
-  if (cs.has("in.alpha_oracle")) {
-    oracle = cs.get<S>("in.alpha_oracle");
-    ctx.alpha_oracle = &oracle;
-  }
-  if (cs.has("in.target_idx")) {
-    target = cs.get<std::int64_t>("in.target_idx");
-    ctx.target_idx = &target;
-  }
+  AttnInputs<S> in(B, T);
+  if (cs.has("in.key_mask")) in.set_key_mask(cs.get<std::uint8_t>("in.key_mask"));
+  if (cs.has("in.alpha_oracle")) in.set_oracle(cs.get<S>("in.alpha_oracle")).set_gamma_mix(S(gamma));
+  if (cs.has("in.target_idx")) in.set_targets(cs.get<std::int64_t>("in.target_idx"));
 
   const Mat<S> xm = x.matrix(D);
   typename DualExpertAttention<S>::Cache cache;
   layer.zero_grad();
-  const Mat<S> y = layer.forward(xm, B, ctx, cache);
+  const Mat<S> y = layer.forward(xm, in, cache);
   // L = sum(y * grad_output) + loss_gate: dL/dy = grad_output, dL/d loss_gate = 1
   const Mat<S> dx = layer.backward(gy.matrix(D), cache);
   layer.backward_gate(cache, S(1));

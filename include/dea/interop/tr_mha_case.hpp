@@ -211,8 +211,8 @@ TrMhaCaseResult run_tr_mha_case(const std::string& path, const TrMhaCaseOptions&
   const Tensor<std::int64_t> ids = st.get<std::int64_t>("in.token_ids");
 
   typename TokenRoutedAttention<S>::Cache cache;
-  AttnContext<S> ctx;
-  const Mat<S> y = layer.forward(x, B, ids, ctx, cache);
+  const AttnInputs<S> in(B, T);
+  const Mat<S> y = layer.forward(x, ids, in, cache);
   layer.zero_grad();
   const Mat<S> dx = layer.backward(go, cache);
 
@@ -258,7 +258,7 @@ TrMhaCaseResult run_tr_mha_case(const std::string& path, const TrMhaCaseOptions&
   compare("out.joint_logits", cache.joint_logits.data(), cache.joint_logits.size(), false);
   if (st.has("out.plain_mha_output")) {
     typename TokenRoutedAttention<S>::Cache pc;
-    const Mat<S> yp = layer.forward_plain(x, B, ctx, pc);
+    const Mat<S> yp = layer.forward_plain(x, in, pc);
     compare("out.plain_mha_output", yp.data(), yp.size(), false);
   }
   compare("grad.in.x", dx.data(), dx.size(), false);

@@ -2,7 +2,7 @@
 // without oracle, cls or mlm head) over parameters it does not own, with every temporary in one workspace.
 //
 // Parameters are bound by their reference names ("tok_emb.weight", "layers.0.attn.W_q.weight", ...) to arrays
-// that the caller keeps: the arrays of a header written by dea_export_c (compiled in, read-only), or the
+// that the caller keeps: the arrays of a header written by `dea export-c` (compiled in, read-only), or the
 // parameters of a live TransformerModel (bind_parameters). Nothing is copied: every tensor is read through an
 // Eigen::Map. The workspace is sized once for a maximum batch and sequence length (workspace_size() is
 // constexpr, so it can be a static array) and holds the positional table and every activation; forward() then

@@ -133,7 +133,7 @@ void DualExpertAttention<S, Heads, DHead>::forward_impl(const Mat<S>& q_in, cons
   check_finite(q_in, self ? "DualExpertAttention::forward: x" : "DualExpertAttention::forward: q_in");
   const bool dropout_on = in.training() && opt_.dropout > 0;
   check(!dropout_on || in.rng() != nullptr, "DualExpertAttention::forward: training with dropout ", opt_.dropout,
-        " needs an Rng (AttnInputs::set_training, or ctx.rng)");
+        " needs an Rng (AttnInputs::set_training)");
 
   // ---- cache set-up: buffers keep their storage from the previous call
   c.loss_gate = 0;
