@@ -581,7 +581,7 @@ TEST_CASE("bad input B18 interrupted writes: the target holds the old or the new
 // Attention inputs
 // ---------------------------------------------------------------------------------------------------------------
 
-TEST_CASE("bad input B20 attention inputs: each argument is validated once, naming it", "[bad_input][inputs]") {
+TEST_CASE("bad input B21 attention inputs: each argument is validated once, naming it", "[bad_input][inputs]") {
   CHECK_THROWS_WITH(AttnInputs<S>(0, 5), Contains("batch must be positive") && Contains("got 0"));
   CHECK_THROWS_WITH(AttnInputs<S>(2, 0), Contains("q_len must be positive"));
   CHECK_THROWS_WITH(AttnInputs<S>(2, 3, -1), Contains("k_len must be positive"));
@@ -642,7 +642,7 @@ TEST_CASE("bad input B20 attention inputs: each argument is validated once, nami
                         Contains("got [2, 3, 5, 5]"));
 }
 
-TEST_CASE("bad input B21 attention inputs a class does not support: refused, naming the class and the input",
+TEST_CASE("bad input B22 attention inputs a class does not support: refused, naming the class and the input",
           "[bad_input][inputs]") {
   const Index B = 2, T = 5, D = 8, H = 2;
   Rng rng(8);
