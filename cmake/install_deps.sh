@@ -4,8 +4,9 @@
 # present; the other install_*_deps.sh scripts pass their packages as arguments)
 set -euo pipefail
 # python3, libxml2-utils, w3c-sgml-lib: the tests parse every SVG plot with Python's XML parser and validate it
-# against the SVG 1.1 DTD with xmllint (tests/check_svg.py)
-pkgs=(cmake g++ make libeigen3-dev libfmt-dev catch2 nlohmann-json3-dev python3 libxml2-utils w3c-sgml-lib)
+# against the SVG 1.1 DTD with xmllint (tests/check_svg.py); unicode-data: the Unicode Character Database, from which
+# the test unicode_tables_up_to_date regenerates the tokenizer's tables (cmake/gen_unicode_tables.py)
+pkgs=(cmake g++ make libeigen3-dev libfmt-dev catch2 nlohmann-json3-dev python3 libxml2-utils w3c-sgml-lib unicode-data)
 pkgs+=("$@")
 missing=()
 for p in "${pkgs[@]}"; do
