@@ -208,3 +208,48 @@ if(TARGET dea_cli)
   dea_cli_test(dea_no_command dea_cli 2 "usage: dea <command>")
   dea_cli_test(dea_unknown_subcommand_flag dea_cli 2 "unknown flag --bogus" interop --bogus)
 endif()
+
+# dea tokenize: JSON lines in, ids / pieces / pair encodings out, as Hugging Face's tokenizers gives them for
+# bert-base-uncased; a bad line exits 2 naming it, after the complete lines before it (stdout) or with nothing written
+# (--out)
+if(TARGET dea_cli)
+  set(dea_vocab ${CMAKE_CURRENT_SOURCE_DIR}/data/bert/vocab.txt)
+  dea_cli_sh(tokenize_ids dea_cli 0 "^\\[7592,1010,2088,999\\]\n\\[1060,103,1061\\]\n\\[\\]\n"
+             "printf '%s\\n' '\"Hello, world!\"' '\"x[MASK]y\"' '\"\"' | \"$0\" tokenize --vocab '${dea_vocab}'")
+  dea_cli_sh(tokenize_tokens dea_cli 0 "^\\[\"hello\",\",\",\"world\",\"!\"\\]\n\\[\"naive\",\"cafe\"\\]\n"
+             "printf '%s\\n' '\"Hello, world!\"' '\"na\\u00efve caf\\u00e9\"' | \"$0\" tokenize --vocab '${dea_vocab}' --tokens")
+  dea_cli_sh(tokenize_normalized dea_cli 0 "^\" 東  京 \"\n"
+             "printf '%s\\n' '\"東京\"' | \"$0\" tokenize --vocab '${dea_vocab}' --normalized")
+  dea_cli_sh(tokenize_pair dea_cli 0
+             "^{\"ids\":\\[101,3000,2003,1996,3007,1997,2605,1012,102,2605,102\\],\"token_type_ids\":\\[0,0,0,0,0,0,0,0,0,1,1\\]}\n\
+{\"ids\":\\[101,1037,1038,1039,102,1043,1044,1045,102\\],\"token_type_ids\":\\[0,0,0,0,0,1,1,1,1\\]}\n"
+             "printf '%s\\n' '[\"Paris is the capital of France.\", \"France\"]' | \"$0\" tokenize --vocab '${dea_vocab}' --pair && \
+printf '%s\\n' '[\"a b c d e f\", \"g h i j k\"]' | \"$0\" tokenize --vocab '${dea_vocab}' --pair --max_length 9")
+  # max_length 8, 6 and 4 pieces: longest_first keeps 3 + 2, the reference's rule 2 + 3
+  dea_cli_sh(tokenize_pair_rules dea_cli 0
+             "^{\"tokens\":\\[\"\\[CLS\\]\",\"a\",\"b\",\"c\",\"\\[SEP\\]\",\"g\",\"h\",\"\\[SEP\\]\"\\],\"token_type_ids\":\\[0,0,0,0,0,1,1,1\\]}\n\
+{\"tokens\":\\[\"\\[CLS\\]\",\"a\",\"b\",\"\\[SEP\\]\",\"g\",\"h\",\"i\",\"\\[SEP\\]\"\\],\"token_type_ids\":\\[0,0,0,0,1,1,1,1\\],\"span_a\":\\[1,3\\],\"span_b\":\\[4,7\\]}\n"
+             "l='[\"a b c d e f\", \"g h i j\"]' && printf '%s\\n' \"$l\" | \"$0\" tokenize --vocab '${dea_vocab}' --pair --tokens --max_length 8 && \
+printf '%s\\n' \"$l\" | \"$0\" tokenize --vocab '${dea_vocab}' --pair --tokens --max_length 8 --truncation reference")
+  dea_cli_sh(tokenize_bad_line dea_cli 2 "^\\[7592\\]\ndea tokenize: .*stdin:2: invalid JSON"
+             "printf '%s\\n' '\"hello\"' 'hello' '\"world\"' | \"$0\" tokenize --vocab '${dea_vocab}'")
+  set_tests_properties(tokenize_bad_line PROPERTIES FAIL_REGULAR_EXPRESSION "2088|terminate called|std::bad_alloc")
+  dea_cli_sh(tokenize_bad_line_out dea_cli 2 "stdin:3: expected a JSON string \\(the text\\), got array \\(a pair\\? add --pair\\).*nothing written"
+             "f=${CMAKE_CURRENT_BINARY_DIR}/tokenize_bad.jsonl; rm -f \"$f\"; printf '%s\\n' '\"a\"' '\"b\"' '[\"c\", \"d\"]' | \
+\"$0\" tokenize --vocab '${dea_vocab}' --out \"$f\"; s=$?; test -e \"$f\" || echo 'nothing written'; (exit $s)")
+  dea_cli_sh(tokenize_bad_utf8 dea_cli 2 "stdin:1: invalid JSON \\(.*UTF-8"
+             "printf '\"caf\\377\"\\n' | \"$0\" tokenize --vocab '${dea_vocab}'")
+  dea_cli_sh(tokenize_pair_not_two dea_cli 2 "stdin:1: expected a two-element array of strings \\[A, B\\], got an array of 3"
+             "printf '%s\\n' '[\"a\", \"b\", \"c\"]' | \"$0\" tokenize --vocab '${dea_vocab}' --pair")
+  dea_cli_sh(tokenize_duplicate_vocab dea_cli 2 "dup_vocab.txt:3: duplicate token 'a' \\(the same token as line 2"
+             "f=${CMAKE_CURRENT_BINARY_DIR}/dup_vocab.txt; printf '[UNK]\\na\\na\\n' > \"$f\"; echo '\"a\"' | \"$0\" tokenize --vocab \"$f\"")
+  dea_cli_sh(tokenize_empty_vocab dea_cli 2 "empty_vocab.txt: empty vocabulary"
+             "f=${CMAKE_CURRENT_BINARY_DIR}/empty_vocab.txt; : > \"$f\"; echo '\"a\"' | \"$0\" tokenize --vocab \"$f\"")
+  dea_cli_test(tokenize_needs_vocab dea_cli 2 "--vocab FILE is required" tokenize)
+  dea_cli_test(tokenize_max_length_without_pair dea_cli 2 "--max_length applies to --pair only"
+               tokenize --vocab ${dea_vocab} --max_length 8)
+  dea_cli_test(tokenize_rejects_max_length dea_cli 2 "--max_length: expected an integer in \\[3, 1048576\\], got '2'"
+               tokenize --vocab ${dea_vocab} --pair --max_length 2)
+  dea_cli_test(tokenize_help dea_cli 0 "usage: dea tokenize --vocab vocab.txt.*--vocab FILE.*--pair.*--max_length N.*range \\[3, 1048576\\]"
+               tokenize --help)
+endif()
