@@ -85,12 +85,19 @@ int dea_tokenize(int argc, char** argv) {
                   "with --pair, {\"ids\": [...], \"token_type_ids\": [...]} for [CLS] A [SEP] B [SEP].\n"
                   "A bad input line stops the program with exit status 2, naming the line: the lines before it are\n"
                   "on standard output, each complete; with --out nothing is written.");
-  fs.text("vocab", vocab_path, "FILE", "the vocabulary, one token per line, line n = id n - 1 (required)");
+  fs.custom("vocab", "FILE", "", "", "the vocabulary, one token per line, line n = id n - 1 (required)",
+            [&vocab_path](const std::string& flag, const std::string& v) {
+              if (v.empty()) cli::bad_value(flag, v, "a file path");
+              vocab_path = v;
+            });
   fs.toggle("tokens", tokens, "write the pieces (JSON strings) instead of the ids");
   fs.toggle("normalized", normalized, "write the normaliser's output (one JSON string) instead of the ids");
   fs.toggle("pair", pair, "input lines are [A, B]; write [CLS] A [SEP] B [SEP] with token_type_ids");
-  fs.integer("max_length", max_length, 3, std::int64_t(1) << 20,
-             "with --pair: truncate to at most N tokens, the special tokens included (default: no truncation)");
+  fs.custom("max_length", "N", "none", "[3, 1048576]",
+            "with --pair: truncate to at most N tokens, the special tokens included",
+            [&max_length](const std::string& flag, const std::string& v) {
+              max_length = static_cast<std::size_t>(cli::parse_int(flag, v, 3, std::int64_t(1) << 20));
+            });
   fs.choice("truncation", truncation, {"longest_first", "reference"},
             "with --max_length: Hugging Face's longest_first, or the DEA reference's rule (adds span_a, span_b)");
   fs.toggle("no_lowercase", no_lowercase, "do not lower-case (a cased model; accents are then kept unless --strip_accents on)");
