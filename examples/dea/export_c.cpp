@@ -49,7 +49,8 @@
 
 using namespace dea;
 
-namespace {
+// Named, not anonymous: the program's files are compiled as one translation unit (examples/CMakeLists.txt).
+namespace export_c_cmd {
 
 [[noreturn]] void usage(const std::string& why) {
   fmt::print(stderr, "dea export-c: {}\n(dea export-c --help lists the flags)\n", why);
@@ -224,9 +225,10 @@ ModelInfo infer_model(const io::SafeTensors& st, const std::string& ckpt, Index 
   return mi;
 }
 
-}  // namespace
+}  // namespace export_c_cmd
 
 int dea_export_c(int argc, char** argv) {
+  using namespace export_c_cmd;
   std::string in_path, out_path, ns = "dea_weights", type = "float", task;
   bool all = false;
   Index max_len = 0, n_heads = 0;

@@ -33,14 +33,16 @@
 
 using namespace dea;
 
-namespace {
+// Named, not anonymous: the program's files are compiled as one translation unit (examples/CMakeLists.txt).
+namespace interop_cmd {
 [[noreturn]] void usage(const std::string& why) {
   fmt::print(stderr, "dea interop: {}\n(dea interop --help lists the flags)\n", why);
   std::exit(2);
 }
-}  // namespace
+}  // namespace interop_cmd
 
 int dea_interop(int argc, char** argv) {
+  using namespace interop_cmd;
   std::string case_path, out_path, pe_path;
   bool compare = false, use_float = false;
   int threads = 0;

@@ -61,11 +61,13 @@
 
 using namespace dea;
 namespace fs = std::filesystem;
+
+// Named, not anonymous: the program's files are compiled as one translation unit (examples/CMakeLists.txt).
+namespace visualize_cmd {
+
 using Scalar = float;  // the program runs in float
 using Model = nn::TransformerModel<Scalar>;
 using Batch = nn::ModelBatch<Scalar>;
-
-namespace {
 
 struct Pair {
   std::string text, q, k;
@@ -563,9 +565,10 @@ void alpha_bars(const AttnCache& c, Index H, const std::vector<Meta>& meta, cons
 
 double round4(double v) { return std::round(v * 1e4) / 1e4; }
 
-}  // namespace
+}  // namespace visualize_cmd
 
 int dea_visualize(int argc, char** argv) {
+  using namespace visualize_cmd;
   Args args;
   std::vector<Pair> pairs;
   try {
