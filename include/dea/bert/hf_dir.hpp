@@ -19,7 +19,7 @@
 //
 //   dea::bert::HfLoadReport rep;
 //   auto model = dea::bert::load_bert_model<float>("models/all-MiniLM-L6-v2", &rep);
-//   // rep.str(): "… 101 tensors (F32), prefix 'bert.' stripped, ignored: embeddings.position_ids"
+//   // rep.str(): ".../model.safetensors: 103 tensors (F32), ignored 1: embeddings.position_ids"
 #pragma once
 
 #include "../core/error.hpp"
