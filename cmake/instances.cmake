@@ -1,8 +1,8 @@
 # Template instances compiled once for the project's own programs and tests (never for users of dea::dea).
 #
-# A translation unit that runs DualExpertAttention or TransformerModel instantiates their kernels, and that costs
-# over a minute of compile time per scalar type, almost all of it in the compiler's front end (optimisation level
-# barely matters). The project's programs and tests link dea_instances, which compiles the float and double
+# A translation unit that runs DualExpertAttention, TransformerModel or the BERT models instantiates their kernels,
+# and that costs over a minute of compile time per scalar type, almost all of it in the compiler's front end
+# (optimisation level barely matters). The project's programs and tests link dea_instances, which compiles the float and double
 # instances once, in parallel; DEA_EXTERN_TEMPLATES makes the headers declare them `extern template`, and
 # because the heavy member functions are defined outside their class (not inline), other translation units
 # then instantiate none of them. Users who include the headers without the macro instantiate as usual.
@@ -10,7 +10,7 @@ option(DEA_EXTERN_INSTANCES "Compile the common template instances once for the 
 if(DEA_EXTERN_INSTANCES)
   set(DEA_INSTANCE_SOURCES)
   foreach(inst dual_expert_float dual_expert_double transformer_float transformer_double token_routed_float
-               token_routed_double init)
+               token_routed_double bert_float bert_double init)
     list(APPEND DEA_INSTANCE_SOURCES ${CMAKE_CURRENT_LIST_DIR}/instances/${inst}.cpp)
   endforeach()
   add_library(dea_instances STATIC EXCLUDE_FROM_ALL ${DEA_INSTANCE_SOURCES})

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Runs `dea interop CASE --out OUT --compare [--pe TABLE]` and checks the file it wrote: it must hold, under the
+"""Runs `dea interop CASE --out OUT --compare [FLAG...]` and checks the file it wrote: it must hold, under the
 case's names and shapes, every out.* and grad.* tensor the case stores (the reference's results, so a program that
 is not ours can compare them), and --compare must pass. Prints "interop --out: ok (N tensors)" on success.
 
-usage: check_interop_out.py DEA CASE.safetensors OUT.safetensors [--pe TABLE.safetensors]
+usage: check_interop_out.py DEA CASE.safetensors OUT.safetensors [FLAG...]   (--pe TABLE.safetensors, --hf_model DIR)
 """
 import json
 import struct

@@ -173,6 +173,30 @@ ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/model_cls.safetensors ${CMAKE_CURRENT_BI
 \"$0\" interop ${CMAKE_CURRENT_BINARY_DIR}/cli_vocab.safetensors")
 endif()
 
+# dea interop --hf_model: a model directory that does not load is a bad file (exit 2, the message names the file and
+# the problem) and nothing is written
+if(TARGET dea_cli)
+  set(dea_hf ${CMAKE_CURRENT_SOURCE_DIR}/data/bert/hf_fixtures/f32)
+  set(dea_hf_bad ${CMAKE_CURRENT_BINARY_DIR}/cli_hf_bad)
+  dea_cli_sh(interop_hf_model_without_config dea_cli 2 "has no config.json.*absent"
+             "rm -rf '${dea_hf_bad}' && mkdir -p '${dea_hf_bad}' && cp '${dea_hf}/model.safetensors' '${dea_hf_bad}/' && \
+\"$0\" interop '${dea_hf}/expected.safetensors' --hf_model '${dea_hf_bad}' --out '${dea_hf_bad}/r.safetensors'; s=$?; \
+test -e '${dea_hf_bad}/r.safetensors' || echo absent; (exit $s)")
+  dea_cli_sh(interop_hf_model_truncated dea_cli 2 "model.safetensors.*truncated"
+             "d='${dea_hf_bad}_trunc'; rm -rf \"$d\" && mkdir -p \"$d\" && cp '${dea_hf}/config.json' \"$d/\" && \
+head -c 50000 '${dea_hf}/model.safetensors' > \"$d/model.safetensors\" && \
+\"$0\" interop '${dea_hf}/expected.safetensors' --hf_model \"$d\"")
+  dea_cli_sh(interop_hf_model_bad_hidden_act dea_cli 2 "config.json.*hidden_act: expected .*got \"swish\""
+             "d='${dea_hf_bad}_act'; rm -rf \"$d\" && mkdir -p \"$d\" && cp '${dea_hf}/model.safetensors' \"$d/\" && \
+sed 's/\"gelu\"/\"swish\"/' '${dea_hf}/config.json' > \"$d/config.json\" && \
+\"$0\" interop '${dea_hf}/expected.safetensors' --hf_model \"$d\"")
+  dea_cli_test(interop_hf_model_missing_dir dea_cli 2 "Hugging Face model directory '.*no_such_model' does not exist"
+               interop ${dea_hf}/expected.safetensors --hf_model ${CMAKE_CURRENT_BINARY_DIR}/no_such_model)
+  # an hf_fixture case without --hf_model: its kind is not one interop runs by itself
+  dea_cli_test(interop_hf_fixture_needs_model dea_cli 2 "unsupported case kind 'hf_fixture'.*--hf_model"
+               interop ${dea_hf}/expected.safetensors)
+endif()
+
 # the second review: contradictory flags, an output over its own input, plot directories checked before the work,
 # bench_train's thread count
 if(TARGET dea_cli)

@@ -593,7 +593,7 @@ TEST_CASE("validation: entry fields and types", "[io][safetensors][validation]")
   expect_bad(make_file(R"({"a": {"dtype":"F64","data_offsets":[0,8]}})", d8), "no \"shape\" field");
   expect_bad(make_file(R"({"a": {"dtype":"F64","shape":[1]}})", d8), "no \"data_offsets\" field");
   expect_bad(make_file(R"({"a": {"dtype":64,"shape":[1],"data_offsets":[0,8]}})", d8), "\"dtype\" must be a string");
-  expect_bad(make_file(R"({"a": {"dtype":"F16","shape":[4],"data_offsets":[0,8]}})", d8), "unsupported dtype \"F16\"");
+  expect_bad(make_file(R"({"a": {"dtype":"F8_E5M2","shape":[8],"data_offsets":[0,8]}})", d8), "unsupported dtype \"F8_E5M2\"");
   expect_bad(make_file(R"({"a": {"dtype":"f64","shape":[1],"data_offsets":[0,8]}})", d8), "unsupported dtype");
   expect_bad(make_file(R"({"a": {"dtype":"F64","shape":1,"data_offsets":[0,8]}})", d8), "\"shape\" must be an array");
   expect_bad(make_file(R"({"a": {"dtype":"F64","shape":[-1],"data_offsets":[0,8]}})", d8), "negative");

@@ -1,23 +1,31 @@
 // dea interop: runs a reference case file through the library, writes what it computed, and compares.
 //
 //   dea interop CASE.safetensors [--out RESULT.safetensors] [--compare] [--float] [--pe TABLE.safetensors]
-//               [--threads N]
+//               [--hf_model DIR] [--threads N]
 //
 // The case's metadata `kind` selects what runs (tests/data/golden/README.md):
 //   dea_layer     one DualExpertAttention: forward on the training graph with dropout 0, backward of
 //                 sum(out.output * in.grad_output) + loss_gate;
 //   dea_model     a TransformerModel: objective task_loss + loss_gate; --pe gives the positional table the
 //                 reference used (tensor "pe" [max_len, d_model]), which the case files do not store;
-//   tr_mha_layer  one TokenRoutedAttention (tolerance 2e-6 x max(1, max|ref|), route indices exact).
+//   tr_mha_layer  one TokenRoutedAttention (tolerance 2e-6 x max(1, max|ref|), route indices exact);
+//   bert_model, bert_seq_cls, sentence_embedding
+//                 a Hugging Face BertModel / BertForSequenceClassification / mean-pooled sentence embedding
+//                 (golden/bert/FORMAT.md; float tolerances 1e-4 for out.*, 1e-3 for grad.*).
+// --hf_model DIR loads the BertModel of a Hugging Face model directory (config.json + model.safetensors) and runs
+// it on the case's in.input_ids / in.attention_mask / in.token_type_ids, whatever the case's kind: it writes
+// out.last_hidden_state and out.pooler_output, and --compare checks those two against the case's.
 // --out writes every computed `out.*` and `grad.*` tensor (F64; route indices I64), for every kind, so a program
 // that is not ours can check the results. --compare prints, per expected tensor, max |got - expected| /
-// max(max |expected|, 1e-12) and exits 1 when any exceeds 1e-9 (1e-4 with --float); integer tensors must match
-// exactly. Without --out, --compare is the default. Exit 2 on bad arguments or a bad file.
+// max(max |expected|, 1e-12) and exits 1 when any exceeds 1e-9 (1e-4 with --float; BERT grad.* 1e-3 with --float);
+// integer tensors must match exactly. Without --out, --compare is the default. Exit 2 on bad arguments or a bad
+// file (a model directory that does not load included).
 // examples/dea/import_reference_checkpoint.py turns a checkpoint of the reference into a run directory.
 #include "commands.hpp"
 
 #include <dea/train/flags.hpp>
 #include <dea/core/parallel.hpp>
+#include <dea/interop/bert_case.hpp>
 #include <dea/interop/dea_case.hpp>
 #include <dea/interop/model_case.hpp>
 #include <dea/interop/tr_mha_case.hpp>
@@ -43,17 +51,21 @@ namespace interop_cmd {
 
 int dea_interop(int argc, char** argv) {
   using namespace interop_cmd;
-  std::string case_path, out_path, pe_path;
+  std::string case_path, out_path, pe_path, hf_model;
   bool compare = false, use_float = false;
   int threads = 0;
   cli::FlagSet fs("dea interop CASE.safetensors [flags]",
                   "Runs a golden case (tests/data/golden/README.md) through the library; writes what it computed\n"
                   "(--out) and compares it with the case's numbers (--compare, the default without --out).");
-  fs.positional("CASE.safetensors", "a case file of kind dea_layer, dea_model or tr_mha_layer");
+  fs.positional("CASE.safetensors", "a case file of kind dea_layer, dea_model, tr_mha_layer, bert_model, bert_seq_cls or "
+                "sentence_embedding (any case with in.input_ids under --hf_model)");
   fs.text("out", out_path, "RESULT.safetensors", "write every computed out.* and grad.* tensor here");
-  fs.toggle("compare", compare, "compare with the case's tensors (tolerance 1e-9, 1e-4 with --float; exit 1 on a miss)");
+  fs.toggle("compare", compare, "compare with the case's tensors (tolerance 1e-9, 1e-4 with --float, 1e-3 for BERT "
+            "gradients in float; exit 1 on a miss)");
   fs.toggle("float", use_float, "run in float instead of double");
   fs.text("pe", pe_path, "TABLE.safetensors", "dea_model cases: the reference's positional table (tensor 'pe')");
+  fs.text("hf_model", hf_model, "DIR", "run the BertModel of this Hugging Face model directory on the case's in.* "
+          "tensors (writes out.last_hidden_state, out.pooler_output)");
   fs.integer("threads", threads, 0, cli::kMaxThreads, "OpenMP threads (0 = the library default)");
   try {
     const auto p = fs.parse(std::vector<std::string>(argv + 1, argv + argc));
@@ -79,6 +91,38 @@ int dea_interop(int argc, char** argv) {
     const auto it = cs.metadata().find("kind");
     const std::string kind = it == cs.metadata().end() ? "" : it->second;
     if (!pe_path.empty() && kind != "dea_model") usage("--pe applies only to dea_model cases (this is '" + kind + "')");
+    if (!hf_model.empty() || interop::is_bert_kind(kind)) {
+      io::SafeTensors got;
+      bert::HfLoadReport rep;
+      if (!hf_model.empty()) {
+        got = use_float ? interop::run_hf_model_case<float>(hf_model, cs, &rep)
+                        : interop::run_hf_model_case<double>(hf_model, cs, &rep);
+        fmt::print("loaded {}\n", rep.str());
+      } else {
+        got = use_float ? interop::run_bert_case<float>(cs) : interop::run_bert_case<double>(cs);
+      }
+      if (!out_path.empty()) {
+        got.save(out_path);
+        fmt::print("wrote {} tensors to {}\n", got.size(), out_path);
+      }
+      if (!compare) return 0;
+      const auto cmp = interop::compare_bert_case(cs, got, use_float, !hf_model.empty());
+      check(!cmp.empty(), case_path, ": the case holds no expected out.* tensor that this run computes: nothing to "
+            "compare against");
+      bool ok = true;
+      double worst = 0;
+      for (const auto& c : cmp) {
+        if (c.missing) fmt::print("  MISSING {}\n", c.name);
+        else
+          fmt::print("  {} {:<52} rel {:.3e}   max|ref| {:.3e}{}\n", c.ok ? "ok  " : "FAIL", c.name, c.rel_error,
+                     c.max_expected, c.on_case_scale ? "   (zero in exact arithmetic: relative to the largest gradient)" : "");
+        ok = ok && c.ok;
+        worst = std::max(worst, c.rel_error);
+      }
+      fmt::print("{}: {} tensors, worst relative error {:.3e} (tolerance {}, {}): {}\n", case_path, cmp.size(), worst,
+                 use_float ? "1e-4 out.*, 1e-3 grad.*" : "1e-9", use_float ? "float" : "double", ok ? "PASS" : "FAIL");
+      return ok ? 0 : 1;
+    }
     if (kind == "tr_mha_layer") {
       const auto r = use_float ? interop::run_tr_mha_case<float>(case_path) : interop::run_tr_mha_case<double>(case_path);
       if (!out_path.empty()) {
@@ -104,7 +148,8 @@ int dea_interop(int argc, char** argv) {
       const Mat<double>* pp = pe_path.empty() ? nullptr : &pe;
       got = use_float ? interop::run_dea_model_case<float>(cs, pp) : interop::run_dea_model_case<double>(cs, pp);
     } else {
-      usage(fmt::format("{}: unsupported case kind '{}' (supported: dea_layer, dea_model, tr_mha_layer)", case_path, kind));
+      usage(fmt::format("{}: unsupported case kind '{}' (supported: dea_layer, dea_model, tr_mha_layer, bert_model, "
+                        "bert_seq_cls, sentence_embedding; any case with in.input_ids under --hf_model)", case_path, kind));
     }
     if (!out_path.empty()) {
       got.save(out_path);

@@ -71,6 +71,8 @@ enum class DType : std::uint8_t {
   I64,   ///< "I64"  std::int64_t
   U8,    ///< "U8"   std::uint8_t
   BOOL,  ///< "BOOL" one byte, 0 = false, anything else = true (written as 0 / 1)
+  F16,   ///< "F16"  IEEE-754 binary16 (half); read as float exactly, written only when the value is exact
+  BF16,  ///< "BF16" bfloat16, the upper 16 bits of a binary32; read exactly (bits << 16), written only when exact
 };
 
 /// The safetensors spelling: "F32", "F64", "I32", "I64", "U8", "BOOL".
@@ -82,6 +84,8 @@ inline const char* dtype_name(DType d) {
     case DType::I64: return "I64";
     case DType::U8: return "U8";
     case DType::BOOL: return "BOOL";
+    case DType::F16: return "F16";
+    case DType::BF16: return "BF16";
   }
   return "?";
 }
@@ -97,17 +101,25 @@ inline std::size_t dtype_size(DType d) {
     case DType::I64: return 8;
     case DType::U8: return 1;
     case DType::BOOL: return 1;
+    case DType::F16: return 2;
+    case DType::BF16: return 2;
   }
   return 0;
 }
 
-inline bool dtype_is_floating(DType d) { return d == DType::F32 || d == DType::F64; }
+inline bool dtype_is_floating(DType d) {
+  return d == DType::F32 || d == DType::F64 || d == DType::F16 || d == DType::BF16;
+}
 
-/// Parses an exact safetensors dtype name; false for names this library does not support (F16, BF16, ...).
+/// The dtype names parse_dtype accepts, for messages.
+inline const char* supported_dtype_names() { return "F64, F32, F16, BF16, I64, I32, U8, BOOL"; }
+
+/// Parses an exact safetensors dtype name; false for names this library does not support (F8_E4M3, I16, ...).
 inline bool parse_dtype(const std::string& s, DType& out) {
   static const std::pair<const char*, DType> table[] = {{"F32", DType::F32}, {"F64", DType::F64},
                                                         {"I32", DType::I32}, {"I64", DType::I64},
-                                                        {"U8", DType::U8},   {"BOOL", DType::BOOL}};
+                                                        {"U8", DType::U8},   {"BOOL", DType::BOOL},
+                                                        {"F16", DType::F16}, {"BF16", DType::BF16}};
   for (const auto& [name, d] : table)
     if (s == name) {
       out = d;
@@ -164,7 +176,106 @@ inline bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
   return true;
 }
 
-/// Calls f(C{}) with C the C++ type that holds one element of `d` (bool for BOOL).
+/// One stored F16 element: its 16 bits.
+struct Half {
+  std::uint16_t bits = 0;
+};
+/// One stored BF16 element: its 16 bits (the upper half of a binary32).
+struct BFloat16 {
+  std::uint16_t bits = 0;
+};
+template <class C>
+inline constexpr bool is_half_v = std::is_same_v<C, Half> || std::is_same_v<C, BFloat16>;
+
+/// The float an F16 bit pattern stands for, exactly (every binary16 value is a binary32 value): normal numbers
+/// re-biased (exponent e - 15 + 127), subnormals m * 2^-24, +-0, +-inf, and NaN with its payload in the top bits.
+inline float half_to_float(std::uint16_t h) {
+  const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  std::uint32_t bits;
+  if (exp == 0) {
+    if (man != 0) {  // subnormal: man * 2^-24, a normal float
+      const float v = std::ldexp(static_cast<float>(man), -24);
+      return sign ? -v : v;
+    }
+    bits = sign;                                    // +-0
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);        // +-inf (man = 0) or NaN
+  } else {
+    bits = sign | ((exp + 112u) << 23) | (man << 13);  // normal: exponent bias 15 -> 127
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/// The float a BF16 bit pattern stands for, exactly: the bits shifted into the upper half of a binary32.
+inline float bfloat16_to_float(std::uint16_t h) {
+  const std::uint32_t bits = std::uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/// The F16 bits of f when f is exactly a binary16 value (NaN maps to a quiet NaN of the same sign); false otherwise.
+inline bool float_to_half_exact(float f, std::uint16_t& out) {
+  std::uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  const std::uint16_t sign = static_cast<std::uint16_t>((b >> 16) & 0x8000u);
+  const std::uint32_t exp = (b >> 23) & 0xffu, man = b & 0x7fffffu;
+  if (exp == 0xff) {  // inf or NaN
+    out = static_cast<std::uint16_t>(sign | 0x7c00u | (man == 0 ? 0u : 0x200u | (man >> 13)));
+    return true;
+  }
+  if (exp == 0) {  // +-0 (a float subnormal is far below the smallest half subnormal, 2^-24)
+    out = sign;
+    return man == 0;
+  }
+  const int e = static_cast<int>(exp) - 127;  // f = 1.man * 2^e
+  if (e > 15) return false;
+  if (e >= -14) {  // a half normal: the low 13 bits of the mantissa must be 0
+    if (man & 0x1fffu) return false;
+    out = static_cast<std::uint16_t>(sign | (std::uint32_t(e + 15) << 10) | (man >> 13));
+    return true;
+  }
+  if (e < -24) return false;
+  const std::uint32_t full = man | 0x800000u;  // f = full * 2^(e - 23) = (full >> s) * 2^-24
+  const int s = -e - 1;                        // 14 .. 23
+  if (full & ((1u << s) - 1u)) return false;
+  out = static_cast<std::uint16_t>(sign | (full >> s));
+  return true;
+}
+
+/// The BF16 bits of f when f is exactly a bfloat16 value (the low 16 bits of its binary32 are 0); false otherwise.
+inline bool float_to_bfloat16_exact(float f, std::uint16_t& out) {
+  std::uint32_t b;
+  std::memcpy(&b, &f, sizeof b);
+  if (b & 0xffffu) return false;
+  out = static_cast<std::uint16_t>(b >> 16);
+  return true;
+}
+
+/// The float value of a stored half element.
+inline float half_value(Half h) { return half_to_float(h.bits); }
+inline float half_value(BFloat16 h) { return bfloat16_to_float(h.bits); }
+
+/// Stores v as a half element when it is exactly representable (integers and bool too); false otherwise.
+template <class H, class Src>
+bool to_half_exact(Src v, H& out) {
+  const double d = static_cast<double>(v);
+  if constexpr (!std::is_floating_point_v<Src>) {
+    if (static_cast<Src>(d) != v) return false;  // a 64-bit integer beyond 2^53
+  }
+  const float f = static_cast<float>(d);
+  if (!(static_cast<double>(f) == d) && !std::isnan(d)) return false;
+  if constexpr (std::is_same_v<H, Half>)
+    return float_to_half_exact(f, out.bits);
+  else
+    return float_to_bfloat16_exact(f, out.bits);
+}
+
+/// Calls f(C{}) with C the C++ type that holds one element of `d` (bool for BOOL; Half / BFloat16, the raw bits, for
+/// F16 / BF16).
 template <class F>
 decltype(auto) visit_dtype(DType d, F&& f) {
   switch (d) {
@@ -174,6 +285,8 @@ decltype(auto) visit_dtype(DType d, F&& f) {
     case DType::I64: return f(std::int64_t{});
     case DType::U8: return f(std::uint8_t{});
     case DType::BOOL: return f(bool{});
+    case DType::F16: return f(Half{});
+    case DType::BF16: return f(BFloat16{});
   }
   ::dea::detail::raise("safetensors: invalid DType value");
 }
@@ -242,7 +355,8 @@ bool convert_value(Src v, Dst& out) {
 
 template <class T>
 std::string value_str(T v) {
-  if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
+  if constexpr (is_half_v<T>) return ::dea::detail::concat(half_value(v));
+  else if constexpr (std::is_same_v<T, bool>) return v ? "true" : "false";
   else if constexpr (std::is_floating_point_v<T>) return ::dea::detail::concat(v);
   else return std::to_string(static_cast<long long>(v));
 }
@@ -294,6 +408,9 @@ inline void check_utf8(const std::string& s, const std::string& source, const ch
 /// beyond float rounding: F32 <-> F64 convert freely (a finite double beyond float range is an error);
 /// integers convert to integers within range and to floats when exactly representable; BOOL/U8/I32/I64 convert
 /// among each other within range (bool accepts 0 and 1); floating data is never read or stored as an integer.
+/// F16 and BF16 (Hugging Face checkpoints) read exactly as float or double (every value is a binary32 value:
+/// BF16 = bits << 16, F16 with its subnormals, infinities and NaN); a value is stored as F16 / BF16 only when it
+/// is exactly representable there (there is no rounding on write).
 class SafeTensors {
 public:
   /// Largest header accepted (bytes); a larger N means a corrupt or foreign file.
@@ -402,7 +519,12 @@ public:
       const std::size_t w = sizeof(C);
       for (Index i = 0; i < n; ++i) {
         C c{};
-        if (!detail::convert_value<C>(data[i], c))
+        bool ok;
+        if constexpr (detail::is_half_v<C>)
+          ok = detail::to_half_exact(data[i], c);
+        else
+          ok = detail::convert_value<C>(data[i], c);
+        if (!ok)
           detail::st_fail(source_, "tensor '", name, "': element ", i, " (value ", detail::value_str(data[i]),
                           ") cannot be stored as ", as, " without changing it");
         detail::store_element<C>(e.bytes.data() + static_cast<std::size_t>(i) * w, c);
@@ -470,7 +592,12 @@ private:
       const std::size_t w = sizeof(C);
       for (Index i = 0; i < n; ++i) {
         const C c = detail::load_element<C>(e.bytes.data() + static_cast<std::size_t>(i) * w);
-        if (!detail::convert_value<T>(c, dst[i]))
+        bool ok;
+        if constexpr (detail::is_half_v<C>)  // floating only (refused as an integer above): exact in float and double
+          ok = detail::convert_value<T>(detail::half_value(c), dst[i]);
+        else
+          ok = detail::convert_value<T>(c, dst[i]);
+        if (!ok)
           detail::st_fail(source_, "tensor '", name, "' (", e.dtype, "): element ", i, " (value ",
                           detail::value_str(c), ") cannot be represented as ", detail::type_name<T>());
       }
@@ -607,7 +734,7 @@ inline ParsedHeader parse_header(const char* text, std::size_t n, std::uint64_t 
     if (!jd.is_string()) st_fail(source, what, ": \"dtype\" must be a string, found ", jd.type_name());
     const std::string ds = jd.get<std::string>();
     if (!parse_dtype(ds, e.dtype))
-      st_fail(source, what, ": unsupported dtype \"", ds, "\" (supported: F32, F64, I32, I64, U8, BOOL)");
+      st_fail(source, what, ": unsupported dtype \"", ds, "\" (supported: ", supported_dtype_names(), ")");
 
     const nlohmann::json& js = v["shape"];
     if (!js.is_array()) st_fail(source, what, ": \"shape\" must be an array, found ", js.type_name());

@@ -1,9 +1,12 @@
-// dea/ops/gelu.hpp: the exact (erf) GELU of PyTorch's nn.GELU(), forward and backward.
+// dea/ops/gelu.hpp: the exact (erf) GELU of PyTorch's nn.GELU() and its tanh form, forward and backward.
 //
 // Shapes: element-wise on any [rows, cols] block.
 //   gelu(x)  = x Phi(x) = 0.5 x (1 + erf(x / sqrt(2)))
 //   gelu'(x) = Phi(x) + x phi(x),  phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
-// (Hendrycks and Gimpel, "Gaussian Error Linear Units", 2016; not the tanh approximation.)
+// (Hendrycks and Gimpel, "Gaussian Error Linear Units", 2016.)
+// The tanh form (Hugging Face's gelu_new / gelu_pytorch_tanh, PyTorch's GELU(approximate='tanh')):
+//   gelu_tanh(x)  = 0.5 x (1 + tanh(u)),   u = sqrt(2/pi) (x + 0.044715 x^3)
+//   gelu_tanh'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2),   t = tanh(u)
 #pragma once
 
 #include "../core/parallel.hpp"
@@ -79,6 +82,41 @@ void gelu_backward_inplace(const Eigen::MatrixBase<DX>& x, Mat<S>& g) {
       for (Index n = r0; n < r0 + nr; ++n)
         for (Index c = 0; c < x.cols(); ++c) g(n, c) *= gelu_grad<S>(x(n, c));  // y = gelu(x)  ->  dx = dy gelu'(x)
     }
+  });
+}
+
+/// gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <class S>
+inline S gelu_tanh(S x) {
+  const S c = S(0.79788456080286535587989211986876373695);  // sqrt(2 / pi)
+  return S(0.5) * x * (S(1) + std::tanh(c * (x + S(0.044715) * x * x * x)));
+}
+
+/// gelu_tanh'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+template <class S>
+inline S gelu_tanh_grad(S x) {
+  const S c = S(0.79788456080286535587989211986876373695);
+  const S t = std::tanh(c * (x + S(0.044715) * x * x * x));
+  return S(0.5) * (S(1) + t) + S(0.5) * x * (S(1) - t * t) * c * (S(1) + S(3 * 0.044715) * x * x);
+}
+
+/// y = gelu_tanh(x) element-wise; x and y [N, C] (y resized; may not alias x).
+template <class S, class DX>
+void gelu_tanh_forward(const Eigen::MatrixBase<DX>& x, Mat<S>& y) {
+  y.resize(x.rows(), x.cols());
+  for_row_blocks(x.rows(), [&](Index r0, Index nr) {
+    for (Index n = r0; n < r0 + nr; ++n)
+      for (Index c = 0; c < x.cols(); ++c) y(n, c) = gelu_tanh<S>(x(n, c));  // y = gelu_tanh(x)
+  });
+}
+
+/// In place: g [N, C] = dL/dy  ->  dL/dx = g .* gelu_tanh'(x), with x the forward input [N, C].
+template <class S, class DX>
+void gelu_tanh_backward_inplace(const Eigen::MatrixBase<DX>& x, Mat<S>& g) {
+  check_matrix(g, x.rows(), x.cols(), "gelu_tanh_backward: dy");
+  for_row_blocks(x.rows(), [&](Index r0, Index nr) {
+    for (Index n = r0; n < r0 + nr; ++n)
+      for (Index c = 0; c < x.cols(); ++c) g(n, c) *= gelu_tanh_grad<S>(x(n, c));  // dx = dy gelu_tanh'(x)
   });
 }
 

@@ -1,0 +1,227 @@
+// dea/bert/self_attention.hpp: BERT's self-attention (Hugging Face `attention.self`): the query, key and value
+// projections and the per-head scaled dot-product attention, with the semantics of HF's additive mask. It ends
+// at the merged heads' context; the output projection is the layer's `attention.output` (layer.hpp), so a layer
+// can swap this class for another self-attention that also stops at the context (Dual-Expert attention with no
+// output projection, the DualExpertBert of the reference).
+//
+// Shapes (N = B*T rows, row b*T + t; H = hidden_size = A*d):
+//   [Q K V] = x [W_q; W_k; W_v]^T + [b_q, b_k, b_v]            x [N, H], each of Q, K, V [N, H]
+//   per (b, a):  S = Q_ba K_ba^T / sqrt(d)                      [T, T]   (head a: columns [a d, (a+1) d))
+//                P = softmax_rows(S + M_b)                        M_b = 0 for real keys, finfo.min for padded
+//                C_ba = (P .* Drop) V_ba                          [T, d]   (dropout on P, training only)
+//   ctx = [C_b0 ... C_b(A-1)]                                     [N, H]
+// HF's additive mask adds (1 - mask) * finfo(dtype).min to the scores. So a padded key gets exactly 0 when its row
+// has a real key (computed here as the softmax over the real keys: the same numbers), and a row with no real key
+// at all has every score equal to min: its P is uniform, 1/T over all T keys. Padded query rows are computed like
+// every other row.
+// Backward of a uniform row: P does not depend on S there (every score rounds to min), so dS = 0 and the row
+// passes no gradient to Q or K; V still gets P^T dC.
+//
+// Why not DotProductAttention (attention/dot_product.hpp): it applies W_o itself (BERT's output projection sits in
+// attention.output, before a dropout, the residual and a LayerNorm, and DualExpertBert keeps that part while it
+// replaces this one), a row without real keys gives zeros there instead of HF's uniform row, and its parameters
+// are named W_q/W_k/W_v/W_o. Its per-(b, h) kernels are reused here: the fused Q/K/V product, the head product,
+// the value product and its backward.
+//
+// Parameters (HF state_dict names and order, prefixed "attention.self." by the layer): query.weight [H, H],
+// query.bias [H], key.weight, key.bias, value.weight, value.bias. Fresh weights N(0, initializer_range^2), biases 0.
+//
+// Parallel work: one (b, a) pair per task; each writes only its own slices of P, the context, dQ, dK and dV.
+// Attention dropout is counter-based (one seed per forward, drawn from the inputs' Rng; element k of pair p is
+// ops::counter_dropout_mask(seed, p*T*T + k)), so it does not depend on the thread count either.
+#pragma once
+
+#include "../attention/dot_product.hpp"
+#include "../attention/inputs.hpp"
+#include "../core/error.hpp"
+#include "../core/init.hpp"
+#include "../core/parallel.hpp"
+#include "../core/param.hpp"
+#include "../core/rng.hpp"
+#include "../core/tensor.hpp"
+#include "../ops/dropout.hpp"
+#include "../ops/softmax.hpp"
+
+#include <cmath>
+#include <cstdint>
+
+namespace dea {
+namespace bert {
+
+/// Options of BertSelfAttention.
+template <class S>
+struct BertSelfAttentionOptions {
+  S dropout = 0;                    ///< attention_probs_dropout_prob, in [0, 1)
+  double initializer_range = 0.02;  ///< std of the fresh weights
+};
+
+template <class S>
+class BertSelfAttention {
+  static_assert(std::is_floating_point<S>::value, "BertSelfAttention: Scalar must be float or double");
+
+public:
+  using Scalar = S;
+  using Options = BertSelfAttentionOptions<S>;
+
+  /// A key mask only (no oracle, no causal masking); P is always in the cache.
+  static constexpr AttnSupport kSupport{/*oracle*/ false, /*causal*/ false, /*frozen_alpha_hat*/ false,
+                                        /*keep_maps*/ true};
+
+  /// What backward needs, filled by forward, and the backward's work buffers.
+  struct Cache {
+    Index batch = 0, seq = 0;
+    AttnInputs<S> inputs;  ///< the forward's inputs (shared storage): which rows have no real key
+    Mat<S> x;              ///< [N, H] the input
+    Mat<S> qkv;            ///< [N, 3H] Q | K | V
+    Vec<S> p;              ///< [B, A, T, T] attention probabilities (before dropout)
+    Vec<S> drop;           ///< [B, A, T, T] dropout multipliers; empty when dropout was inactive
+    Mat<S> w_cat;          ///< [3H, H] W_q; W_k; W_v of this forward
+    RowVec<S> b_cat;       ///< [3H]
+    Mat<S> work_dqkv, work_dw;
+  };
+
+  /// query, key, value: weights N(0, initializer_range^2) in that order, biases 0.
+  BertSelfAttention(Index hidden, Index heads, Rng& rng, Options opt = {}) : BertSelfAttention(hidden, heads, opt) {
+    for (Proj* p : {&q_, &k_, &v_}) init::normal(p->weight.mat(), rng, 0.0, opt.initializer_range);
+  }
+  /// Zero weights and biases (for a model whose parameters are loaded next).
+  BertSelfAttention(Index hidden, Index heads, Options opt = {})
+      : d_model_(hidden),
+        n_heads_(heads),
+        d_head_(::dea::detail::mha::check_head_sizes<Eigen::Dynamic, Eigen::Dynamic>("BertSelfAttention", hidden,
+                                                                                      heads)),
+        opt_(opt) {
+    ops::check_dropout_probability(opt.dropout, "BertSelfAttention: Options::dropout");
+    q_ = Proj("query", hidden, hidden, true);
+    k_ = Proj("key", hidden, hidden, true);
+    v_ = Proj("value", hidden, hidden, true);
+  }
+
+  Index d_model() const { return d_model_; }
+  Index n_heads() const { return n_heads_; }
+  Index d_head() const { return d_head_; }
+  const Options& options() const { return opt_; }
+
+  /// query.weight, query.bias, key.weight, key.bias, value.weight, value.bias.
+  ParamList<S> parameters() {
+    ParamList<S> list;
+    for (Proj* p : {&q_, &k_, &v_}) p->append_to(list);
+    return list;
+  }
+  void zero_grad() {
+    for (Proj* p : {&q_, &k_, &v_}) p->zero_grad();
+  }
+
+  /// x [B*T, H] -> the merged context [B*T, H] (B = in.batch(), T = in.q_len()). Reads the key mask, training and
+  /// rng of `in`. Fills the cache (it keeps a copy of x).
+  Mat<S> forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& c) const;
+
+  /// dctx [B*T, H] -> dx [B*T, H]. ADDS into the six parameter gradients; only the work buffers change.
+  Mat<S> backward(const Mat<S>& dctx, Cache& c);
+
+private:
+  using Proj = ::dea::detail::mha::Projection<S>;
+  Index d_model_, n_heads_, d_head_;
+  Options opt_;
+  Proj q_, k_, v_;
+};
+
+// ---- forward and backward, outside the class (not inline: an extern template declaration then keeps other
+// translation units from instantiating them) ----
+
+template <class S>
+Mat<S> BertSelfAttention<S>::forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& c) const {
+  namespace mha = ::dea::detail::mha;
+  const char* cls = "BertSelfAttention";
+  const Index T = mha::check_self_attention_input(cls, kSupport, x, in, d_model_, n_heads_, opt_.dropout);
+  const Index B = in.batch(), A = n_heads_, dh = d_head_, TT = T * T, D = d_model_;
+  c.batch = B;
+  c.seq = T;
+  c.inputs = in;
+  if (&x != &c.x) c.x = x;
+  mha::qkv_forward(c.x, q_, k_, v_, c.w_cat, c.b_cat, c.qkv);  // [Q K V] = x [W_q; W_k; W_v]^T + b   [N, 3H]
+  const bool dropping = in.training() && opt_.dropout > S(0);
+  const std::uint64_t seed = dropping ? in.rng()->next_u64() : 0;
+  if (dropping)
+    c.drop.resize(B * A * TT);
+  else
+    c.drop.resize(0);
+  c.p.resize(B * A * TT);
+  Mat<S> ctx(B * T, D);
+  const S sqrt_d = std::sqrt(static_cast<S>(dh));
+  const bool masked = in.has_key_mask();
+  const Mat<S>& qkv = c.qkv;
+  parallel_for(B * A, [&](Index ba) {
+    const Index b = ba / A, a = ba % A;
+    const auto Q = mha::head<Eigen::Dynamic>(qkv, b * T, a * dh, T, dh);          // [T, d]
+    const auto K = mha::head<Eigen::Dynamic>(qkv, b * T, D + a * dh, T, dh);      // [T, d]
+    const auto V = mha::head<Eigen::Dynamic>(qkv, b * T, 2 * D + a * dh, T, dh);  // [T, d]
+    auto O = mha::head<Eigen::Dynamic>(ctx, b * T, a * dh, T, dh);                // [T, d]
+    MatMap<S> P(c.p.data() + ba * TT, T, T);                                      // [T, T]
+    mha::PairScratch<S> kt(dh * T);                                               // K^T [d, T]
+    mha::transpose_into<S>(T, dh, K.data(), K.outerStride(), kt.data());
+    mha::head_product<S>(T, T, dh, Q.data(), Q.outerStride(), 1, kt.data(), T, P.data(), T);  // S = Q K^T
+    P /= sqrt_d;                                                                  //     / sqrt(d)
+    if (in.n_real(b) == 0)
+      P.setConstant(S(1) / S(T));                          // every score is min: P uniform over all T keys
+    else
+      mha::masked_softmax_inplace(P, masked ? in.key_mask(b) : nullptr, false);  // P = softmax(S + M_b)
+    S* drop = nullptr;
+    if (dropping) {
+      drop = c.drop.data() + ba * TT;
+      ops::counter_dropout_mask(drop, TT, seed, static_cast<std::uint64_t>(ba * TT), static_cast<double>(opt_.dropout));
+    }
+    mha::attend_values<S>(ConstMatMap<S>(P.data(), T, T), drop, V, O);           // C = (P .* Drop) V
+  }, double(B * A) * double(TT) * double(4 * dh + 10) > kParallelMinFlops);
+  return ctx;
+}
+
+template <class S>
+Mat<S> BertSelfAttention<S>::backward(const Mat<S>& dctx, Cache& c) {
+  namespace mha = ::dea::detail::mha;
+  mha::check_backward_input("BertSelfAttention", dctx, c.batch, c.seq, d_model_);
+  const Index T = c.seq, A = n_heads_, dh = d_head_, TT = T * T, N = dctx.rows(), D = d_model_;
+  const bool dropping = c.drop.size() > 0;
+  Mat<S>& dqkv = c.work_dqkv;
+  dqkv.resize(N, 3 * D);
+  const S sqrt_d = std::sqrt(static_cast<S>(dh));
+  const Cache& cc = c;
+  parallel_for(c.batch * A, [&](Index ba) {
+    const Index b = ba / A, a = ba % A;
+    const auto Q = mha::head<Eigen::Dynamic>(cc.qkv, b * T, a * dh, T, dh);
+    const auto K = mha::head<Eigen::Dynamic>(cc.qkv, b * T, D + a * dh, T, dh);
+    const auto V = mha::head<Eigen::Dynamic>(cc.qkv, b * T, 2 * D + a * dh, T, dh);
+    const auto dO = mha::head<Eigen::Dynamic>(dctx, b * T, a * dh, T, dh);
+    auto dQ = mha::head<Eigen::Dynamic>(dqkv, b * T, a * dh, T, dh);
+    auto dK = mha::head<Eigen::Dynamic>(dqkv, b * T, D + a * dh, T, dh);
+    auto dV = mha::head<Eigen::Dynamic>(dqkv, b * T, 2 * D + a * dh, T, dh);
+    const ConstMatMap<S> P(cc.p.data() + ba * TT, T, T);
+    mha::PairScratch<S> dp_buf(TT);
+    MatMap<S> dP(dp_buf.data(), T, T);
+    // C = (P .* Drop) V  ->  dV = (P .* Drop)^T dC,  dP = (dC V^T) .* Drop
+    mha::attend_values_backward<S>(P, dropping ? cc.drop.data() + ba * TT : nullptr, V, dO, dV, dP);
+    if (cc.inputs.n_real(b) == 0) {  // P uniform, independent of S: dS = 0
+      dQ.setZero();
+      dK.setZero();
+      return;
+    }
+    ops::softmax_rows_backward<S>(P, dP, dP);  // P = softmax(S + M)  ->  dS = P .* (dP - rowsum(dP .* P))
+    dP /= sqrt_d;                              // S = Q K^T / sqrt(d)  ->  d(Q K^T) = dS / sqrt(d)
+    mha::head_product<S>(T, dh, T, dP.data(), T, 1, K.data(), K.outerStride(), dQ.data(),
+                         dQ.outerStride());   //   ->  dQ = d(QK^T) K
+    mha::head_product<S>(T, dh, T, dP.data(), 1, T, Q.data(), Q.outerStride(), dK.data(),
+                         dK.outerStride());   //   ->  dK = d(QK^T)^T Q
+  }, double(c.batch * A) * double(TT) * double(8 * dh + 10) > kParallelMinFlops);
+  Mat<S> dx;
+  // [Q K V] = x W_cat^T + b_cat  ->  dW_q, dW_k, dW_v, db_q, db_k, db_v, dx = dQKV W_cat
+  mha::qkv_backward(dqkv, c.x, c.w_cat, q_, k_, v_, c.work_dw, dx);
+  return dx;
+}
+
+#ifdef DEA_EXTERN_TEMPLATES
+extern template class BertSelfAttention<float>;
+extern template class BertSelfAttention<double>;
+#endif
+
+}  // namespace bert
+}  // namespace dea
