@@ -188,6 +188,10 @@ TEST_CASE("dalpha files: flags, config.json, the reference's names and the resum
   CHECK_FALSE(resume_config(saved, again, {"no_isolation_check"}).no_isolation_check);
   again.synthetic_fallback = false;
   CHECK_THROWS_WITH(resume_config(saved, again, {"synthetic_fallback"}), Contains("--synthetic_fallback"));
+  again.oracle_fallback = "none";
+  CHECK_THROWS_WITH(resume_config(saved, again, {"oracle_fallback"}), Contains("--oracle_fallback"));
+  again.text_alpha = "mock";
+  CHECK_THROWS_WITH(resume_config(saved, again, {"text_alpha"}), Contains("--text_alpha"));
   CHECK(resume_config(saved, again, {"plot_dir"}).data_hash == saved.data_hash);  // a program's flag: not compared
 }
 

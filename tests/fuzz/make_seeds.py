@@ -117,3 +117,9 @@ put("bert_config", "classifier", json.dumps({
     "id2label": {"0": "contradiction", "1": "entailment", "2": "neutral"},
     "label2id": {"contradiction": 0, "entailment": 1, "neutral": 2}, "num_labels": 3}))
 put("bert_config", "empty_object", "{}")
+put("config", "files_wordpiece", json.dumps({
+    "d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "data_source": "dalpha", "dalpha_source": "files",
+    "babi": "/data/babi/en", "clutrr": "/data/clutrr.csv", "conceptnet": "", "capitals": "/data/capitals.txt",
+    "synthetic_fallback": True, "tokenizer": "wordpiece", "vocab": "/models/bert/vocab.txt", "wiki_alpha": "none",
+    "n_docs": 200, "no_isolation_check": True, "oracle": "/data/cache.jsonl", "oracle_fallback": "mock",
+    "data_hash": "0123456789abcdef"}) + "\n")

@@ -23,7 +23,6 @@
 #include "dalpha.hpp"
 #include "../core/files.hpp"
 #include "random.hpp"
-#include "run_tokenizer.hpp"
 #include "tokenizer.hpp"
 
 #include <algorithm>
@@ -152,9 +151,11 @@ inline TextSplits split_texts(std::vector<std::string> sentences, std::uint64_t 
   return s;
 }
 
-/// Token-id chunks of max_len - 2 tokens (the last may be shorter), each as [CLS] ... [SEP] (the tokenizer's ids).
-inline std::vector<std::vector<std::int64_t>> make_mlm_chunks(const std::vector<std::string>& texts,
-                                                              const RunTokenizer& tok, Index max_len) {
+/// Token-id chunks of max_len - 2 tokens (the last may be shorter), each as cls ... sep; `ids(text)` gives the token
+/// ids of a text (any tokenizer's: RunTokenizer::ids).
+template <class Ids>
+std::vector<std::vector<std::int64_t>> make_mlm_chunks(const std::vector<std::string>& texts, const Ids& ids,
+                                                       std::int64_t cls, std::int64_t sep, Index max_len) {
   check(max_len >= 3, "make_mlm_chunks: max_len must be >= 3, got ", max_len);
   const std::size_t L = static_cast<std::size_t>(max_len - 2);
   std::vector<std::vector<std::int64_t>> chunks;
@@ -162,39 +163,39 @@ inline std::vector<std::vector<std::int64_t>> make_mlm_chunks(const std::vector<
   auto emit = [&](std::size_t count) {
     std::vector<std::int64_t> c;
     c.reserve(count + 2);
-    c.push_back(tok.cls_id());
+    c.push_back(cls);
     c.insert(c.end(), buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(count));
-    c.push_back(tok.sep_id());
+    c.push_back(sep);
     chunks.push_back(std::move(c));
     buf.erase(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(count));
   };
   for (const std::string& t : texts) {
-    for (const std::int64_t id : tok.ids(t)) buf.push_back(id);
+    for (const std::int64_t id : ids(t)) buf.push_back(id);
     while (buf.size() >= L) emit(L);
   }
   if (!buf.empty()) emit(buf.size());
   return chunks;
 }
 
+/// The chunks of the SimpleTokenizer's ids, as [CLS] ... [SEP].
+inline std::vector<std::vector<std::int64_t>> make_mlm_chunks(const std::vector<std::string>& texts,
+                                                              const SimpleTokenizer& tok, Index max_len) {
+  return make_mlm_chunks(
+      texts, [&tok](std::string_view t) { return tok.convert_tokens_to_ids(tok.tokenize(t)); },
+      SimpleTokenizer::cls_id, SimpleTokenizer::sep_id, max_len);
+}
+
 struct MlmOptions {
   double mlm_prob = 0.15;
   bool mock_oracle = true;  ///< fill alpha_oracle with mock_alpha (NaN on padding); false: leave it empty
-  /// The tokenizer's special ids (default: the SimpleTokenizer's; mlm_options(tok) gives those of a tokenizer)
+  /// The tokenizer's special ids (default: the SimpleTokenizer's; run_tokenizer.hpp's mlm_options(tok) gives those
+  /// of a run's tokenizer)
   std::int64_t pad_id = SimpleTokenizer::pad_id, cls_id = SimpleTokenizer::cls_id, sep_id = SimpleTokenizer::sep_id,
                mask_id = SimpleTokenizer::mask_id;
   /// A "random" replacement is a uniform id in [random_id_begin, vocab) (the reference's [5, vocab))
   std::int64_t random_id_begin = SimpleTokenizer::num_special;
 };
 
-/// The masking options with the special ids of `tok`.
-inline MlmOptions mlm_options(const RunTokenizer& tok) {
-  MlmOptions o;
-  o.pad_id = tok.pad_id();
-  o.cls_id = tok.cls_id();
-  o.sep_id = tok.sep_id();
-  o.mask_id = tok.mask_id();
-  return o;
-}
 
 /// One collated masked-LM batch.
 template <class S>

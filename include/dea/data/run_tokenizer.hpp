@@ -13,6 +13,7 @@
 #include "../core/error.hpp"
 #include "../core/tensor.hpp"
 #include "../text/wordpiece.hpp"
+#include "mlm.hpp"
 #include "tokenizer.hpp"
 
 #include <algorithm>
@@ -92,11 +93,10 @@ public:
     return convert(wp_->reference_encode_pair(a, b, static_cast<std::size_t>(max_len)));
   }
 
-  /// Writes the vocabulary, one token per line (atomic write).
+  /// Writes the vocabulary, one token per line (atomic write; for the SimpleTokenizer what its save() writes).
   void save(const std::string& path) const {
-    if (!wp_) return simple_.save(path);
     std::string content;
-    for (const std::string& t : wp_->vocab().tokens()) {
+    for (const std::string& t : vocab()) {
       content += t;
       content += '\n';
     }
@@ -139,5 +139,22 @@ inline Index find_span(const std::vector<std::string>& hay, const std::vector<st
 
 /// The padding id of the tokenizer (what the collation functions pad with).
 inline std::int64_t pad_id_of(const RunTokenizer& t) { return t.pad_id(); }
+
+/// The masked-LM chunks of `texts` in the tokenizer's ids, as [CLS] ... [SEP] (data/mlm.hpp).
+inline std::vector<std::vector<std::int64_t>> make_mlm_chunks(const std::vector<std::string>& texts,
+                                                              const RunTokenizer& tok, Index max_len) {
+  return make_mlm_chunks(texts, [&tok](std::string_view t) { return tok.ids(t); }, tok.cls_id(), tok.sep_id(),
+                         max_len);
+}
+
+/// The masking options (data/mlm.hpp) with the special ids of `tok`.
+inline MlmOptions mlm_options(const RunTokenizer& tok) {
+  MlmOptions o;
+  o.pad_id = tok.pad_id();
+  o.cls_id = tok.cls_id();
+  o.sep_id = tok.sep_id();
+  o.mask_id = tok.mask_id();
+  return o;
+}
 
 }  // namespace dea::data

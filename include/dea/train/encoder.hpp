@@ -235,19 +235,15 @@ inline void attach_oracle(std::vector<data::Record>& all, const TrainConfig& c, 
   with_context("--oracle '" + c.oracle + "': ", [&] {
     const data::AlphaCache cache = io::read_alpha_cache(c.oracle);
     if (c.oracle_fallback == "mock") data::attach_mock_oracle(all, c.seed);
-    std::size_t missing = 0;
+    const std::size_t missing = all.size() - cache.attach(all, false);
+    if (missing == 0) return;
     std::set<std::pair<std::string, std::string>> missing_pairs;
     const data::Record* first = nullptr;
-    for (data::Record& r : all) {
-      if (const data::OracleEntry* e = cache.find(r.q_text, r.k_text)) {
-        r.alpha = e->alpha;
-        continue;
+    for (const data::Record& r : all)
+      if (!cache.find(r.q_text, r.k_text)) {
+        missing_pairs.emplace(r.q_text, r.k_text);
+        if (!first) first = &r;
       }
-      ++missing;
-      missing_pairs.emplace(r.q_text, r.k_text);
-      if (!first) first = &r;
-    }
-    if (missing == 0) return;
     check(c.oracle_fallback == "mock", missing_pairs.size(), " of the ", record_pairs(all).size(),
           " (q_text, k_text) pairs of the run's data are not in the cache, e.g. q_text ", detail::quoted(first->q_text),
           " k_text ", detail::quoted(first->k_text), " (write the run's pairs with --dump_pairs FILE and compute ",
