@@ -334,7 +334,7 @@ inline void add_config_flags(cli::FlagSet& fs, TrainConfig& c) {
   fs.text("babi", c.babi, "DIR", "bAbI: a directory with the qa16 / qa17 / qa18 *_train.txt task files, or one file");
   fs.text("clutrr", c.clutrr, "FILE", "CLUTRR: a CSV file of the public data set");
   fs.text("conceptnet", c.conceptnet, "FILE", "ConceptNet: an (uncompressed) assertion dump; IsA and PartOf are read");
-  fs.text("capitals", c.capitals, "FILE", "ConceptNet's capitals: capital<TAB>country lines (default: 47 built in)");
+  fs.text("capitals", c.capitals, "FILE", "ConceptNet's capitals: capital<TAB>country lines (none: the 47 built in)");
   fs.toggle("synthetic_fallback", c.synthetic_fallback,
             "--dalpha_source files: a source without its file uses its synthetic generator (said on stdout)");
   fs.choice("tokenizer", c.tokenizer, {"simple", "wordpiece"},
@@ -342,8 +342,9 @@ inline void add_config_flags(cli::FlagSet& fs, TrainConfig& c) {
   fs.text("vocab", c.vocab, "FILE", "the vocab.txt of --tokenizer wordpiece (its size is the model's vocabulary)");
   fs.choice("text_alpha", c.text_alpha, {"mock", "none"},
             "--data_source text: a random mock oracle on every batch, or none (no gate loss, no isolation check)");
-  fs.alias("wiki_alpha", "text_alpha");
-  fs.integer("n_docs", c.n_docs, 0, kNoMax, "--data_source text: read only the first N lines (documents); 0 = all");
+  fs.alias("wiki_alpha", "text_alpha", "the reference's name of --text_alpha");
+  fs.integer("n_docs", c.n_docs, 0, kNoMax,
+             "--data_source text: read only the first N documents (non-blank lines) of --text; 0 = all");
   fs.toggle("no_isolation_check", c.no_isolation_check, "skip the gradient-isolation check on the first batch");
   fs.custom("supervise_layers", "all|i,j,...", "all", "indices in [-1024, 1024], negative from the last",
             "the layers whose gate receives the oracle", [&c](const std::string& flag, const std::string& v) {

@@ -220,12 +220,12 @@ public:
   }
   /// Another name for the declared flag `target` (e.g. the reference's spelling): "--name value" sets target's
   /// field, and parse() reports it as `target` in Parsed::flags. A bad value is named as given.
-  FlagSet& alias(const std::string& name, const std::string& target) {
+  FlagSet& alias(const std::string& name, const std::string& target, std::string help = {}) {
     const Flag* t = find(target);
     check(t != nullptr && t->alias_of.empty(), "FlagSet::alias: --", target, " is not a declared flag");
     const std::string value_name = t->value_name;
     auto set = t->set;
-    add(name, value_name, "another name for --" + target, {}, {}, std::move(set));
+    add(name, value_name, help.empty() ? "another name for --" + target : std::move(help), {}, {}, std::move(set));
     flags_.back().alias_of = target;
     return *this;
   }
