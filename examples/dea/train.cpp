@@ -10,8 +10,9 @@
 // absolute path (and every other file a flag names: --babi, --clutrr, --conceptnet, --capitals, --vocab).
 // --dump_pairs FILE writes the distinct (q_text, k_text) pairs of the run's D_alpha data as JSONL (the input of an
 // oracle run) and exits without training; --oracle FILE.jsonl then trains with their alpha.
-// Exit status: 0 done, 1 error (a bad run directory, failed isolation check, non-finite loss), 2 bad command line or
-// a data file it names that cannot be used (missing, malformed, an alpha cache without a pair of the data).
+// Exit status: 0 done, 1 error (a bad run directory or a resumed run's data, failed isolation check, non-finite
+// loss), 2 bad command line or a data file it names that cannot be used (missing, malformed, an alpha cache without a
+// pair of the data).
 #include "commands.hpp"
 #include "paris_probe.hpp"
 
@@ -110,7 +111,7 @@ int dea_train(int argc, char** argv) {
     return 0;
   }
   // the data first: a file the command line names that cannot be used is a bad command line (2), not a failure of
-  // the run (1)
+  // the run (1); a resumed run's data comes from its directory (config.json, tokenizer.txt), a bad one is 1
   std::optional<train::encoder::RunData> data;
   try {
     data.emplace(train::encoder::build_run_data(*cfg, &std::cout));
@@ -118,8 +119,8 @@ int dea_train(int argc, char** argv) {
     fmt::print(stderr, "dea train: out of memory building the data (--n_per_source {})\n", c.n_per_source);
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea train: {}\n", e.what());
-    return 2;
+    fmt::print(stderr, "dea train: {}{}\n", c.resume ? "--resume: " : "", e.what());
+    return c.resume ? 1 : 2;
   }
   try {
     train::encoder::TrainOptions<S> opts;
