@@ -277,3 +277,68 @@ printf '%s\\n' \"$l\" | \"$0\" tokenize --vocab '${dea_vocab}' --pair --tokens -
   dea_cli_test(tokenize_help dea_cli 0 "usage: dea tokenize --vocab vocab.txt.*--vocab FILE.*--pair.*--max_length N.*range \\[3, 1048576\\]"
                tokenize --help)
 endif()
+
+# dea train on local copies of the D_alpha data sets (tests/data/dalpha) and dea eval on that run; a source without
+# its file (an error naming the flag, or the synthetic generator with a notice); the pairs an oracle must score; an
+# alpha cache that lacks pairs (exit 2, or the mock fallback, counted); WordPiece; --text_alpha none; dea eval refusing
+# a configuration whose data it cannot rebuild
+if(TARGET dea_cli)
+  set(dea_dalpha ${CMAKE_CURRENT_SOURCE_DIR}/data/dalpha)
+  set(dea_tiny --d_model 16 --n_heads 2 --n_layers 1 --d_ff 32 --batch_size 8 --steps 2 --gamma_steps 2 --eval_every 2
+               --log_every 1 --threads 1 --no-plots)
+  set(dea_files --dalpha_source files --babi ${dea_dalpha}/babi --clutrr ${dea_dalpha}/clutrr.csv
+                --conceptnet ${dea_dalpha}/conceptnet_assertions.csv --capitals ${dea_dalpha}/capitals.txt)
+  set(dea_files_run ${CMAKE_CURRENT_BINARY_DIR}/train_dalpha_files)
+  add_test(NAME train_dalpha_files_smoke COMMAND dea_cli train ${dea_tiny} ${dea_files} --out_dir ${dea_files_run} --overwrite)
+  set_tests_properties(train_dalpha_files_smoke PROPERTIES FIXTURES_SETUP trained_dalpha_files PASS_REGULAR_EXPRESSION
+                       "loaded real babi: 7 positives.*loaded real clutrr: 5.*loaded real conceptnet: 11.*data: 38 train / 3 val / 5 test \\(dalpha\\).*gradient isolation: .* OK.*Paris probe")
+  add_test(NAME eval_dalpha_files COMMAND dea_cli eval --ckpt ${dea_files_run} --no-plots)
+  set_tests_properties(eval_dalpha_files PROPERTIES FIXTURES_REQUIRED trained_dalpha_files
+                       PASS_REGULAR_EXPRESSION "\"n_examples\": 5")
+  dea_cli_test(train_dalpha_missing_source dea_cli 2
+               "--dalpha_source files: no file for --clutrr FILE \\(CLUTRR\\), --conceptnet FILE or --capitals FILE.*--synthetic_fallback"
+               train --dalpha_source files --babi ${dea_dalpha}/babi --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_dalpha_missing)
+  dea_cli_test(train_dalpha_missing_file dea_cli 2 "no_such.csv"
+               train ${dea_tiny} ${dea_files} --clutrr ${dea_dalpha}/no_such.csv --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_dalpha_nofile)
+  dea_cli_sh(train_dump_pairs dea_cli 0 "wrote 46 distinct \\(q_text, k_text\\) pairs of 46 D_alpha records.*lines 46, repeated 0, first \\{\"q_text\":\"[^\"]+\",\"k_text\":\"[^\"]+\"\\}"
+             "f=${CMAKE_CURRENT_BINARY_DIR}/cli_pairs.jsonl; rm -f \"$f\"; \"$0\" \"$@\" --dump_pairs \"$f\" && \
+echo \"lines $(wc -l < \"$f\"), repeated $(sort \"$f\" | uniq -d | wc -l), first $(head -n 1 \"$f\")\""
+             train ${dea_files} --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_pairs_run)
+  dea_cli_test(train_dump_pairs_fallback_notice dea_cli 0
+               "clutrr: no --clutrr given; using the synthetic CLUTRR-like generator \\(--synthetic_fallback\\).*wrote [0-9]+ distinct"
+               train --dalpha_source files --babi ${dea_dalpha}/babi --synthetic_fallback --n_per_source 10
+               --dump_pairs ${CMAKE_CURRENT_BINARY_DIR}/cli_pairs_fallback.jsonl)
+  dea_cli_test(train_dump_pairs_text dea_cli 2 "--dump_pairs: --data_source text has no \\(q_text, k_text\\) pairs"
+               train --data_source text --text corpus.txt --dump_pairs ${CMAKE_CURRENT_BINARY_DIR}/cli_pairs_text.jsonl)
+  set(dea_one_pair ${CMAKE_CURRENT_BINARY_DIR}/cli_one_pair.jsonl)
+  dea_cli_sh(train_oracle_missing_pair dea_cli 2
+             "cli_one_pair.jsonl'?: 45 of the 46 \\(q_text, k_text\\) pairs of the run's data are not in the cache, e.g. q_text \".*--oracle_fallback mock.*nothing written"
+             "printf '%s\\n' '{\"q_text\": \"Paris\", \"k_text\": \"France\", \"alpha\": 0.9}' > '${dea_one_pair}' && \
+d=${CMAKE_CURRENT_BINARY_DIR}/cli_oracle_missing; rm -rf \"$d\"; \"$0\" \"$@\" --oracle '${dea_one_pair}' --out_dir \"$d\"; s=$?; \
+test -e \"$d/config.json\" || echo 'nothing written'; (exit $s)" train ${dea_tiny} ${dea_files})
+  dea_cli_sh(train_oracle_fallback_mock dea_cli 0
+             "\\[oracle\\] 45 of 46 records \\(45 distinct pairs\\) are not in the cache .*--oracle_fallback mock.*Paris probe"
+             "printf '%s\\n' '{\"q_text\": \"Paris\", \"k_text\": \"France\", \"alpha\": 0.9}' > '${dea_one_pair}_fb' && \
+\"$0\" \"$@\" --oracle '${dea_one_pair}_fb' --oracle_fallback mock --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_oracle_fallback --overwrite"
+             train ${dea_tiny} ${dea_files})
+  dea_cli_test(train_wordpiece_smoke dea_cli 0 "vocab 30522 \\(wordpiece\\).*gradient isolation: .* OK.*layer 0:"
+               train ${dea_tiny} ${dea_files} --tokenizer wordpiece --vocab ${CMAKE_CURRENT_SOURCE_DIR}/data/bert/vocab.txt
+               --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_wordpiece --overwrite)
+  dea_cli_sh(train_wordpiece_empty_vocab dea_cli 2 "--vocab '[^']*cli_empty_vocab.txt': .*empty vocabulary.*nothing written"
+             "f=${CMAKE_CURRENT_BINARY_DIR}/cli_empty_vocab.txt; : > \"$f\"; d=${CMAKE_CURRENT_BINARY_DIR}/cli_wordpiece_empty; \
+rm -rf \"$d\"; \"$0\" train --tokenizer wordpiece --vocab \"$f\" --out_dir \"$d\"; s=$?; test -e \"$d\" || echo 'nothing written'; (exit $s)")
+  dea_cli_test(train_vocab_without_wordpiece dea_cli 2 "--vocab 'v.txt' is given, but --tokenizer is 'simple'"
+               train --vocab v.txt)
+  dea_cli_sh(train_text_alpha_none dea_cli 0 "gradient isolation: skipped \\(--text_alpha none: the batches carry no oracle"
+             "c=${CMAKE_CURRENT_BINARY_DIR}/cli_text_corpus.txt; : > \"$c\"; for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do \
+echo \"The river runs past the old mill number $i. A stone bridge crosses it near the church. Children fish from it.\" >> \"$c\"; done; \
+\"$0\" \"$@\" --data_source text --text \"$c\" --wiki_alpha none --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_text_none --overwrite"
+             train ${dea_tiny})
+  dea_cli_test(train_text_alpha_for_dalpha dea_cli 2 "--text_alpha applies to --data_source text only" train --wiki_alpha none)
+  dea_cli_sh(eval_refuses_reference_data_source dea_cli 1 "config.json: --data_source 'wikipedia': the reference's Wikipedia stream cannot be rebuilt"
+             "d=${CMAKE_CURRENT_BINARY_DIR}/cli_reference_wiki; rm -rf \"$d\"; mkdir -p \"$d\" && \
+echo '{\"data_source\": \"wikipedia\", \"d_model\": 16, \"n_heads\": 2}' > \"$d/config.json\" && \"$0\" eval --ckpt \"$d\"")
+  dea_cli_sh(eval_refuses_reference_dalpha_source dea_cli 1 "--dalpha_source 'real': the reference's Hugging Face downloads"
+             "d=${CMAKE_CURRENT_BINARY_DIR}/cli_reference_real; rm -rf \"$d\"; mkdir -p \"$d\" && \
+echo '{\"data_source\": \"dalpha\", \"dalpha_source\": \"real\"}' > \"$d/config.json\" && \"$0\" eval --ckpt \"$d\"")
+endif()

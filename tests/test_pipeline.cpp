@@ -229,10 +229,12 @@ TEST_CASE("pipeline: checkpoint round trip is exact; corrupt checkpoints are rej
   REQUIRE(fs::exists(checkpoint_path(dir)));
   REQUIRE(fs::exists(config_path(dir)));
   REQUIRE(fs::exists(tokenizer_path(dir)));
-  CHECK(to_json(read_config(config_path(dir))) == to_json(c));
+  TrainConfig recorded = c;  // config.json: the run's flags and the fingerprint of its data
+  recorded.data_hash = build_data(c).hash;
+  CHECK(to_json(read_config(config_path(dir))) == to_json(recorded));
 
   // load into a fresh model + optimiser, save again: the same tensors, bit for bit
-  const data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
+  const data::RunTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
   const RunData d = build_data(c, &tok);
   Rng rng(999);  // different initial weights: every value must come from the file
   Model model(model_config(c, tok.vocab_size(), d.task), rng);
@@ -359,8 +361,15 @@ TEST_CASE("pipeline: evaluation of a checkpoint and the Paris probe", "[pipeline
     TrainConfig other = read_config(config_path(dir));
     other.seed += 1;
     write_config(config_path(dir), other);
+    // the seed gives other records: their fingerprint is not the run's
+    CHECK_THROWS_WITH(eval_with_probe(dir, Split::test), Catch::Contains("is not the run's (data_hash"));
+    // without the fingerprint (a run imported from the reference), the checkpoint's Rng state tells
+    const std::string hash = other.data_hash;
+    other.data_hash.clear();
+    write_config(config_path(dir), other);
     CHECK_THROWS_WITH(eval_with_probe(dir, Split::test), Catch::Contains("does not match seed"));
     other.seed -= 1;
+    other.data_hash = hash;
     write_config(config_path(dir), other);
   }
 
@@ -371,7 +380,7 @@ TEST_CASE("pipeline: evaluation of a checkpoint and the Paris probe", "[pipeline
   CHECK(probe.per_layer[0] > 0);
   CHECK(probe.per_layer[0] < 1);
   // deterministic: the probe runs in eval mode
-  const data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
+  const data::RunTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
   const RunData d = build_data(c, &tok);
   Rng rng(1);
   Model model(model_config(c, tok.vocab_size(), d.task), rng);
@@ -442,7 +451,7 @@ TEST_CASE("pipeline: a non-finite loss stops the run and keeps the last good che
     CHECK(msg.find("step 8") != std::string::npos);
   }
   // the checkpoint of the evaluation at step 5 is intact and finite
-  const data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
+  const data::RunTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
   const RunData d = build_data(c, &tok);
   Rng rng(1);
   Model model(model_config(c, tok.vocab_size(), d.task), rng);
@@ -482,11 +491,11 @@ TEST_CASE("pipeline: a state_dict exported from the reference loads, reproduces 
     TrainConfig c = config_from_json(cfg);
     const RunData d = build_data(c, nullptr);
     std::ofstream f(tokenizer_path(dir));
-    for (Index i = 0; i < 50; ++i) f << d.tok.id_to_token(i) << "\n";
+    for (std::size_t i = 0; i < 50; ++i) f << d.tok.vocab()[i] << "\n";
   }
 
   const TrainConfig c = read_config(config_path(dir));
-  const data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
+  const data::RunTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
   REQUIRE(tok.vocab_size() == 50);
   Rng rng(3);
   Model model(model_config(c, tok.vocab_size(), nn::Task::cls), rng);

@@ -1,5 +1,7 @@
 // dea eval: the reference's eval.py (spec section 6). Loads checkpoint.safetensors, config.json and tokenizer.txt
-// from a run directory, rebuilds the data from the saved configuration, evaluates a split at gamma_mix = 0 in
+// from a run directory, rebuilds the data from the saved configuration (refused when config.json names data this
+// program cannot rebuild, such as the reference's Wikipedia stream, or when the data's fingerprint is not the run's
+// data_hash), evaluates a split at gamma_mix = 0 in
 // evaluation mode, writes eval_<split>.json next to the checkpoint and alpha_hist_<split>.svg (alpha-hat against
 // the oracle alpha on the split's labelled cells) into --plot_dir (default: the run directory), then runs the
 // Paris probe.

@@ -3,7 +3,7 @@
 // (the paper's target is about 0.9 in a trained model).
 #pragma once
 
-#include <dea/data/tokenizer.hpp>
+#include <dea/data/run_tokenizer.hpp>
 #include <dea/nn/transformer.hpp>
 
 #include <fmt/core.h>
@@ -20,23 +20,27 @@ struct ParisProbe {
   std::vector<double> per_layer;  ///< mean over heads of alpha-hat[qi -> ki]
 };
 
-/// "Paris is capital of France" as one segment (max_len 32); eval mode, no oracle, gamma 0.
+/// "Paris is capital of France" as one segment (max_len 32); eval mode, no oracle, gamma 0. The query is the last
+/// token of "Paris", the key the first token of "France" after it (WordPiece may split a word into pieces).
 template <class Model>
-ParisProbe paris_probe(Model& model, const dea::data::SimpleTokenizer& tok) {
+ParisProbe paris_probe(Model& model, const dea::data::RunTokenizer& tok) {
   using Scalar = typename Model::Scalar;
   ParisProbe p;
   const dea::data::Encoding e = tok.encode("Paris is capital of France", 32);
-  for (dea::Index t = 0; t < e.size(); ++t) {
-    const std::string& s = e.tokens[static_cast<std::size_t>(t)];
-    if (s == "paris") p.qi = t;                // the last sub-token of "paris"
-    if (s == "france" && p.ki < 0) p.ki = t;   // the first sub-token of "france"
-  }
-  for (const char* w : {"paris", "france"})
-    if (!tok.contains(w)) p.error = std::string("token '") + w + "' is not in the vocabulary";
-  if (p.qi < 0 || p.ki < 0 || !p.error.empty()) {
-    if (p.error.empty()) p.error = "token not found in the encoding";
+  const std::vector<std::string> paris = tok.tokenize("Paris"), france = tok.tokenize("France");
+  for (const auto* w : {&paris, &france})
+    for (const std::string& piece : *w)
+      if (!tok.contains(piece) || piece == tok.vocab()[static_cast<std::size_t>(tok.unk_id())])
+        p.error = "'" + std::string(w == &paris ? "Paris" : "France") + "' is not in the vocabulary";
+  if (!p.error.empty()) return p;
+  const dea::Index qs = dea::data::find_span(e.tokens, paris, 1);
+  const dea::Index ks = qs < 0 ? -1 : dea::data::find_span(e.tokens, france, qs + static_cast<dea::Index>(paris.size()));
+  if (qs < 0 || ks < 0) {
+    p.error = "token not found in the encoding";
     return p;
   }
+  p.qi = qs + static_cast<dea::Index>(paris.size()) - 1;
+  p.ki = ks;
   const dea::Index T = e.size();
   if (T > model.config().max_len) {
     p.error = dea::detail::concat("the probe sentence has ", T, " tokens, more than the model's max_len ",

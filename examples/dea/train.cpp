@@ -7,12 +7,17 @@
 // continues from out_dir's checkpoint with the saved configuration; only --steps, --log_every, --eval_every,
 // --eval_batches and --threads may change (train::resumable_flags). A fresh run refuses an out_dir that holds
 // another run's files unless --overwrite, which deletes them first. config.json records --text and --oracle by
-// absolute path.
-// Exit status: 0 done, 1 error (bad input, failed isolation check, non-finite loss), 2 bad command line.
+// absolute path (and every other file a flag names: --babi, --clutrr, --conceptnet, --capitals, --vocab).
+// --dump_pairs FILE writes the distinct (q_text, k_text) pairs of the run's D_alpha data as JSONL (the input of an
+// oracle run) and exits without training; --oracle FILE.jsonl then trains with their alpha.
+// Exit status: 0 done, 1 error (a bad run directory or a resumed run's data, failed isolation check, non-finite
+// loss), 2 bad command line or a data file it names that cannot be used (missing, malformed, an alpha cache without a
+// pair of the data).
 #include "commands.hpp"
 #include "paris_probe.hpp"
 
 #include <dea/core/allocator.hpp>
+#include <dea/io/jsonl.hpp>
 #include <dea/train/config.hpp>
 #include <dea/train/encoder.hpp>
 #include <dea/train/flags.hpp>
@@ -20,6 +25,7 @@
 #include <fmt/core.h>
 
 #include <exception>
+#include <iostream>
 #include <new>
 #include <optional>
 #include <string>
@@ -32,7 +38,7 @@ int dea_train(int argc, char** argv) {
   dea::retain_freed_memory();  // reuse freed activations instead of faulting pages in every step
   const std::vector<std::string> args(argv + 1, argv + argc);
   train::TrainConfig given;
-  std::string plot_dir;
+  std::string plot_dir, dump_pairs;
   bool no_plots = false, overwrite = false;
   cli::FlagSet fs("dea train [flags]",
                   "Trains the Dual-Expert encoder as the reference's train.py does, into --out_dir (checkpoint,\n"
@@ -41,6 +47,9 @@ int dea_train(int argc, char** argv) {
   fs.text("plot_dir", plot_dir, "DIR", "where the plots go (default: --out_dir)");
   fs.toggle("no-plots", no_plots, "write no plots");
   fs.toggle("overwrite", overwrite, "a fresh run replaces the run in --out_dir (its files are deleted first)");
+  fs.text("dump_pairs", dump_pairs, "FILE",
+          "write the distinct (q_text, k_text) pairs of the run's D_alpha data to FILE (JSONL, the input of dea "
+          "oracle) and exit without training");
   auto bad_line = [&](const std::string& why) {
     fmt::print(stderr, "dea train: {}\n(dea train --help lists the flags)\n", why);
     return 2;
@@ -74,15 +83,48 @@ int dea_train(int argc, char** argv) {
   } else {
     try {
       const train::ValidConfig checked = given;  // validated here, once
-      train::check_fresh_run_dir(given.out_dir, overwrite);
+      if (dump_pairs.empty()) train::check_fresh_run_dir(given.out_dir, overwrite);  // (a dump writes no run)
       cfg = checked.with_absolute_paths();
     } catch (const std::exception& e) {
       return bad_line(e.what());
     }
   }
+  try {
+    train::check_flag_scope(*cfg, p.flags);
+  } catch (const std::exception& e) {
+    return bad_line(e.what());
+  }
   const train::TrainConfig& c = *cfg;
+  if (!dump_pairs.empty()) {
+    if (c.data_source != "dalpha")
+      return bad_line("--dump_pairs: --data_source " + c.data_source + " has no (q_text, k_text) pairs");
+    try {
+      const std::vector<data::Record> records = train::encoder::dalpha_records(*cfg, &std::cout);
+      const auto pairs = train::encoder::record_pairs(records);
+      io::write_pairs(dump_pairs, pairs);
+      fmt::print("wrote {} distinct (q_text, k_text) pairs of {} D_alpha records to {}\n", pairs.size(), records.size(),
+                 dump_pairs);
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "dea train: --dump_pairs: {}\n", e.what());
+      return 2;
+    }
+    return 0;
+  }
+  // the data first: a file the command line names that cannot be used is a bad command line (2), not a failure of
+  // the run (1); a resumed run's data comes from its directory (config.json, tokenizer.txt), a bad one is 1
+  std::optional<train::encoder::RunData> data;
+  try {
+    data.emplace(train::encoder::build_run_data(*cfg, &std::cout));
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "dea train: out of memory building the data (--n_per_source {})\n", c.n_per_source);
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dea train: {}{}\n", c.resume ? "--resume: " : "", e.what());
+    return c.resume ? 1 : 2;
+  }
   try {
     train::encoder::TrainOptions<S> opts;
+    opts.data = &*data;
     opts.overwrite = overwrite;
     if (!no_plots) opts.plot_dir = plot_dir.empty() ? c.out_dir : plot_dir;
     opts.on_finish = [](nn::TransformerModel<S>& model, const train::encoder::RunData& d) {

@@ -185,14 +185,6 @@ struct Meta {
   std::string slug;
 };
 
-/// First position >= start where `sub` occurs in `toks`, or -1.
-Index find_span(const std::vector<std::string>& toks, const std::vector<std::string>& sub, Index start) {
-  if (sub.empty()) return -1;
-  for (Index i = start; i + static_cast<Index>(sub.size()) <= static_cast<Index>(toks.size()); ++i)
-    if (std::equal(sub.begin(), sub.end(), toks.begin() + i)) return i;
-  return -1;
-}
-
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& t : v) s += (s.empty() ? "" : " ") + t;
@@ -202,17 +194,17 @@ std::string join(const std::vector<std::string>& v) {
 /// Encodes each sentence as one segment (max_len 32); the query span is searched from position 1 and the key span
 /// after it; qi = the query span's last token, ki = the key span's first. The oracle is set at (qi, ki) only and
 /// target_idx[qi] = ki. Right-padded to the longest sentence.
-Batch build_batch(const data::SimpleTokenizer& tok, const std::vector<Pair>& pairs, Index max_len,
+Batch build_batch(const data::RunTokenizer& tok, const std::vector<Pair>& pairs, Index max_len,
                             std::vector<Meta>& meta) {
   std::set<std::string> used;
   for (std::size_t n = 0; n < pairs.size(); ++n) {
     const Pair& p = pairs[n];
     const data::Encoding e = tok.encode(p.text, 32);
     const std::vector<std::string> qt = tok.tokenize(p.q), kt = tok.tokenize(p.k);
-    const Index qs = find_span(e.tokens, qt, 1);
+    const Index qs = data::find_span(e.tokens, qt, 1);
     check(qs >= 0, "pair '", p.text, "': query word '", p.q, "' (tokens: ", join(qt), ") not found in the sentence's tokens [",
           join(e.tokens), "]");
-    const Index ks = find_span(e.tokens, kt, qs + static_cast<Index>(qt.size()));
+    const Index ks = data::find_span(e.tokens, kt, qs + static_cast<Index>(qt.size()));
     check(ks >= 0, "pair '", p.text, "': key word '", p.k, "' (tokens: ", join(kt),
           ") not found after the query word in the sentence's tokens [", join(e.tokens), "]");
     Meta m;
@@ -235,7 +227,7 @@ Batch build_batch(const data::SimpleTokenizer& tok, const std::vector<Pair>& pai
   check(T <= max_len, "the longest sentence has ", T, " tokens, more than the model's max_len ", max_len);
   const Index N = static_cast<Index>(meta.size());
   Batch b;
-  b.input_ids = Tensor<std::int64_t>({N, T}, data::SimpleTokenizer::pad_id);
+  b.input_ids = Tensor<std::int64_t>({N, T}, tok.pad_id());
   b.attention_mask = Tensor<std::uint8_t>({N, T}, 0);
   b.token_type_ids = Tensor<std::int64_t>({N, T}, 0);
   b.alpha_oracle = Tensor<Scalar>({N, T, T}, std::numeric_limits<Scalar>::quiet_NaN());
@@ -587,7 +579,7 @@ int dea_visualize(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     // one thread by default: the batch is a few dozen tokens, and a second thread only waits at each barrier
     set_num_threads(args.threads);
-    std::optional<data::SimpleTokenizer> tok;
+    std::optional<data::RunTokenizer> tok;
     std::optional<Model> model;
     long warm = 0;
     if (!args.ckpt.empty()) {
@@ -595,9 +587,11 @@ int dea_visualize(int argc, char** argv) {
       if (fs::is_regular_file(dir)) dir = fs::path(dir).parent_path().string();
       if (dir.empty()) dir = ".";
       const train::TrainConfig cfg = train::read_config(train::config_path(dir));
-      tok = data::SimpleTokenizer::load(train::tokenizer_path(dir));
+      tok = train::encoder::load_run_tokenizer(dir, cfg);
       Rng rng(cfg.seed);
-      model.emplace(train::encoder::model_config(cfg, tok->vocab_size(), cfg.data_source == "text" ? nn::Task::mlm : nn::Task::cls),
+      model.emplace(train::encoder::model_config(cfg, tok->vocab_size(),
+                                                 cfg.data_source == "text" ? nn::Task::mlm : nn::Task::cls,
+                                                 tok->pad_id()),
                     rng);
       const std::int64_t step = train::load_checkpoint(dir, *model, nullptr);
       fmt::print("model: {} (step {}), D={} H={} layers={}\n", train::checkpoint_path(dir), step, cfg.d_model,

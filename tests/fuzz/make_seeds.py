@@ -91,3 +91,35 @@ put("config", "config", json.dumps({
     "text": "", "oracle": "mock", "n_per_source": 20, "supervise_layers": [0, -1], "threads": 0, "resume": False,
     "eval_batches": 50}, indent=2) + "\n")
 put("config", "minimal", "{}")
+
+# WordPiece vocabulary (vocab.txt): specials, ## continuations, CRLF and trailing whitespace, a non-ASCII token
+put("vocab", "bert_like", "[PAD]\n[unused0]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nparis\nis\nthe\ncapital\nof\nfrance\n"
+    "##s\n##ing\n.\n,\n;\nx\ny\n5\n+\n3\n=\n8\ncafe\n")
+put("vocab", "crlf_trailing", "[UNK]\r\nhello \r\nworld\t\r\n##ly\r\n\u00e9t\u00e9\r\n\u65e5\r\n")
+put("vocab", "no_unk", "a\nb\n##c\n")
+
+# WordPiece input text: accents, CJK, punctuation and symbols, special tokens, controls, a long word, a bad byte
+put("wordpiece", "plain", "Paris is the capital of France. Hello, world!")
+put("wordpiece", "unicode", "Na\u00efve caf\u00e9 \u00c9T\u00c9 \u6771\u4eac\u3068\u30ab\u30bf\u30ab\u30ca "
+    "\ud55c\uad6d \u03a3\u03c3 \u0130stanbul \u20ac5 \u00bd \u2460 \ufb01 \uff21")
+put("wordpiece", "specials", "x[MASK]y [CLS] [mask] [SEP][SEP] [PAD]\t[UNK]\n")
+put("wordpiece", "controls", "a\u200bb\u00adc\ufeffd\u0085e\u000bf\r\ng\u3000h")
+put("wordpiece", "long_word", "a" * 100 + " " + "b" * 101 + " unaffable")
+put("wordpiece", "invalid", b"caf\xc3 au lait \xff\xfe")
+
+# BERT config.json
+with open(os.path.join(here, "..", "data", "bert", "hf_fixtures", "f32", "config.json"), "rb") as f:
+    put("bert_config", "hf_fixture_f32", f.read())
+put("bert_config", "classifier", json.dumps({
+    "model_type": "bert", "architectures": ["BertForSequenceClassification"], "vocab_size": 30, "hidden_size": 8,
+    "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 16, "max_position_embeddings": 16,
+    "hidden_act": "gelu_new", "layer_norm_eps": 1e-12, "pad_token_id": None, "classifier_dropout": 0.2,
+    "id2label": {"0": "contradiction", "1": "entailment", "2": "neutral"},
+    "label2id": {"contradiction": 0, "entailment": 1, "neutral": 2}, "num_labels": 3}))
+put("bert_config", "empty_object", "{}")
+put("config", "files_wordpiece", json.dumps({
+    "d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "data_source": "dalpha", "dalpha_source": "files",
+    "babi": "/data/babi/en", "clutrr": "/data/clutrr.csv", "conceptnet": "", "capitals": "/data/capitals.txt",
+    "synthetic_fallback": True, "tokenizer": "wordpiece", "vocab": "/models/bert/vocab.txt", "wiki_alpha": "none",
+    "n_docs": 200, "no_isolation_check": True, "oracle": "/data/cache.jsonl", "oracle_fallback": "mock",
+    "data_hash": "0123456789abcdef"}) + "\n")

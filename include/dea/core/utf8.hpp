@@ -67,6 +67,23 @@ inline std::size_t decode(std::string_view s, std::size_t i, char32_t& cp) {
   return len;
 }
 
+/// The byte offset of the first byte of `s` that is not part of valid UTF-8 (a stray or missing continuation byte,
+/// an overlong form, a surrogate, a code point above U+10FFFF), or npos when `s` is valid UTF-8.
+inline std::size_t first_invalid(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    if (static_cast<unsigned char>(s[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    char32_t cp = 0;
+    const std::size_t n = decode(s, i, cp);
+    // decode gives U+FFFD for one byte of an invalid sequence; a real U+FFFD takes three bytes
+    if (n == 1) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
 /// Appends the UTF-8 encoding of `cp` to `out`.
 inline void append(std::string& out, char32_t cp) {
   if (cp < 0x80) {

@@ -38,10 +38,12 @@ struct PairBatch {
   Index seq_len() const { return input_ids.dim() ? input_ids.size(1) : 0; }
 };
 
-/// Collates the records `recs[idx[0]], recs[idx[1]], ...` (idx must be non-empty and in range).
-template <class S>
-PairBatch<S> collate_pairs(const std::vector<Record>& recs, const std::vector<std::size_t>& idx,
-                           const SimpleTokenizer& tok, Index max_len) {
+/// Collates the records `recs[idx[0]], recs[idx[1]], ...` (idx must be non-empty and in range). `tok` is a
+/// SimpleTokenizer or a RunTokenizer (run_tokenizer.hpp): its encode_pair gives the tokens and spans, and rows are
+/// padded with its padding id.
+template <class S, class Tok>
+PairBatch<S> collate_pairs(const std::vector<Record>& recs, const std::vector<std::size_t>& idx, const Tok& tok,
+                           Index max_len) {
   check(!idx.empty(), "collate_pairs: empty batch");
   std::vector<Encoding> enc;
   enc.reserve(idx.size());
@@ -53,7 +55,7 @@ PairBatch<S> collate_pairs(const std::vector<Record>& recs, const std::vector<st
   }
   const Index B = static_cast<Index>(idx.size());
   PairBatch<S> out;
-  out.input_ids = Tensor<std::int64_t>({B, T}, SimpleTokenizer::pad_id);
+  out.input_ids = Tensor<std::int64_t>({B, T}, pad_id_of(tok));
   out.token_type_ids = Tensor<std::int64_t>({B, T}, 0);
   out.attention_mask = Tensor<std::uint8_t>({B, T}, 0);
   out.labels = Tensor<std::int64_t>({B}, 0);
@@ -84,8 +86,8 @@ PairBatch<S> collate_pairs(const std::vector<Record>& recs, const std::vector<st
 }
 
 /// Collates a whole list of records (in order).
-template <class S>
-PairBatch<S> collate_pairs(const std::vector<Record>& recs, const SimpleTokenizer& tok, Index max_len) {
+template <class S, class Tok>
+PairBatch<S> collate_pairs(const std::vector<Record>& recs, const Tok& tok, Index max_len) {
   std::vector<std::size_t> idx(recs.size());
   std::iota(idx.begin(), idx.end(), std::size_t(0));
   return collate_pairs<S>(recs, idx, tok, max_len);

@@ -19,9 +19,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dea::data {
@@ -185,6 +187,56 @@ inline Splits split_records(const std::vector<Record>& recs, std::size_t r0 = 10
   s.val.assign(recs.begin() + static_cast<std::ptrdiff_t>(a), recs.begin() + static_cast<std::ptrdiff_t>(b));
   s.test.assign(recs.begin() + static_cast<std::ptrdiff_t>(b), recs.end());
   return s;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Fingerprints
+// ---------------------------------------------------------------------------------------------------------
+
+/// A 64-bit FNV-1a hash of a sequence of fields, each length-prefixed (so ("ab", "c") and ("a", "bc") differ); the
+/// fingerprint a run records of its data, the same on every platform.
+class Fingerprint {
+public:
+  Fingerprint& add(std::string_view s) {
+    add_u64(s.size());
+    for (char c : s) byte(static_cast<unsigned char>(c));
+    return *this;
+  }
+  Fingerprint& add_u64(std::uint64_t v) {
+    for (int k = 0; k < 8; ++k) byte(static_cast<unsigned char>(v >> (8 * k)));
+    return *this;
+  }
+  /// The bits of a double (NaN as one canonical value).
+  Fingerprint& add_double(double x) {
+    std::uint64_t bits = 0x7ff8000000000000ULL;
+    if (!std::isnan(x)) std::memcpy(&bits, &x, sizeof bits);
+    return add_u64(bits);
+  }
+  std::uint64_t value() const { return h_; }
+  /// 16 lower-case hex digits.
+  std::string hex() const {
+    static const char* d = "0123456789abcdef";
+    std::string s(16, '0');
+    for (int k = 0; k < 16; ++k) s[static_cast<std::size_t>(15 - k)] = d[(h_ >> (4 * k)) & 15];
+    return s;
+  }
+
+private:
+  void byte(unsigned char b) {
+    h_ ^= b;
+    h_ *= 0x100000001b3ULL;
+  }
+  std::uint64_t h_ = 0xcbf29ce484222325ULL;
+};
+
+/// Adds every field of the records, in order (texts, label, source, relation, strength and alpha).
+inline Fingerprint& add_records(Fingerprint& f, const std::vector<Record>& recs) {
+  f.add_u64(recs.size());
+  for (const Record& r : recs) {
+    f.add(r.q_text).add(r.k_text).add_u64(static_cast<std::uint64_t>(r.label)).add(r.source).add(r.relation);
+    f.add(r.strength).add_double(r.alpha);
+  }
+  return f;
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -262,6 +262,32 @@ inline std::vector<Record> load_babi(const std::string& path, const std::string&
   return out;
 }
 
+/// The bAbI task files of the D_alpha source: `path` itself when it is a file, else the files of the directory
+/// `path` named qa16_*_train.txt, qa17_*_train.txt and qa18_*_train.txt (the tasks_1-20_v1-2 layout, e.g. its en/
+/// folder), in task order (by name within a task). A directory without any is a dea::Error naming it.
+inline std::vector<std::string> babi_task_files(const std::string& path) {
+  std::error_code ec;
+  check(std::filesystem::exists(path, ec), "'", path, "' does not exist");
+  if (!std::filesystem::is_directory(path, ec)) return {path};
+  std::vector<std::string> out;
+  for (const char* task : {"qa16_", "qa17_", "qa18_"}) {
+    std::vector<std::string> found;
+    for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+      const std::string n = e.path().filename().string();
+      const std::string suffix = "_train.txt";
+      if (n.rfind(task, 0) == 0 && n.size() > suffix.size() &&
+          n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0 && !e.is_directory(ec))
+        found.push_back(e.path().string());
+    }
+    std::sort(found.begin(), found.end());
+    out.insert(out.end(), found.begin(), found.end());
+  }
+  check(!ec, "cannot list the directory '", path, "': ", ec.message());
+  check(!out.empty(), "the directory '", path, "' holds no bAbI task file (qa16_*_train.txt, qa17_*_train.txt or ",
+        "qa18_*_train.txt)");
+  return out;
+}
+
 /// Up to n records from several task files: file i contributes until the total reaches n*(i+1)/k (k files),
 /// so the tasks share n about equally (the reference's cumulative quota).
 inline std::vector<Record> load_babi_tasks(const std::vector<std::string>& paths, std::size_t n) {
@@ -382,11 +408,12 @@ inline std::vector<Record> load_capitals(const std::string& path) {
 // D_alpha from files
 // ---------------------------------------------------------------------------------------------------------
 
-/// Local files for the real sources. An empty path (or list) means: use the synthetic source.
+/// Local files for the real sources. A source without a file (an empty path or list; for ConceptNet, neither the
+/// assertions nor the capitals) is synthetic.
 struct DalphaFiles {
   std::vector<std::string> babi;  ///< bAbI task files (qa16 / qa17 / qa18)
   std::string clutrr_csv;
-  std::string conceptnet_csv;     ///< ConceptNet assertion dump (uncompressed)
+  std::string conceptnet_csv;     ///< ConceptNet assertion dump (uncompressed); empty with capitals: capitals only
   std::string capitals;           ///< capitals list; empty = the built-in 47 capitals
   /// On a missing or malformed file: print a notice to `log` and use that source's synthetic generator
   /// (true), or throw the dea::Error (false).
@@ -397,7 +424,8 @@ struct DalphaFiles {
 /// D_alpha with real sources where files are given: per source n_per_source positives (bAbI, CLUTRR;
 /// ConceptNet = the capitals followed by IsA/PartOf pairs up to n_per_source in total), each with 1:1
 /// negatives, concatenated and shuffled with Rng(seed). A source without files is synthetic. A source whose
-/// file fails (or yields no record) throws, or falls back to synthetic with a notice.
+/// file fails (or yields no record) throws, or falls back to synthetic with a notice. The random draws come in the
+/// synthetic build's order, so without any file the result is build_dalpha_synthetic's.
 inline std::vector<Record> build_dalpha(const DalphaFiles& files, const DalphaOptions& opt = {}) {
   Rng rng(opt.seed);
   std::vector<Record> all;
@@ -422,7 +450,7 @@ inline std::vector<Record> build_dalpha(const DalphaFiles& files, const DalphaOp
       [&] { return generate_babi_like(opt.n_per_source, rng); });
   run("clutrr", !files.clutrr_csv.empty(), [&] { return load_clutrr_csv(files.clutrr_csv, opt.n_per_source); },
       [&] { return generate_clutrr_like(opt.n_per_source, rng); });
-  run("conceptnet", !files.conceptnet_csv.empty(),
+  run("conceptnet", !files.conceptnet_csv.empty() || !files.capitals.empty(),
       [&] {
         std::vector<Record> pos;
         if (!files.capitals.empty()) {
@@ -432,7 +460,8 @@ inline std::vector<Record> build_dalpha(const DalphaFiles& files, const DalphaOp
             pos.push_back(make_record(p.q, p.k, 1, "conceptnet", "capital", "strong"));
         }
         const std::size_t want = opt.n_per_source > pos.size() ? opt.n_per_source - pos.size() : 0;
-        for (auto& r : load_conceptnet_assertions(files.conceptnet_csv, want)) pos.push_back(std::move(r));
+        if (!files.conceptnet_csv.empty())
+          for (auto& r : load_conceptnet_assertions(files.conceptnet_csv, want)) pos.push_back(std::move(r));
         return pos;
       },
       [&] { return generate_conceptnet_like(rng); });

@@ -106,10 +106,26 @@ inline std::vector<std::string> split_sentences(std::string_view text, std::size
   return out;
 }
 
-/// Sentences of a plain-text file (UTF-8); a missing file is a dea::Error naming it.
+/// The start of `text` that holds its first `n` documents, a document being a line that is not blank (the
+/// layout of a one-document-per-line corpus); n = 0: all of it.
+inline std::string_view first_documents(std::string_view text, std::size_t n) {
+  if (n == 0) return text;
+  std::size_t docs = 0, start = 0;
+  while (start < text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    if (!trim(text.substr(start, end - start)).empty() && ++docs == n) return text.substr(0, end);
+    start = end + 1;
+  }
+  return text;
+}
+
+/// Sentences of a plain-text file (UTF-8) or of its first `max_docs` documents (first_documents; 0 = all); a missing
+/// file is a dea::Error naming it.
 inline std::vector<std::string> read_text_corpus(const std::string& path, std::size_t min_words = 4,
-                                                 std::size_t min_paragraph_chars = 40) {
-  return split_sentences(read_file(path), min_words, min_paragraph_chars);
+                                                 std::size_t min_paragraph_chars = 40, std::size_t max_docs = 0) {
+  const std::string text = read_file(path);
+  return split_sentences(first_documents(text, max_docs), min_words, min_paragraph_chars);
 }
 
 struct TextSplits {
@@ -135,9 +151,11 @@ inline TextSplits split_texts(std::vector<std::string> sentences, std::uint64_t 
   return s;
 }
 
-/// Token-id chunks of max_len - 2 tokens (the last may be shorter), each as [CLS] ... [SEP].
-inline std::vector<std::vector<std::int64_t>> make_mlm_chunks(const std::vector<std::string>& texts,
-                                                              const SimpleTokenizer& tok, Index max_len) {
+/// Token-id chunks of max_len - 2 tokens (the last may be shorter), each as cls ... sep; `ids(text)` gives the token
+/// ids of a text (any tokenizer's: RunTokenizer::ids).
+template <class Ids>
+std::vector<std::vector<std::int64_t>> make_mlm_chunks(const std::vector<std::string>& texts, const Ids& ids,
+                                                       std::int64_t cls, std::int64_t sep, Index max_len) {
   check(max_len >= 3, "make_mlm_chunks: max_len must be >= 3, got ", max_len);
   const std::size_t L = static_cast<std::size_t>(max_len - 2);
   std::vector<std::vector<std::int64_t>> chunks;
@@ -145,24 +163,39 @@ inline std::vector<std::vector<std::int64_t>> make_mlm_chunks(const std::vector<
   auto emit = [&](std::size_t count) {
     std::vector<std::int64_t> c;
     c.reserve(count + 2);
-    c.push_back(SimpleTokenizer::cls_id);
+    c.push_back(cls);
     c.insert(c.end(), buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(count));
-    c.push_back(SimpleTokenizer::sep_id);
+    c.push_back(sep);
     chunks.push_back(std::move(c));
     buf.erase(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(count));
   };
   for (const std::string& t : texts) {
-    for (const std::string& w : tok.tokenize(t)) buf.push_back(tok.token_to_id(w));
+    for (const std::int64_t id : ids(t)) buf.push_back(id);
     while (buf.size() >= L) emit(L);
   }
   if (!buf.empty()) emit(buf.size());
   return chunks;
 }
 
+/// The chunks of the SimpleTokenizer's ids, as [CLS] ... [SEP].
+inline std::vector<std::vector<std::int64_t>> make_mlm_chunks(const std::vector<std::string>& texts,
+                                                              const SimpleTokenizer& tok, Index max_len) {
+  return make_mlm_chunks(
+      texts, [&tok](std::string_view t) { return tok.convert_tokens_to_ids(tok.tokenize(t)); },
+      SimpleTokenizer::cls_id, SimpleTokenizer::sep_id, max_len);
+}
+
 struct MlmOptions {
   double mlm_prob = 0.15;
   bool mock_oracle = true;  ///< fill alpha_oracle with mock_alpha (NaN on padding); false: leave it empty
+  /// The tokenizer's special ids (default: the SimpleTokenizer's; run_tokenizer.hpp's mlm_options(tok) gives those
+  /// of a run's tokenizer)
+  std::int64_t pad_id = SimpleTokenizer::pad_id, cls_id = SimpleTokenizer::cls_id, sep_id = SimpleTokenizer::sep_id,
+               mask_id = SimpleTokenizer::mask_id;
+  /// A "random" replacement is a uniform id in [random_id_begin, vocab) (the reference's [5, vocab))
+  std::int64_t random_id_begin = SimpleTokenizer::num_special;
 };
+
 
 /// One collated masked-LM batch.
 template <class S>
@@ -181,8 +214,8 @@ template <class S>
 MlmBatch<S> collate_mlm(const std::vector<std::vector<std::int64_t>>& chunks, const std::vector<std::size_t>& idx,
                         Index vocab_size, Rng& rng, const MlmOptions& opt = {}) {
   check(!idx.empty(), "collate_mlm: empty batch");
-  check(vocab_size > SimpleTokenizer::num_special, "collate_mlm: vocab_size must exceed the 5 special tokens, got ",
-        vocab_size);
+  check(opt.random_id_begin >= 0 && vocab_size > opt.random_id_begin, "collate_mlm: vocab_size must exceed ",
+        opt.random_id_begin, " (the random replacements are ids from ", opt.random_id_begin, " on), got ", vocab_size);
   check(opt.mlm_prob >= 0 && opt.mlm_prob <= 1, "collate_mlm: mlm_prob must be in [0, 1], got ", opt.mlm_prob);
   Index T = 0;
   for (std::size_t i : idx) {
@@ -192,7 +225,7 @@ MlmBatch<S> collate_mlm(const std::vector<std::vector<std::int64_t>>& chunks, co
   check(T > 0, "collate_mlm: all chunks are empty");
   const Index B = static_cast<Index>(idx.size());
   MlmBatch<S> out;
-  out.input_ids = Tensor<std::int64_t>({B, T}, SimpleTokenizer::pad_id);
+  out.input_ids = Tensor<std::int64_t>({B, T}, opt.pad_id);
   out.token_type_ids = Tensor<std::int64_t>({B, T}, 0);
   out.attention_mask = Tensor<std::uint8_t>({B, T}, 0);
   out.labels = Tensor<std::int64_t>({B, T}, -100);
@@ -206,7 +239,7 @@ MlmBatch<S> collate_mlm(const std::vector<std::vector<std::int64_t>>& chunks, co
   const Index n = B * T;
   auto candidate = [&](Index k) {
     const std::int64_t id = out.input_ids[k];
-    return out.attention_mask[k] != 0 && id != SimpleTokenizer::cls_id && id != SimpleTokenizer::sep_id;
+    return out.attention_mask[k] != 0 && id != opt.cls_id && id != opt.sep_id;
   };
   std::vector<std::uint8_t> pick(static_cast<std::size_t>(n), 0);
   for (Index k = 0; k < n; ++k) pick[static_cast<std::size_t>(k)] = (rng.uniform() < opt.mlm_prob) && candidate(k);
@@ -225,13 +258,13 @@ MlmBatch<S> collate_mlm(const std::vector<std::vector<std::int64_t>>& chunks, co
     if (!pick[static_cast<std::size_t>(k)]) continue;
     out.labels[k] = out.input_ids[k];
     const double u = r[static_cast<std::size_t>(k)];
-    if (u < 0.8) out.input_ids[k] = SimpleTokenizer::mask_id;
+    if (u < 0.8) out.input_ids[k] = opt.mask_id;
   }
   for (Index k = 0; k < n; ++k) {
     const double u = r[static_cast<std::size_t>(k)];
     if (pick[static_cast<std::size_t>(k)] && u >= 0.8 && u < 0.9)
-      out.input_ids[k] = SimpleTokenizer::num_special +
-                         static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(vocab_size - SimpleTokenizer::num_special)));
+      out.input_ids[k] = opt.random_id_begin +
+                         static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(vocab_size - opt.random_id_begin)));
   }
   if (opt.mock_oracle) {
     out.alpha_oracle = mock_alpha<S>({B, T, T}, rng);

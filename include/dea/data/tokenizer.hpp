@@ -278,4 +278,7 @@ private:
   std::unordered_map<std::string, std::int64_t> ids_;
 };
 
+/// The padding id of a tokenizer (what the collation functions pad with; run_tokenizer.hpp has the other one).
+inline std::int64_t pad_id_of(const SimpleTokenizer&) { return SimpleTokenizer::pad_id; }
+
 }  // namespace dea::data

@@ -12,6 +12,7 @@
 #include "../core/error.hpp"
 #include "../data/dalpha.hpp"
 #include "../core/files.hpp"
+#include "../core/utf8.hpp"
 #include "../data/oracle.hpp"
 #include "json_limits.hpp"
 
@@ -21,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dea::io {
@@ -138,6 +140,26 @@ inline void write_records(const std::string& path, const std::vector<data::Recor
     lines.push_back(std::move(j));
   }
   write_jsonl(path, lines);
+}
+
+/// Writes (q_text, k_text) pairs, one {"q_text": ..., "k_text": ...} object per line in the order given (the input
+/// of an oracle run, `dea train --dump_pairs`). A text that is not valid UTF-8 is a dea::Error naming the pair (JSON
+/// could not carry it unchanged, so its alpha would never be found for the record).
+inline void write_pairs(const std::string& path, const std::vector<std::pair<std::string, std::string>>& pairs) {
+  std::string out;
+  for (std::size_t i = 0; i < pairs.size(); ++i) {
+    for (const std::string* t : {&pairs[i].first, &pairs[i].second}) {
+      const std::size_t bad = utf8::first_invalid(*t);
+      check(bad == std::string::npos, path, ": pair ", i + 1, ": its ", t == &pairs[i].first ? "q_text" : "k_text",
+            " is not valid UTF-8 (byte offset ", bad, ")");
+    }
+    nlohmann::ordered_json j;  // q_text first, as a person reads the pair
+    j["q_text"] = pairs[i].first;
+    j["k_text"] = pairs[i].second;
+    out += j.dump();
+    out += '\n';
+  }
+  dea::write_file_atomic(path, out);
 }
 
 /// Reads records written by write_records (or by the reference). q_text, k_text and label are required;

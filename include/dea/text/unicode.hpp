@@ -165,20 +165,7 @@ inline std::string hex_byte(char b) {
 
 /// The byte offset of the first byte of `s` that is not part of valid UTF-8 (a stray or missing continuation byte,
 /// an overlong form, a surrogate, a code point above U+10FFFF), or npos when `s` is valid UTF-8.
-inline std::size_t first_invalid_utf8(std::string_view s) {
-  for (std::size_t i = 0; i < s.size();) {
-    if (static_cast<unsigned char>(s[i]) < 0x80) {
-      ++i;
-      continue;
-    }
-    char32_t cp = 0;
-    const std::size_t n = utf8::decode(s, i, cp);
-    // utf8::decode gives U+FFFD for one byte of an invalid sequence; a real U+FFFD takes three bytes
-    if (n == 1) return i;
-    i += n;
-  }
-  return std::string_view::npos;
-}
+inline std::size_t first_invalid_utf8(std::string_view s) { return utf8::first_invalid(s); }
 
 /// "<what> is not valid UTF-8 (byte 0x.. at byte offset N)" for the first invalid byte of `s`.
 inline std::string invalid_utf8_message(std::string_view s, std::size_t at, std::string_view what) {

@@ -18,11 +18,13 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <set>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__unix__) || defined(__APPLE__)
@@ -54,11 +56,29 @@ struct TrainConfig {
   std::string data_source = "dalpha";  ///< dalpha | text
   std::string text;                    ///< corpus file for data_source text
   std::string oracle = "mock";         ///< mock | path of an alpha cache (.jsonl)
+  std::string oracle_fallback = "none";  ///< none | mock: the alpha of a record the cache lacks (mock) or an error
   std::int64_t n_per_source = 2000;
   std::optional<std::vector<Index>> supervise_layers;  ///< nullopt = all layers
   int threads = 0;                     ///< 0 = library default
   bool resume = false;
   std::int64_t eval_batches = 50;      ///< at most this many validation batches per periodic evaluation
+  // D_alpha from local copies of the real data sets (dalpha_source files)
+  std::string dalpha_source = "synthetic";  ///< synthetic | files
+  std::string babi;                    ///< a bAbI directory (its qa16 / qa17 / qa18 *_train.txt files) or one task file
+  std::string clutrr;                  ///< a CLUTRR CSV file
+  std::string conceptnet;              ///< a ConceptNet assertion dump (uncompressed)
+  std::string capitals;                ///< a capitals list (capital<TAB>country lines)
+  bool synthetic_fallback = false;     ///< a source without its file uses its synthetic generator (else an error)
+  // tokenizer and text data
+  std::string tokenizer = "simple";    ///< simple (the reference's SimpleTokenizer) | wordpiece (BERT's, needs vocab)
+  std::string vocab;                   ///< vocab.txt of tokenizer wordpiece
+  std::string text_alpha = "mock";     ///< mock | none: the oracle of data_source text (the reference's wiki_alpha)
+  std::int64_t n_docs = 0;             ///< data_source text: only the first n_docs lines (documents); 0 = all
+  bool no_isolation_check = false;     ///< skip the gradient-isolation check of the first batch
+  /// The fingerprint of the run's data (a data::Fingerprint of its records or sentences, 16 hex digits), recorded in
+  /// config.json when a run starts; a run rebuilt from config.json must find the same data. Empty: not recorded
+  /// (a configuration from code, or a run imported from the reference). Not a flag.
+  std::string data_hash;
 };
 
 /// The --quick preset of the reference (applied to every field not given explicitly).
@@ -76,6 +96,7 @@ inline void apply_quick_preset(TrainConfig& c, const std::set<std::string>& expl
   set("eval_every", c.eval_every, std::int64_t(150));
   set("log_every", c.log_every, std::int64_t(25));
   set("n_per_source", c.n_per_source, std::int64_t(500));
+  set("n_docs", c.n_docs, std::int64_t(200));
 }
 
 namespace detail {
@@ -103,6 +124,28 @@ inline std::vector<Index> parse_layer_list(const std::string& flag, const std::s
     out.push_back(static_cast<Index>(x));
   }
   return out;
+}
+
+/// Why a value of the reference's train.py that dea cannot rebuild is refused (config.json of a run imported from
+/// the reference may hold one): the text after "--flag 'value': ".
+inline std::string reference_value_hint(const std::string& flag, const std::string& v) {
+  if (flag == "data_source" && v == "wikipedia")
+    return "the reference's Wikipedia stream cannot be rebuilt here (a local corpus trains with --data_source text "
+           "--text FILE)";
+  if (flag == "data_source" && v == "hf")
+    return "the reference's DualExpertBert fine-tuning is not a data source of this program";
+  if (flag == "dalpha_source")
+    return "the reference's Hugging Face downloads (each source silently replaced by its synthetic generator when "
+           "a download failed) cannot be rebuilt here; local copies of the data sets train with --dalpha_source files "
+           "--babi DIR --clutrr FILE --conceptnet FILE --capitals FILE";
+  if (flag == "tokenizer")
+    return "a Hugging Face tokenizer by name cannot be rebuilt here; the tokenizers are 'simple' and 'wordpiece' "
+           "(with --vocab FILE, e.g. that model's vocab.txt). A reference run whose tokenizer fell back to its "
+           "SimpleTokenizer (its tokenizer.txt starts with [PAD] [UNK] [CLS] [SEP] [MASK]) is 'simple'";
+  if (flag == "oracle" && v == "deberta")
+    return "the reference's NLI oracle, computed during its run, cannot be rebuilt here; the alpha cache it wrote "
+           "trains with --oracle FILE.jsonl";
+  return {};
 }
 
 /// Runs f(); a dea::Error it throws is thrown again with `context` before its message (the file a flag named).
@@ -160,10 +203,61 @@ inline void validate(const TrainConfig& c) {
   real("lr_gate", c.lr_gate, 0, 1e9, true);
   real("weight_decay", c.weight_decay, 0, 1e9, false);
   real("grad_clip", c.grad_clip, 0, 1e300, true);
+  in("n_docs", c.n_docs, 0, std::numeric_limits<std::int64_t>::max());
   check(!c.out_dir.empty(), "--out_dir: must not be empty");
-  check(c.data_source == "dalpha" || c.data_source == "text", "--data_source: expected 'dalpha' or 'text', got '",
-        c.data_source, "'");
+  // a choice among fixed values; a value of the reference that names data dea cannot rebuild says so
+  auto one_of = [](const char* flag, const std::string& v, std::initializer_list<const char*> values) {
+    std::string expected;
+    std::size_t k = 0;
+    for (const char* x : values) {
+      if (v == x) return;
+      expected += std::string(k == 0 ? "'" : (k + 1 == values.size() ? "' or '" : "', '")) + x;
+      ++k;
+    }
+    const std::string hint = detail::reference_value_hint(flag, v);
+    ::dea::detail::raise(::dea::detail::concat("--", flag, " '", v, "': ",
+                                               hint.empty() ? "expected " + expected + "'" : hint));
+  };
+  one_of("data_source", c.data_source, {"dalpha", "text"});
+  one_of("dalpha_source", c.dalpha_source, {"synthetic", "files"});
+  one_of("tokenizer", c.tokenizer, {"simple", "wordpiece"});
+  one_of("text_alpha", c.text_alpha, {"mock", "none"});
+  one_of("oracle_fallback", c.oracle_fallback, {"none", "mock"});
   check(!c.oracle.empty(), "--oracle: expected 'mock' or the path of an alpha cache (.jsonl), got ''");
+  {
+    const std::string hint = detail::reference_value_hint("oracle", c.oracle);
+    check(hint.empty(), "--oracle '", c.oracle, "': ", hint);
+  }
+  check(c.oracle_fallback == "none" || c.oracle != "mock", "--oracle_fallback ", c.oracle_fallback,
+        ": applies to an alpha cache (--oracle FILE.jsonl), but --oracle is 'mock'");
+  // D_alpha sources: files only with --dalpha_source files, and there every source has its file or leave to use
+  // its synthetic generator
+  const std::pair<const char*, const std::string*> files[] = {
+      {"babi", &c.babi}, {"clutrr", &c.clutrr}, {"conceptnet", &c.conceptnet}, {"capitals", &c.capitals}};
+  if (c.dalpha_source == "synthetic") {
+    for (const auto& [flag, path] : files)
+      check(path->empty(), "--", flag, " '", *path, "' is given, but --dalpha_source is 'synthetic' (add "
+            "--dalpha_source files to read it)");
+    check(!c.synthetic_fallback, "--synthetic_fallback applies to --dalpha_source files only");
+  } else {
+    check(c.data_source == "dalpha", "--dalpha_source files: applies to --data_source dalpha, but --data_source is '",
+          c.data_source, "'");
+    std::string missing;
+    if (c.babi.empty()) missing += "--babi DIR (bAbI)";
+    if (c.clutrr.empty()) missing += std::string(missing.empty() ? "" : ", ") + "--clutrr FILE (CLUTRR)";
+    if (c.conceptnet.empty() && c.capitals.empty())
+      missing += std::string(missing.empty() ? "" : ", ") + "--conceptnet FILE or --capitals FILE (ConceptNet)";
+    check(missing.empty() || c.synthetic_fallback, "--dalpha_source files: no file for ", missing,
+          ": give it, or --synthetic_fallback to use the synthetic generator of each source without a file");
+  }
+  check(c.tokenizer != "wordpiece" || !c.vocab.empty(), "--tokenizer wordpiece needs --vocab FILE (a BERT vocab.txt)");
+  check(c.tokenizer == "wordpiece" || c.vocab.empty(), "--vocab '", c.vocab,
+        "' is given, but --tokenizer is 'simple' (add --tokenizer wordpiece to use it)");
+  {
+    bool hex = c.data_hash.size() == 16;
+    for (char ch : c.data_hash) hex = hex && ((ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f'));
+    check(c.data_hash.empty() || hex, "data_hash: expected 16 lower-case hex digits, got '", c.data_hash, "'");
+  }
   check(!c.supervise_layers || c.supervise_layers->empty() || c.n_layers > 0,
         "--supervise_layers: given for a model without layers (--n_layers 0)");
   check(c.d_model % c.n_heads == 0, "--d_model (", c.d_model, ") must be a multiple of --n_heads (", c.n_heads, ")");
@@ -194,12 +288,7 @@ public:
 
   /// The same configuration with --text and --oracle by absolute path (eval and --resume then find them from any
   /// working directory); still valid, so not checked again.
-  ValidConfig with_absolute_paths() const {
-    TrainConfig c = c_;
-    if (!c.text.empty()) c.text = std::filesystem::absolute(c.text).lexically_normal().string();
-    if (c.oracle != "mock") c.oracle = std::filesystem::absolute(c.oracle).lexically_normal().string();
-    return ValidConfig(std::move(c), Checked{});
-  }
+  ValidConfig with_absolute_paths() const;
 
 private:
   struct Checked {};
@@ -236,7 +325,27 @@ inline void add_config_flags(cli::FlagSet& fs, TrainConfig& c) {
   fs.text("text", c.text, "FILE", "the corpus of --data_source text", false);
   fs.text("oracle", c.oracle, "mock|FILE.jsonl", "the oracle alpha of D_alpha: mock, or an alpha cache", true,
           "'mock' or the path of an alpha cache (.jsonl)");
+  fs.choice("oracle_fallback", c.oracle_fallback, {"none", "mock"},
+            "a D_alpha pair the --oracle cache lacks: an error (none), or the mock oracle's alpha (mock, counted)");
   fs.integer("n_per_source", c.n_per_source, 1, kNoMax, "D_alpha pairs per source (at most 1000000)");
+  fs.choice("dalpha_source", c.dalpha_source, {"synthetic", "files"},
+            "D_alpha from the synthetic generators, or from local copies of the data sets (--babi, --clutrr, "
+            "--conceptnet, --capitals)");
+  fs.text("babi", c.babi, "DIR", "bAbI: a directory with the qa16 / qa17 / qa18 *_train.txt task files, or one file");
+  fs.text("clutrr", c.clutrr, "FILE", "CLUTRR: a CSV file of the public data set");
+  fs.text("conceptnet", c.conceptnet, "FILE", "ConceptNet: an (uncompressed) assertion dump; IsA and PartOf are read");
+  fs.text("capitals", c.capitals, "FILE", "ConceptNet's capitals: capital<TAB>country lines (none: the 47 built in)");
+  fs.toggle("synthetic_fallback", c.synthetic_fallback,
+            "--dalpha_source files: a source without its file uses its synthetic generator (said on stdout)");
+  fs.choice("tokenizer", c.tokenizer, {"simple", "wordpiece"},
+            "the reference's word-level SimpleTokenizer, or BERT's WordPiece (needs --vocab)");
+  fs.text("vocab", c.vocab, "FILE", "the vocab.txt of --tokenizer wordpiece (its size is the model's vocabulary)");
+  fs.choice("text_alpha", c.text_alpha, {"mock", "none"},
+            "--data_source text: a random mock oracle on every batch, or none (no gate loss, no isolation check)");
+  fs.alias("wiki_alpha", "text_alpha", "the reference's name of --text_alpha");
+  fs.integer("n_docs", c.n_docs, 0, kNoMax,
+             "--data_source text: read only the first N documents (non-blank lines) of --text; 0 = all");
+  fs.toggle("no_isolation_check", c.no_isolation_check, "skip the gradient-isolation check on the first batch");
   fs.custom("supervise_layers", "all|i,j,...", "all", "indices in [-1024, 1024], negative from the last",
             "the layers whose gate receives the oracle", [&c](const std::string& flag, const std::string& v) {
               if (v == "all") c.supervise_layers.reset();
@@ -270,11 +379,28 @@ inline ParsedArgs parse_args(const std::vector<std::string>& args, const TrainCo
   return p;
 }
 
-/// --text and --oracle by absolute path (as ValidConfig::with_absolute_paths, for a configuration not yet checked).
+/// The flags that name files (--text, --oracle unless 'mock', --babi, --clutrr, --conceptnet, --capitals,
+/// --vocab) by absolute path, for a configuration not yet checked.
 inline TrainConfig with_absolute_paths(TrainConfig c) {
-  if (!c.text.empty()) c.text = std::filesystem::absolute(c.text).lexically_normal().string();
-  if (c.oracle != "mock") c.oracle = std::filesystem::absolute(c.oracle).lexically_normal().string();
+  auto abs = [](std::string& p) {
+    if (!p.empty()) p = std::filesystem::absolute(p).lexically_normal().string();
+  };
+  for (std::string* p : {&c.text, &c.babi, &c.clutrr, &c.conceptnet, &c.capitals, &c.vocab}) abs(*p);
+  if (c.oracle != "mock") abs(c.oracle);
   return c;
+}
+
+inline ValidConfig ValidConfig::with_absolute_paths() const {
+  return ValidConfig(::dea::train::with_absolute_paths(c_), Checked{});
+}
+
+/// Flags that apply only to --data_source text (--text_alpha, --n_docs): given on a command line for D_alpha they
+/// would be ignored, so they are refused there (dea::Error naming the flag). A config.json may hold them (the
+/// reference's cfg records every flag), so validate() does not refuse them.
+inline void check_flag_scope(const TrainConfig& c, const std::set<std::string>& given) {
+  if (c.data_source == "text") return;
+  for (const char* f : {"text_alpha", "n_docs"})
+    check(!given.count(f), "--", f, " applies to --data_source text only, but --data_source is '", c.data_source, "'");
 }
 
 inline nlohmann::json to_json(const TrainConfig& c) {
@@ -305,6 +431,19 @@ inline nlohmann::json to_json(const TrainConfig& c) {
   j["threads"] = c.threads;
   j["resume"] = c.resume;
   j["eval_batches"] = c.eval_batches;
+  j["oracle_fallback"] = c.oracle_fallback;
+  j["dalpha_source"] = c.dalpha_source;
+  j["babi"] = c.babi;
+  j["clutrr"] = c.clutrr;
+  j["conceptnet"] = c.conceptnet;
+  j["capitals"] = c.capitals;
+  j["synthetic_fallback"] = c.synthetic_fallback;
+  j["tokenizer"] = c.tokenizer;
+  j["vocab"] = c.vocab;
+  j["text_alpha"] = c.text_alpha;
+  j["n_docs"] = c.n_docs;
+  j["no_isolation_check"] = c.no_isolation_check;
+  j["data_hash"] = c.data_hash;
   return j;
 }
 
@@ -380,6 +519,25 @@ inline ValidConfig config_from_json(const nlohmann::json& j, const std::string& 
   get("threads", c.threads);
   get("resume", c.resume);
   get("eval_batches", c.eval_batches);
+  get("oracle_fallback", c.oracle_fallback);
+  get("dalpha_source", c.dalpha_source);
+  get("babi", c.babi);
+  get("clutrr", c.clutrr);
+  get("conceptnet", c.conceptnet);
+  get("capitals", c.capitals);
+  get("synthetic_fallback", c.synthetic_fallback);
+  get("tokenizer", c.tokenizer);
+  get("vocab", c.vocab);
+  // the reference's cfg names it wiki_alpha
+  get("wiki_alpha", c.text_alpha);
+  if (j.contains("text_alpha") && j.contains("wiki_alpha") && j["text_alpha"] != j["wiki_alpha"] &&
+      !j["wiki_alpha"].is_null())
+    ::dea::detail::raise(source + ": keys 'text_alpha' (" + j["text_alpha"].dump() + ") and 'wiki_alpha' (" +
+                         j["wiki_alpha"].dump() + ") disagree (they are one setting)");
+  get("text_alpha", c.text_alpha);
+  get("n_docs", c.n_docs);
+  get("no_isolation_check", c.no_isolation_check);
+  get("data_hash", c.data_hash);
   auto it = j.find("supervise_layers");
   if (it != j.end() && !it->is_null()) {
     if (!it->is_array()) wrong("supervise_layers", *it, "null or an array of layer indices");
@@ -412,22 +570,24 @@ inline ValidConfig read_config(const std::string& path) {
   return config_from_json(io::parse_json_limited(text, path), path);
 }
 
-/// The flags a resumed run may change: how long it runs, how often it logs and evaluates, and its threads. Every
-/// other field comes from the run's config.json.
+/// The flags a resumed run may change: how long it runs, how often it logs and evaluates, its threads, and whether
+/// the isolation check runs (it changes no result). Every other field comes from the run's config.json.
 inline const std::set<std::string>& resumable_flags() {
-  static const std::set<std::string> k = {"steps", "log_every", "eval_every", "eval_batches", "threads"};
+  static const std::set<std::string> k = {"steps", "log_every", "eval_every", "eval_batches", "threads",
+                                          "no_isolation_check"};
   return k;
 }
 
 /// The configuration of a resumed run: `saved` (the run's config.json) with the values of the flags given on the
 /// command line (`given`, parsed without the --quick preset; `flags` the names given). A resumable flag takes the
-/// new value; any other flag must repeat the saved value (--text and --oracle compared by absolute path), else a
-/// dea::Error names it. out_dir is the one given; resume is set.
+/// new value; any other flag must repeat the saved value (the flags that name files compared by absolute path),
+/// else a dea::Error names it. Names in `flags` that are not configuration flags (a program's own, such as
+/// --plot_dir) are left to the program. out_dir is the one given; resume is set.
 inline TrainConfig resume_config(const TrainConfig& saved, const TrainConfig& given, const std::set<std::string>& flags) {
   const nlohmann::json a = to_json(with_absolute_paths(saved)), b = to_json(with_absolute_paths(given));
   nlohmann::json merged = to_json(saved);
   for (const std::string& f : flags) {
-    if (f == "out_dir" || f == "resume" || f == "quick") continue;
+    if (f == "out_dir" || f == "resume" || f == "quick" || !a.contains(f)) continue;  // (not a config flag)
     if (resumable_flags().count(f)) {
       merged[f] = to_json(given)[f];
       continue;
@@ -446,6 +606,7 @@ inline TrainConfig resume_config(const TrainConfig& saved, const TrainConfig& gi
   c.eval_every = merged["eval_every"].get<std::int64_t>();
   c.eval_batches = merged["eval_batches"].get<std::int64_t>();
   c.threads = merged["threads"].get<int>();
+  c.no_isolation_check = merged["no_isolation_check"].get<bool>();
   c.out_dir = given.out_dir;
   c.resume = true;
   return c;

@@ -1,7 +1,12 @@
 // dea/train/encoder.hpp: training the Dual-Expert encoder (nn::TransformerModel) as the reference's train.py and
-// eval.py do: the data of a configuration (D_alpha pairs with their oracle, or masked-LM chunks of a text corpus),
-// its batches and their epoch order, the model's and the optimiser's configuration, the evaluation loop, and
-// run_training(), which wires the generic Trainer to the run directory, the log, the progress line and the plots.
+// eval.py do: the data of a configuration (D_alpha pairs, synthetic or from local files, with their mock or cached
+// oracle, or masked-LM chunks of a text corpus; the SimpleTokenizer or WordPiece), its fingerprint, its batches and
+// their epoch order, the model's and the optimiser's configuration, the evaluation loop, and run_training(), which
+// wires the generic Trainer to the run directory, the log, the progress line and the plots.
+//
+// Rebuilding a run's data: build_data() gives the same records (or sentences) for the same configuration and files,
+// and RunData::hash fingerprints them; run_training() records it as config.json's data_hash, and a configuration
+// that holds one is refused when its files now give other data, so eval and --resume never use other data.
 //
 // Determinism and resuming: see train/seeds.hpp. The model's initial weights come from Rng(seed); the training
 // order is epoch-wise: epoch e = (step-1) / n_batches is a permutation of the training split drawn from
@@ -17,7 +22,9 @@
 #include "../core/tensor.hpp"
 #include "../data/collate.hpp"
 #include "../data/dalpha.hpp"
+#include "../data/loaders.hpp"
 #include "../data/mlm.hpp"
+#include "../data/run_tokenizer.hpp"
 #include "../data/tokenizer.hpp"
 #include "../eval/metrics.hpp"
 #include "../io/jsonl.hpp"
@@ -39,16 +46,23 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <memory>
 #include <optional>
+#include <ostream>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace dea::train::encoder {
 
 using ::dea::train::detail::with_context;
 
-inline nn::ModelConfig model_config(const TrainConfig& c, Index vocab_size, nn::Task task) {
+/// The model of a configuration over a vocabulary of `vocab_size` tokens whose padding token is `pad_id` (the
+/// tokenizer's: RunTokenizer::pad_id).
+inline nn::ModelConfig model_config(const TrainConfig& c, Index vocab_size, nn::Task task,
+                                    std::int64_t pad_id = data::SimpleTokenizer::pad_id) {
   nn::ModelConfig m;
   m.vocab_size = vocab_size;
   m.d_model = c.d_model;
@@ -58,7 +72,7 @@ inline nn::ModelConfig model_config(const TrainConfig& c, Index vocab_size, nn::
   m.max_len = c.max_len;
   m.dropout = c.dropout;
   m.n_classes = 2;
-  m.pad_id = data::SimpleTokenizer::pad_id;
+  m.pad_id = pad_id;
   m.task = task;
   m.supervise_layers = c.supervise_layers;
   return m;
@@ -96,10 +110,13 @@ inline const char* split_name(Split s) { return s == Split::train ? "train" : (s
 struct RunData {
   std::string source;
   nn::Task task = nn::Task::cls;
-  data::SimpleTokenizer tok;
+  data::RunTokenizer tok;
   data::Splits recs;                                        // dalpha
   std::vector<std::vector<std::int64_t>> chunks[3];         // text: train, val, test
-  bool mock_mlm_oracle = true;
+  bool mock_mlm_oracle = true;                              // text: --text_alpha mock
+  /// The fingerprint of the data (TrainConfig::data_hash): of the D_alpha records with their alpha, or of the
+  /// sentences of the three text splits.
+  std::string hash;
 
   std::size_t size(Split s) const {
     const int k = static_cast<int>(s);
@@ -108,51 +125,199 @@ struct RunData {
   }
 };
 
+namespace detail {
+
+/// The start of `s`, at most `n` bytes, cut at a UTF-8 character boundary (for messages).
+inline std::string excerpt(const std::string& s, std::size_t n = 60) {
+  if (s.size() <= n) return s;
+  while (n > 0 && (static_cast<unsigned char>(s[n]) & 0xC0) == 0x80) --n;
+  return s.substr(0, n) + "...";
+}
+
+/// A JSON string of `s` for messages (invalid UTF-8 replaced).
+inline std::string quoted(const std::string& s) {
+  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+/// WordPiece refuses invalid UTF-8: each record's texts are checked before training, so that a bad record is named
+/// here and not met in a batch.
+inline void check_records_utf8(const std::vector<data::Record>& all) {
+  for (std::size_t i = 0; i < all.size(); ++i)
+    for (const auto* f : {&all[i].q_text, &all[i].k_text}) {
+      const std::size_t bad = utf8::first_invalid(*f);
+      if (bad == std::string::npos) continue;
+      ::dea::detail::raise(::dea::detail::concat(
+          "--tokenizer wordpiece: a D_alpha record (source ", all[i].source, ", relation ", all[i].relation,
+          ", q_text starting ", quoted(excerpt(all[i].q_text.substr(0, f == &all[i].q_text ? bad : std::string::npos))),
+          "): ", text::unicode::invalid_utf8_message(*f, bad, f == &all[i].q_text ? "its q_text" : "its k_text")));
+    }
+}
+
+/// A file's text for WordPiece: invalid UTF-8 is a dea::Error naming the file and the line.
+inline void check_text_utf8(std::string_view text, const std::string& name) {
+  const std::size_t bad = utf8::first_invalid(text);
+  if (bad == std::string_view::npos) return;
+  std::size_t line = 1, start = 0;
+  for (std::size_t k = 0; k < bad; ++k)
+    if (text[k] == '\n') {
+      ++line;
+      start = k + 1;
+    }
+  ::dea::detail::raise(::dea::detail::concat(
+      name, ":", line, ": --tokenizer wordpiece: ",
+      text::unicode::invalid_utf8_message(text.substr(start), bad - start, "the line")));
+}
+
+}  // namespace detail
+
+/// The tokenizer of a fresh run: WordPiece over --vocab, or the SimpleTokenizer built from the training texts.
+inline data::RunTokenizer fresh_tokenizer(const TrainConfig& c, const std::vector<std::string>& train_texts) {
+  if (c.tokenizer == "wordpiece")
+    return with_context("--vocab '" + c.vocab + "': ", [&] {
+      return data::RunTokenizer(text::WordPieceTokenizer(text::Vocab::load(c.vocab)));
+    });
+  return data::SimpleTokenizer::from_texts(train_texts);
+}
+
+/// The tokenizer saved in the run directory `dir` (tokenizer.txt), of the kind its configuration names.
+inline data::RunTokenizer load_run_tokenizer(const std::string& dir, const TrainConfig& c) {
+  return data::RunTokenizer::load(tokenizer_path(dir), c.tokenizer);
+}
+
+/// The D_alpha records of a configuration, without their oracle alpha: the synthetic build, or (dalpha_source
+/// files) the given files with 1:1 negatives, each source without a file synthetic (validate() allowed that only
+/// with synthetic_fallback). Notices (what was loaded, which source is synthetic) go to `log` when given.
+inline std::vector<data::Record> dalpha_records(const ValidConfig& vc, std::ostream* log = nullptr) {
+  const TrainConfig& c = vc;
+  data::DalphaOptions opt;
+  opt.n_per_source = static_cast<std::size_t>(c.n_per_source);
+  opt.seed = c.seed;
+  if (c.dalpha_source == "synthetic") return data::build_dalpha_synthetic(opt);
+  data::DalphaFiles f;
+  f.log = log;
+  f.fallback_to_synthetic = false;  // a file that was named and fails is an error, never replaced
+  if (!c.babi.empty()) f.babi = with_context("--babi: ", [&] { return data::babi_task_files(c.babi); });
+  f.clutrr_csv = c.clutrr;
+  f.conceptnet_csv = c.conceptnet;
+  f.capitals = c.capitals;
+  if (log) {
+    auto synthetic = [&](const char* name, const char* flags, const char* generator) {
+      *log << "[data] " << name << ": no " << flags << " given; using the synthetic " << generator
+           << " generator (--synthetic_fallback)\n";
+    };
+    if (c.babi.empty()) synthetic("babi", "--babi", "bAbI-like");
+    if (c.clutrr.empty()) synthetic("clutrr", "--clutrr", "CLUTRR-like");
+    if (c.conceptnet.empty() && c.capitals.empty()) synthetic("conceptnet", "--conceptnet or --capitals", "ConceptNet-like");
+    if (!c.conceptnet.empty() && c.capitals.empty())
+      *log << "[data] conceptnet: the built-in " << data::knowledge::capitals.size()
+           << " capitals (no --capitals given), then the IsA / PartOf pairs of --conceptnet\n";
+  }
+  return data::build_dalpha(f, opt);
+}
+
+/// The distinct (q_text, k_text) pairs of `records`, in the order of their first record: what an oracle must score
+/// for the run's data.
+inline std::vector<std::pair<std::string, std::string>> record_pairs(const std::vector<data::Record>& records) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::set<std::pair<std::string, std::string>> seen;
+  for (const data::Record& r : records) {
+    std::pair<std::string, std::string> p(r.q_text, r.k_text);
+    if (seen.insert(p).second) out.push_back(std::move(p));
+  }
+  return out;
+}
+
+/// Sets every record's oracle alpha: the mock oracle, or the alpha cache of --oracle. A pair the cache lacks is a
+/// dea::Error naming it (and how many are missing), or with oracle_fallback "mock" takes the mock oracle's alpha
+/// (the value an --oracle mock run gives that record), counted on `log`.
+inline void attach_oracle(std::vector<data::Record>& all, const TrainConfig& c, std::ostream* log = nullptr) {
+  if (c.oracle == "mock") return data::attach_mock_oracle(all, c.seed);
+  with_context("--oracle '" + c.oracle + "': ", [&] {
+    const data::AlphaCache cache = io::read_alpha_cache(c.oracle);
+    if (c.oracle_fallback == "mock") data::attach_mock_oracle(all, c.seed);
+    const std::size_t missing = all.size() - cache.attach(all, false);
+    if (missing == 0) return;
+    std::set<std::pair<std::string, std::string>> missing_pairs;
+    const data::Record* first = nullptr;
+    for (const data::Record& r : all)
+      if (!cache.find(r.q_text, r.k_text)) {
+        missing_pairs.emplace(r.q_text, r.k_text);
+        if (!first) first = &r;
+      }
+    check(c.oracle_fallback == "mock", missing_pairs.size(), " of the ", record_pairs(all).size(),
+          " (q_text, k_text) pairs of the run's data are not in the cache, e.g. q_text ", detail::quoted(first->q_text),
+          " k_text ", detail::quoted(first->k_text), " (write the run's pairs with --dump_pairs FILE and compute ",
+          "their alpha with dea oracle, or pass --oracle_fallback mock)");
+    if (log)
+      *log << "[oracle] " << missing << " of " << all.size() << " records (" << missing_pairs.size()
+           << " distinct pairs) are not in the cache " << c.oracle
+           << ": they take the mock oracle's alpha (--oracle_fallback mock)\n";
+  });
+}
+
 /// Builds the data of a configuration (D_alpha, with its mock or cached oracle, or the text corpus's MLM chunks).
-/// With `tok` (a saved tokenizer) it is used instead of building one.
-inline RunData build_data(const ValidConfig& vc, const data::SimpleTokenizer* tok = nullptr) {
+/// With `tok` (a saved tokenizer) it is used instead of building one. Notices go to `log` when given. A
+/// configuration that records data_hash must give that data (else a dea::Error: a file it names has changed).
+inline RunData build_data(const ValidConfig& vc, const data::RunTokenizer* tok = nullptr, std::ostream* log = nullptr) {
   const TrainConfig& c = vc;
   RunData d;
   d.source = c.data_source;
+  data::Fingerprint fp;
+  fp.add(c.data_source);
   if (c.data_source == "dalpha") {
-    data::DalphaOptions opt;
-    opt.n_per_source = static_cast<std::size_t>(c.n_per_source);
-    opt.seed = c.seed;
-    std::vector<data::Record> all = data::build_dalpha_synthetic(opt);
-    if (c.oracle == "mock") {
-      data::attach_mock_oracle(all, c.seed);
-    } else {
-      ::dea::train::detail::with_context("--oracle '" + c.oracle + "': ", [&] {
-        const data::AlphaCache cache = io::read_alpha_cache(c.oracle);
-        cache.attach(all, true);
-      });
-    }
+    std::vector<data::Record> all = dalpha_records(vc, log);
+    attach_oracle(all, c, log);
+    if (c.tokenizer == "wordpiece") detail::check_records_utf8(all);
+    data::add_records(fp, all);
     d.recs = data::split_records(all);
     d.task = nn::Task::cls;
     if (tok) {
       d.tok = *tok;
     } else {
       std::vector<std::string> texts;
-      texts.reserve(2 * d.recs.train.size());
-      for (const auto& r : d.recs.train) {
-        texts.push_back(r.q_text);
-        texts.push_back(r.k_text);
+      if (c.tokenizer == "simple") {
+        texts.reserve(2 * d.recs.train.size());
+        for (const auto& r : d.recs.train) {
+          texts.push_back(r.q_text);
+          texts.push_back(r.k_text);
+        }
       }
-      d.tok = data::SimpleTokenizer::from_texts(texts);
+      d.tok = fresh_tokenizer(c, texts);
     }
   } else {
-    data::TextSplits ts = ::dea::train::detail::with_context("--text '" + c.text + "': ", [&] {
-      return data::split_texts(data::read_text_corpus(c.text), c.seed);
+    data::TextSplits ts = with_context("--text '" + c.text + "': ", [&] {
+      const std::string raw = read_file(c.text);
+      if (c.tokenizer == "wordpiece") detail::check_text_utf8(raw, c.text);
+      return data::split_texts(data::split_sentences(data::first_documents(raw, static_cast<std::size_t>(c.n_docs))),
+                               c.seed);
     });
+    for (const auto* part : {&ts.train, &ts.val, &ts.test}) {
+      fp.add_u64(part->size());
+      for (const std::string& t : *part) fp.add(t);
+    }
     d.task = nn::Task::mlm;
-    d.tok = tok ? *tok : data::SimpleTokenizer::from_texts(ts.train);
+    d.tok = tok ? *tok : fresh_tokenizer(c, ts.train);
     d.chunks[0] = data::make_mlm_chunks(ts.train, d.tok, c.max_len);
     d.chunks[1] = data::make_mlm_chunks(ts.val, d.tok, c.max_len);
     d.chunks[2] = data::make_mlm_chunks(ts.test, d.tok, c.max_len);
-    d.mock_mlm_oracle = c.oracle == "mock";
+    d.mock_mlm_oracle = c.text_alpha == "mock";
   }
   check(d.size(Split::train) > 0, "the training split is empty (raise --n_per_source)");
+  d.hash = fp.hex();
+  check(c.data_hash.empty() || c.data_hash == d.hash, "the data rebuilt from the configuration (fingerprint ", d.hash,
+        ") is not the run's (data_hash ", c.data_hash, "): a file it names (--babi, --clutrr, --conceptnet, "
+        "--capitals, --oracle or --text) has changed since the run started, or the configuration was edited");
   return d;
+}
+
+/// The data a run of `vc` trains on: with resume, tokenized by the run directory's tokenizer.txt (and the
+/// checkpoint must exist); otherwise with a fresh tokenizer. Notices go to `log` when given.
+inline RunData build_run_data(const ValidConfig& vc, std::ostream* log = nullptr) {
+  if (!vc->resume) return build_data(vc, nullptr, log);
+  check(std::filesystem::exists(checkpoint_path(vc->out_dir)), "--resume: no checkpoint at ",
+        checkpoint_path(vc->out_dir));
+  const data::RunTokenizer tok = load_run_tokenizer(vc->out_dir, vc);
+  return build_data(vc, &tok, log);
 }
 
 /// Collates records / chunks `idx` of a split into a model batch; `mask_rng` draws the MLM masking (text).
@@ -172,7 +337,7 @@ nn::ModelBatch<Scalar> make_batch(const RunData& d, Split s, const std::vector<s
     if (any) b.alpha_oracle = std::move(p.alpha_oracle);
   } else {
     check(mask_rng != nullptr, "make_batch: masked-LM batches need an Rng");
-    data::MlmOptions o;
+    data::MlmOptions o = data::mlm_options(d.tok);
     o.mock_oracle = d.mock_mlm_oracle;
     data::MlmBatch<Scalar> m =
         data::collate_mlm<Scalar>(d.chunks[static_cast<int>(s)], idx, d.tok.vocab_size(), *mask_rng, o);
@@ -335,7 +500,7 @@ optim::AdamW<typename Model::Scalar> make_optimizer(Model& model, const TrainCon
 
 /// Writes tokenizer.txt, config.json and checkpoint.safetensors into `dir` (each atomically, in that order).
 template <class Model>
-void save_run(const std::string& dir, const TrainConfig& cfg, const data::SimpleTokenizer& tok, Model& model,
+void save_run(const std::string& dir, const TrainConfig& cfg, const data::RunTokenizer& tok, Model& model,
               const optim::AdamW<typename Model::Scalar>* opt, std::int64_t step) {
   std::filesystem::create_directories(dir);
   tok.save(tokenizer_path(dir));
@@ -361,6 +526,10 @@ struct TrainOptions {
   std::function<void(std::int64_t, double, double, Model&)> on_step;
   /// Called at the end of the run with the trained model and the run's data (e.g. a probe the program prints).
   std::function<void(Model&, const RunData&)> on_finish;
+  /// The run's data, built beforehand by build_run_data for this configuration (a program that reports bad data
+  /// files apart from failures of the run does so); nullptr: run_training builds it, its notices on stdout when
+  /// verbose.
+  const RunData* data = nullptr;
 };
 
 struct TrainResult {
@@ -369,6 +538,8 @@ struct TrainResult {
   double last_task_loss = 0, last_loss_gate = 0;
   std::optional<EvalResult> last_eval;
   nn::ModelIsolationReport isolation;
+  /// Why the isolation check did not run ("--no_isolation_check", ...); empty when it ran.
+  std::string isolation_skipped;
   double seconds = 0;
   double seconds_per_step = 0;
   bool stopped_nonfinite = false;
@@ -389,15 +560,14 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {})
   const auto t_start = std::chrono::steady_clock::now();
   TrainResult res;
 
-  std::optional<data::SimpleTokenizer> saved_tok;
-  if (cfg.resume) {
-    check(std::filesystem::exists(checkpoint_path(cfg.out_dir)), "--resume: no checkpoint at ",
-          checkpoint_path(cfg.out_dir));
-    saved_tok = data::SimpleTokenizer::load(tokenizer_path(cfg.out_dir));
-  }
-  const RunData d = build_data(vcfg, saved_tok ? &*saved_tok : nullptr);
+  std::optional<RunData> built;
+  if (!o.data) built.emplace(build_run_data(vcfg, o.verbose ? &std::cout : nullptr));
+  const RunData& d = o.data ? *o.data : *built;
+  // config.json records the data's fingerprint, so that eval and --resume rebuild exactly this data
+  TrainConfig saved_cfg = cfg;
+  saved_cfg.data_hash = d.hash;
   Rng init_rng(cfg.seed);
-  Model model(model_config(cfg, d.tok.vocab_size(), d.task), init_rng, attention_options<S>(cfg));
+  Model model(model_config(cfg, d.tok.vocab_size(), d.task, d.tok.pad_id()), init_rng, attention_options<S>(cfg));
   optim::AdamW<S> opt = make_optimizer(model, cfg);
   if (fresh_dir) remove_run_files(cfg.out_dir);  // --overwrite: only now that the new run's data and model exist
   std::int64_t step0 = 0;
@@ -410,9 +580,9 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {})
   std::size_t n_params = 0;
   for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
   if (o.verbose)
-    fmt::print("data: {} train / {} val / {} test ({}), vocab {}, model {:.2f}M parameters (D={} H={} L={} d_ff={}), "
-               "{} steps, batch {}, gamma_steps {}{}\n",
-               d.size(Split::train), d.size(Split::val), d.size(Split::test), d.source, d.tok.vocab_size(),
+    fmt::print("data: {} train / {} val / {} test ({}), vocab {} ({}), model {:.2f}M parameters (D={} H={} L={} "
+               "d_ff={}), {} steps, batch {}, gamma_steps {}{}\n",
+               d.size(Split::train), d.size(Split::val), d.size(Split::test), d.source, d.tok.vocab_size(), d.tok.kind(),
                static_cast<double>(n_params) / 1e6, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, cfg.steps,
                cfg.batch_size, cfg.gamma_steps, step0 ? fmt::format(", resumed at step {}", step0) : std::string());
 
@@ -425,7 +595,15 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {})
   // isolation check on the first batch
   {
     const Batch b0 = train_batch(1);
-    if (b0.alpha_oracle.dim() && cfg.n_layers > 0) {
+    if (cfg.no_isolation_check) {
+      res.isolation_skipped = "--no_isolation_check";
+    } else if (!b0.alpha_oracle.dim()) {
+      res.isolation_skipped = d.task == nn::Task::mlm && !d.mock_mlm_oracle
+                                  ? "--text_alpha none: the batches carry no oracle, so there is no gate loss"
+                                  : "no oracle on the first batch";
+    } else if (cfg.n_layers == 0) {
+      res.isolation_skipped = "the model has no layers";
+    } else {
       res.isolation = model.verify_gradient_isolation(b0, S(0.5), cfg.seed);
       const auto& r = res.isolation;
       if (o.verbose)
@@ -433,9 +611,9 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {})
                    r.task_gate_grad, r.task_rel_grad, r.gate_main_grad, r.gate_gate_grad, r.ok ? "OK" : "FAILED");
       check(r.ok, "gradient isolation check failed on the first batch (task->gate ", r.task_gate_grad, ", task->W_rel ",
             r.task_rel_grad, ", gate->main ", r.gate_main_grad, ", gate->gate ", r.gate_gate_grad, ")");
-    } else if (o.verbose) {
-      fmt::print("gradient isolation: skipped (no oracle on the first batch)\n");
     }
+    if (o.verbose && !res.isolation_skipped.empty())
+      fmt::print("gradient isolation: skipped ({})\n", res.isolation_skipped);
   }
 
   TrainLog log;
@@ -486,7 +664,7 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {})
       plot("training_curves.svg", [&] {
         return plots::training_curves(read_file(log_path(cfg.out_dir)), "training: " + cfg.out_dir);
       });
-    if (o.checkpoint) save_run(cfg.out_dir, cfg, d.tok, model, &opt, step);
+    if (o.checkpoint) save_run(cfg.out_dir, saved_cfg, d.tok, model, &opt, step);
   };
 
   Trainer<Model> trainer(model, opt, cfg.seed, cfg.gamma_steps);
@@ -578,22 +756,25 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {})
 template <class S>
 struct LoadedRun {
   ValidConfig cfg;
-  data::SimpleTokenizer tok;
+  data::RunTokenizer tok;
   RunData data;
   std::unique_ptr<nn::TransformerModel<S>> model;
   std::int64_t step = 0;
 };
 
 /// Loads the run in `dir` (every file validated; dea::Error naming the file). A config.json whose seed is not the
-/// run's (its splits would differ) is refused.
+/// run's (its splits would differ), whose data this program cannot rebuild (a data source of the reference such
+/// as its Wikipedia stream or Hugging Face downloads, a tokenizer by Hugging Face name) or whose data_hash the
+/// rebuilt data does not match, is refused: the run is never evaluated on other data than its own.
 template <class S>
 LoadedRun<S> load_run(const std::string& dir) {
   ValidConfig cfg = read_config(config_path(dir));
-  data::SimpleTokenizer tok = data::SimpleTokenizer::load(tokenizer_path(dir));
-  // a data file the run's config.json names (--text, --oracle) is reported with that origin
+  data::RunTokenizer tok = load_run_tokenizer(dir, cfg);
+  // a data file the run's config.json names (--text, --oracle, --babi, ...) is reported with that origin
   RunData d = with_context(config_path(dir) + ": ", [&] { return build_data(cfg, &tok); });
   Rng init_rng(cfg->seed);
-  auto model = std::make_unique<nn::TransformerModel<S>>(model_config(cfg, tok.vocab_size(), d.task), init_rng);
+  auto model = std::make_unique<nn::TransformerModel<S>>(model_config(cfg, tok.vocab_size(), d.task, tok.pad_id()),
+                                                         init_rng);
   const std::int64_t step = load_checkpoint(dir, *model, nullptr, cfg->seed);
   return LoadedRun<S>{std::move(cfg), std::move(tok), std::move(d), std::move(model), step};
 }

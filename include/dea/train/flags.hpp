@@ -218,6 +218,17 @@ public:
                   std::string help, std::function<void(const std::string&, const std::string&)> set) {
     return add(name, std::move(value_name), std::move(help), std::move(default_text), std::move(range), std::move(set));
   }
+  /// Another name for the declared flag `target` (e.g. the reference's spelling): "--name value" sets target's
+  /// field, and parse() reports it as `target` in Parsed::flags. A bad value is named as given.
+  FlagSet& alias(const std::string& name, const std::string& target, std::string help = {}) {
+    const Flag* t = find(target);
+    check(t != nullptr && t->alias_of.empty(), "FlagSet::alias: --", target, " is not a declared flag");
+    const std::string value_name = t->value_name;
+    auto set = t->set;
+    add(name, value_name, help.empty() ? "another name for --" + target : std::move(help), {}, {}, std::move(set));
+    flags_.back().alias_of = target;
+    return *this;
+  }
   /// Accepts up to `max_count` positional arguments, shown in the help as `name`.
   FlagSet& positional(std::string name, std::string help, std::size_t max_count = 1) {
     pos_name_ = std::move(name);
@@ -266,7 +277,7 @@ public:
         v = args[++i];
       }
       kv.emplace_back(flag, v);
-      p.flags.insert(f);
+      p.flags.insert(flag->alias_of.empty() ? f : flag->alias_of);
     }
     for (const auto& [flag, v] : kv) flag->set("--" + flag->name, v);
     return p;
@@ -298,12 +309,13 @@ private:
   struct Flag {
     std::string name, value_name, help, default_text, range;
     std::function<void(const std::string&, const std::string&)> set;
+    std::string alias_of;  ///< the flag this one is another name for (empty: none)
   };
   FlagSet& add(const std::string& name, std::string value_name, std::string help, std::string default_text,
                std::string range, std::function<void(const std::string&, const std::string&)> set) {
     check(!has(name), "FlagSet: flag --", name, " declared twice");
     flags_.push_back({name, std::move(value_name), std::move(help), std::move(default_text), std::move(range),
-                      std::move(set)});
+                      std::move(set), {}});
     return *this;
   }
   const Flag* find(const std::string& name) const {
