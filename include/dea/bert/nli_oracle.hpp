@@ -29,12 +29,15 @@
 //   dea::bert::OracleScore s = oracle.score("Paris is the capital of France.", "France");
 //   // s.phi, s.sim, s.alpha_raw, s.alpha
 //
-// The models' forward passes are called concurrently on the same model objects, each with its own cache: they
-// read the parameters and write only the cache (BertModel, BertForSequenceClassification).
+// The models are frozen: the oracle releases their gradient buffers (half of their memory), so nli() and
+// embedder() are for forward passes only. Their forward passes are called concurrently on the same model objects,
+// each with its own cache: they read the parameters and write only the cache (BertModel,
+// BertForSequenceClassification).
 #pragma once
 
 #include "../core/error.hpp"
 #include "../core/parallel.hpp"
+#include "../core/param.hpp"
 #include "../core/tensor.hpp"
 #include "../core/utf8.hpp"
 #include "../data/oracle.hpp"
@@ -129,6 +132,9 @@ public:
     check(std::isfinite(opt_.gamma_nli), "NliOracle: gamma_nli must be finite, got ", opt_.gamma_nli);
     check_tokenizer_fits(nli_tok_, nc, nli_name_);
     check_tokenizer_fits(emb_tok_, ec, emb_name_);
+    // frozen models: no gradient buffers (every Param holds one as large as its value)
+    for (Param<S>* p : nli_.parameters()) p->grad = Vec<S>();
+    for (Param<S>* p : emb_.parameters()) p->grad = Vec<S>();
   }
 
   /// Loads both Hugging Face model directories (config.json, model.safetensors, vocab.txt; hf_dir.hpp and
