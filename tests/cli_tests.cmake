@@ -342,3 +342,64 @@ echo '{\"data_source\": \"wikipedia\", \"d_model\": 16, \"n_heads\": 2}' > \"$d/
              "d=${CMAKE_CURRENT_BINARY_DIR}/cli_reference_real; rm -rf \"$d\"; mkdir -p \"$d\" && \
 echo '{\"data_source\": \"dalpha\", \"dalpha_source\": \"real\"}' > \"$d/config.json\" && \"$0\" eval --ckpt \"$d\"")
 endif()
+
+# dea oracle: the public oracle case end to end (tests/check_oracle_out.py: the values to the tolerances of
+# golden/bert/FORMAT.md, the recovery rule, --calibrate), and bad input (docs/hardening.md B27, B33, B34): exit 2 with the
+# file and line named, and nothing written (or the existing cache left as it was)
+if(TARGET dea_cli)
+  set(dea_or ${CMAKE_CURRENT_SOURCE_DIR}/data/bert/oracle)
+  set(dea_or_models "--nli '${dea_or}/oracle_nli' --embedder '${dea_or}/oracle_sim'")
+  set(dea_or_tmp ${CMAKE_CURRENT_BINARY_DIR}/oracle_cli)
+  if(Python3_Interpreter_FOUND)
+    add_test(NAME dea_oracle_golden_float
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/check_oracle_out.py $<TARGET_FILE:dea_cli>
+                     ${dea_or} ${dea_or_tmp}_golden_float)
+    add_test(NAME dea_oracle_golden_double
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/check_oracle_out.py $<TARGET_FILE:dea_cli>
+                     ${dea_or} ${dea_or_tmp}_golden_double --double)
+    set_tests_properties(dea_oracle_golden_float dea_oracle_golden_double PROPERTIES
+                         PASS_REGULAR_EXPRESSION "oracle --out: ok" TIMEOUT 60)
+  endif()
+  # B27: a pairs file with a missing field, invalid JSON, invalid UTF-8
+  dea_cli_sh(oracle_pairs_missing_field dea_cli 2 "p.jsonl:2: missing field \"hypothesis\".*nothing written"
+             "d=${dea_or_tmp}_field; rm -rf \"$d\" && mkdir -p \"$d\" && \
+printf '%s\\n' '{\"premise\": \"a\", \"hypothesis\": \"b\"}' '{\"premise\": \"c\"}' > \"$d/p.jsonl\" && \
+\"$0\" oracle ${dea_or_models} --pairs \"$d/p.jsonl\" --out \"$d/c.jsonl\"; s=$?; test -e \"$d/c.jsonl\" || echo 'nothing written'; (exit $s)")
+  dea_cli_sh(oracle_pairs_invalid_json dea_cli 2 "p.jsonl:1: invalid JSON.*nothing written"
+             "d=${dea_or_tmp}_json; rm -rf \"$d\" && mkdir -p \"$d\" && printf '{\"premise\": \"a\",\\n' > \"$d/p.jsonl\" && \
+\"$0\" oracle ${dea_or_models} --pairs \"$d/p.jsonl\" --out \"$d/c.jsonl\"; s=$?; test -e \"$d/c.jsonl\" || echo 'nothing written'; (exit $s)")
+  dea_cli_sh(oracle_pairs_invalid_utf8 dea_cli 2 "p.jsonl:1: the line is not valid UTF-8 \\(byte 0xFF at byte offset 16\\).*nothing written"
+             "d=${dea_or_tmp}_utf8; rm -rf \"$d\" && mkdir -p \"$d\" && printf '{\"premise\": \"caf\\377\", \"hypothesis\": \"b\"}\\n' > \"$d/p.jsonl\" && \
+\"$0\" oracle ${dea_or_models} --pairs \"$d/p.jsonl\" --out \"$d/c.jsonl\"; s=$?; test -e \"$d/c.jsonl\" || echo 'nothing written'; (exit $s)")
+  dea_cli_sh(oracle_labels_missing_alpha dea_cli 2 "l.jsonl:1: missing field \"alpha\".*nothing written"
+             "d=${dea_or_tmp}_labels; rm -rf \"$d\" && mkdir -p \"$d\" && printf '%s\\n' '{\"premise\": \"a\", \"hypothesis\": \"b\"}' > \"$d/p.jsonl\" && \
+cp \"$d/p.jsonl\" \"$d/l.jsonl\" && \"$0\" oracle ${dea_or_models} --pairs \"$d/p.jsonl\" --calibrate \"$d/l.jsonl\" --out \"$d/c.jsonl\"; s=$?; \
+test -e \"$d/c.jsonl\" || echo 'nothing written'; (exit $s)")
+  # B33: a model directory that is missing or not an NLI model
+  dea_cli_sh(oracle_missing_model_dir dea_cli 2 "Hugging Face model directory '.*no_such_model' does not exist.*nothing written"
+             "d=${dea_or_tmp}_model; rm -rf \"$d\" && mkdir -p \"$d\" && printf '%s\\n' '{\"premise\": \"a\", \"hypothesis\": \"b\"}' > \"$d/p.jsonl\" && \
+\"$0\" oracle --nli \"$d/no_such_model\" --embedder '${dea_or}/oracle_sim' --pairs \"$d/p.jsonl\" --out \"$d/c.jsonl\"; s=$?; \
+test -e \"$d/c.jsonl\" || echo 'nothing written'; (exit $s)")
+  dea_cli_sh(oracle_embedder_as_nli dea_cli 2 "required tensor\\(s\\) missing: 'classifier.weight'"
+             "d=${dea_or_tmp}_swap; rm -rf \"$d\" && mkdir -p \"$d\" && printf '%s\\n' '{\"premise\": \"a\", \"hypothesis\": \"b\"}' > \"$d/p.jsonl\" && \
+\"$0\" oracle --nli '${dea_or}/oracle_sim' --embedder '${dea_or}/oracle_sim' --pairs \"$d/p.jsonl\" --out \"$d/c.jsonl\"")
+  # B34: an output that does not continue this run, or that is the input
+  dea_cli_sh(oracle_cache_of_other_pairs dea_cli 2 "c.jsonl:1: holds the pair \\('a', 'b'\\) but pair 1 of .*p2.jsonl \\(line 1\\) is \\('x', 'y'\\).*unchanged"
+             "d=${dea_or_tmp}_other; rm -rf \"$d\" && mkdir -p \"$d\" && printf '%s\\n' '{\"premise\": \"a\", \"hypothesis\": \"b\"}' > \"$d/p1.jsonl\" && \
+printf '%s\\n' '{\"premise\": \"x\", \"hypothesis\": \"y\"}' > \"$d/p2.jsonl\" && \"$0\" oracle ${dea_or_models} --pairs \"$d/p1.jsonl\" --out \"$d/c.jsonl\" --quiet && \
+cp \"$d/c.jsonl\" \"$d/before\" && \"$0\" oracle ${dea_or_models} --pairs \"$d/p2.jsonl\" --out \"$d/c.jsonl\"; s=$?; cmp -s \"$d/c.jsonl\" \"$d/before\" && echo unchanged; (exit $s)")
+  dea_cli_sh(oracle_resume_other_precision dea_cli 2 "c.jsonl:1: this record, computed again, differs.*another precision.*unchanged"
+             "d=${dea_or_tmp}_prec; rm -rf \"$d\" && mkdir -p \"$d\" && printf '%s\\n' '{\"premise\": \"a\", \"hypothesis\": \"b\"}' '{\"premise\": \"c\", \"hypothesis\": \"d\"}' > \"$d/p.jsonl\" && \
+\"$0\" oracle ${dea_or_models} --pairs \"$d/p.jsonl\" --out \"$d/c.jsonl\" --quiet && head -n 1 \"$d/c.jsonl\" > \"$d/c1\" && cp \"$d/c1\" \"$d/c.jsonl\" && \
+\"$0\" oracle ${dea_or_models} --pairs \"$d/p.jsonl\" --out \"$d/c.jsonl\" --double; s=$?; cmp -s \"$d/c.jsonl\" \"$d/c1\" && echo unchanged; (exit $s)")
+  dea_cli_sh(oracle_out_is_pairs dea_cli 2 "--out '.*p.jsonl' is the input file .*unchanged"
+             "d=${dea_or_tmp}_self; rm -rf \"$d\" && mkdir -p \"$d\" && printf '%s\\n' '{\"premise\": \"a\", \"hypothesis\": \"b\"}' > \"$d/p.jsonl\" && \
+cp \"$d/p.jsonl\" \"$d/before\" && \"$0\" oracle ${dea_or_models} --pairs \"$d/p.jsonl\" --out \"$d/p.jsonl\"; s=$?; cmp -s \"$d/p.jsonl\" \"$d/before\" && echo unchanged; (exit $s)")
+  dea_cli_test(oracle_needs_embedder dea_cli 2 "--embedder is required" oracle --nli x --pairs p --out o)
+  dea_cli_test(oracle_float_and_double dea_cli 2 "--float and --double exclude each other"
+               oracle --nli x --embedder y --pairs p --out o --float --double)
+  dea_cli_test(oracle_rejects_batch_size dea_cli 2 "--batch_size: expected an integer in \\[1, 65536\\], got '0'"
+               oracle --nli x --embedder y --pairs p --out o --batch_size 0)
+  dea_cli_test(oracle_help dea_cli 0 "usage: dea oracle --nli DIR.*--calibrate LABELS.jsonl.*--batch_size N.*default 32.*--threads N.*range \\[0, 4096\\]"
+               oracle --help)
+endif()

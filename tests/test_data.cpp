@@ -782,58 +782,6 @@ TEST_CASE("oracle alpha formula", "[data][oracle]") {
   REQUIRE_THROWS_AS(oracle_alpha(std::nan(""), 0.0), Error);
 }
 
-TEST_CASE("isotonic regression by pool-adjacent-violators", "[data][oracle]") {
-  // y = 0.1, 0.5, 0.3, 0.7: the violating pair (0.5, 0.3) pools to 0.4.
-  IsotonicRegression iso;
-  iso.fit({1, 2, 3, 4}, {0.1, 0.5, 0.3, 0.7});
-  REQUIRE(iso.y_thresholds().size() == 4);
-  REQUIRE(iso.y_thresholds()[0] == Approx(0.1));
-  REQUIRE(iso.y_thresholds()[1] == Approx(0.4));
-  REQUIRE(iso.y_thresholds()[2] == Approx(0.4));
-  REQUIRE(iso.y_thresholds()[3] == Approx(0.7));
-  REQUIRE(iso.predict(2.5) == Approx(0.4));
-  REQUIRE(iso.predict(3.5) == Approx(0.55));  // halfway between 0.4 and 0.7
-  REQUIRE(iso.predict(1.5) == Approx(0.25));
-  REQUIRE(iso.predict(-10.0) == Approx(0.1));  // x clipped to the fitted range
-  REQUIRE(iso.predict(10.0) == Approx(0.7));
-  // Unsorted input gives the same fit.
-  IsotonicRegression iso2;
-  iso2.fit({3, 1, 4, 2}, {0.3, 0.1, 0.7, 0.5});
-  REQUIRE(iso2.predict(std::vector<double>{2.5, 3.5}) == iso.predict(std::vector<double>{2.5, 3.5}));
-  // A chain of violations: 0.6, 0.2, 0.1 -> all pool to 0.3.
-  IsotonicRegression chain;
-  chain.fit({0, 1, 2}, {0.6, 0.2, 0.1});
-  for (double v : chain.y_thresholds()) REQUIRE(v == Approx(0.3));
-  // Weights: (0.2, w 3) and (0.0, w 1) pool to 0.6/4 = 0.15.
-  IsotonicRegression w;
-  w.fit({0, 1}, {0.2, 0.0}, {3, 1});
-  REQUIRE(w.predict(0.5) == Approx(0.15));
-  // Equal x merge first: x=1 -> mean(0.2, 0.4) = 0.3 with weight 2; then (0.3, w2) vs (0.1, w1) -> 0.7/3.
-  IsotonicRegression dup;
-  dup.fit({1, 1, 2}, {0.2, 0.4, 0.1});
-  REQUIRE(dup.x_thresholds() == std::vector<double>{1, 2});
-  REQUIRE(dup.predict(1.0) == Approx(0.7 / 3.0));
-  REQUIRE(dup.predict(2.0) == Approx(0.7 / 3.0));
-  // Outputs bounded to [0, 0.95].
-  IsotonicRegression b;
-  b.fit({0, 1, 2}, {-0.5, 0.9, 1.4});
-  REQUIRE(b.predict(0.0) == 0.0);
-  REQUIRE(b.predict(2.0) == 0.95);
-  REQUIRE(b.predict(1.5) == Approx(0.925));
-  // Single point: constant.
-  IsotonicRegression one;
-  one.fit({0.3}, {0.6});
-  REQUIRE(one.predict(-1.0) == 0.6);
-  REQUIRE(one.predict(5.0) == 0.6);
-  REQUIRE_THROWS_AS(IsotonicRegression().fit({}, {}), Error);
-  REQUIRE_THROWS_AS(IsotonicRegression().fit({1, 2}, {0.1}), Error);
-  REQUIRE_THROWS_AS(IsotonicRegression().fit({1, 2}, {0.1, 0.2}, {1, 0}), Error);
-  REQUIRE_THROWS_AS(IsotonicRegression().predict(0.5), Error);
-  const auto restored = IsotonicRegression::from_points(iso.x_thresholds(), iso.y_thresholds());
-  REQUIRE(restored.predict(3.5) == Approx(0.55));
-  REQUIRE_THROWS_AS(IsotonicRegression::from_points({1, 0}, {0.1, 0.2}), Error);
-}
-
 TEST_CASE("alpha cache: lookup, attach, JSONL round trip and bad lines", "[data][oracle][io]") {
   TempDir dir;
   AlphaCache cache;

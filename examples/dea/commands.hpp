@@ -9,3 +9,4 @@ int dea_visualize(int argc, char** argv);
 int dea_interop(int argc, char** argv);
 int dea_export_c(int argc, char** argv);
 int dea_tokenize(int argc, char** argv);
+int dea_oracle(int argc, char** argv);

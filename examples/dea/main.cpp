@@ -36,6 +36,7 @@ const Command kCommands[] = {
     {"interop", dea_interop, "run a golden case of the reference: write the results, compare them"},
     {"export-c", dea_export_c, "write a safetensors file as a C++ header (weights compiled in)"},
     {"tokenize", dea_tokenize, "BERT WordPiece over JSON lines: ids, pieces or [CLS] A [SEP] B [SEP] pairs"},
+    {"oracle", dea_oracle, "the NLI oracle's alpha of every pair, from two local BERT model directories"},
 };
 
 std::string command_list() {

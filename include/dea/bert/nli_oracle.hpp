@@ -1,0 +1,310 @@
+// dea/bert/nli_oracle.hpp: the oracle alpha of the DEA reference (data.py precompute_oracle_alpha; spec: bert.md
+// sections 6 and 8) computed from two frozen BERT-architecture models: an NLI cross-encoder and a sentence embedder.
+//
+// For a pair (q_text, k_text):
+//   phi       = NLI logits[entailment index] of premise = q_text, hypothesis = k_text, encoded [CLS] q [SEP] k [SEP]
+//               with longest_first truncation at nli_max_length (256)
+//   sim       = e(q) . e(k), e(t) the mean-pooled, L2-normalised last hidden state of the embedder on [CLS] t [SEP]
+//               (t alone, truncated at sim_max_length, 128): the cosine of the two embeddings
+//   alpha_raw = sigmoid(phi - 0.3 sim)
+//   alpha     = clamp(alpha_raw, 0, 0.95), or clamp(calibrator(alpha_raw), 0, 0.95) with an isotonic calibrator
+//               fitted on human labels (eval/isotonic.hpp; calibrate()).
+// The entailment index is the first id, in id2label order, whose label lower-cased contains "entail" (so
+// "not_entailment" counts too, as in the reference).
+//
+// Precision: NliOracle<float> is what the reference computes (float32 models, phi taken as float32 by its
+// `.float()`): phi and sim are the float results, widened exactly to double. NliOracle<double> runs the float64
+// forward of the (upcast) weights, as the golden cases were computed, and keeps phi in double. alpha_raw and alpha
+// are computed in double from phi and sim in both.
+//
+// Batches, threads and determinism. The reference pads each batch to its longest sequence. Here every sequence runs
+// alone (batch of one, no padding), which gives the same numbers: padding changes nothing in exact arithmetic
+// (padded keys get attention weight 0, padded rows are not pooled). Its point is that every result is then a
+// function of its own text alone, bit for bit, whatever the batch it came in, the batch size, the thread count or
+// where an interrupted run resumed (bert/oracle_run.hpp relies on it). score(pairs) spreads the pairs over the
+// library's threads (one forward per sequence per thread; the model's own loops then run serially), and
+// score(q, k) of one pair runs on all threads inside the model; both give the same bits.
+//
+//   auto oracle = dea::bert::NliOracle<float>::load("models/nli-MiniLM2-L6-H768", "models/all-MiniLM-L6-v2");
+//   dea::bert::OracleScore s = oracle.score("Paris is the capital of France.", "France");
+//   // s.phi, s.sim, s.alpha_raw, s.alpha
+//
+// The models are frozen: the oracle releases their gradient buffers (half of their memory), so nli() and
+// embedder() are for forward passes only. Their forward passes are called concurrently on the same model objects,
+// each with its own cache: they read the parameters and write only the cache (BertModel,
+// BertForSequenceClassification).
+#pragma once
+
+#include "../core/error.hpp"
+#include "../core/parallel.hpp"
+#include "../core/param.hpp"
+#include "../core/tensor.hpp"
+#include "../core/utf8.hpp"
+#include "../data/oracle.hpp"
+#include "../eval/isotonic.hpp"
+#include "../text/wordpiece.hpp"
+#include "hf_dir.hpp"
+#include "hf_tokenizer.hpp"
+#include "model.hpp"
+#include "sentence_embedding.hpp"
+#include "seq_cls.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace dea {
+namespace bert {
+
+/// The oracle's settings (the reference's defaults).
+struct OracleOptions {
+  std::size_t nli_max_length = 256;    ///< [CLS] q [SEP] k [SEP] at most this long (longest_first)
+  std::size_t sim_max_length = 128;    ///< [CLS] t [SEP] at most this long
+  double gamma_nli = data::kGammaNli;  ///< alpha_raw = sigmoid(phi - gamma_nli * sim)
+};
+
+/// The oracle's numbers for one pair.
+struct OracleScore {
+  double phi = 0;        ///< the NLI entailment logit
+  double sim = 0;        ///< the cosine of the two sentence embeddings
+  double alpha_raw = 0;  ///< sigmoid(phi - gamma_nli * sim)
+  double alpha = 0;      ///< in [0, 0.95]: clamped alpha_raw, or the calibrated value
+};
+
+/// A (premise, hypothesis) = (q_text, k_text) pair.
+struct TextPair {
+  std::string premise;
+  std::string hypothesis;
+};
+
+/// The first id, in id2label order, whose lower-cased label contains "entail"; `source` names the configuration in
+/// the message when there is none.
+inline Index find_entailment_index(const std::vector<std::string>& id2label, const std::string& source) {
+  for (std::size_t i = 0; i < id2label.size(); ++i)
+    if (utf8::ascii_lower(id2label[i]).find("entail") != std::string::npos) return static_cast<Index>(i);
+  std::string labels;
+  for (std::size_t i = 0; i < id2label.size(); ++i) labels += ::dea::detail::concat(i ? ", " : "", i, ": \"", id2label[i], "\"");
+  ::dea::detail::raise(::dea::detail::concat(source, ": no label of id2label contains \"entail\" (labels ", labels,
+                                             "): not an NLI model"));
+}
+
+template <class S>
+class NliOracle {
+  static_assert(std::is_floating_point<S>::value, "NliOracle: Scalar must be float or double");
+
+public:
+  using Scalar = S;
+  using Nli = BertForSequenceClassification<S>;
+  using Embedder = BertModel<S>;
+
+  /// An oracle from models and tokenizers already loaded; `nli_name` / `embedder_name` name them in messages.
+  NliOracle(Nli nli, text::WordPieceTokenizer nli_tokenizer, Embedder embedder, text::WordPieceTokenizer embedder_tokenizer,
+            OracleOptions opt = {}, std::string nli_name = "the NLI model", std::string embedder_name = "the embedder")
+      : nli_(std::move(nli)), emb_(std::move(embedder)), nli_tok_(std::move(nli_tokenizer)),
+        emb_tok_(std::move(embedder_tokenizer)), opt_(opt), nli_name_(std::move(nli_name)),
+        emb_name_(std::move(embedder_name)) {
+    const BertConfig& nc = nli_.config();
+    const BertConfig& ec = emb_.config();
+    entail_ = find_entailment_index(nc.id2label, nli_name_ + ": config.json");
+    check(nc.num_labels() >= 2, nli_name_, ": config.json: an NLI model needs at least 2 labels, id2label has ",
+          nc.num_labels());
+    check(nc.type_vocab_size >= 2, nli_name_, ": config.json: type_vocab_size ", nc.type_vocab_size,
+          ": a cross-encoder needs token type 1 for the hypothesis");
+    check(opt_.nli_max_length >= 3, "NliOracle: nli_max_length must be >= 3 ([CLS] and two [SEP]), got ",
+          opt_.nli_max_length);
+    check(opt_.sim_max_length >= 2, "NliOracle: sim_max_length must be >= 2 ([CLS] and [SEP]), got ",
+          opt_.sim_max_length);
+    check(static_cast<Index>(opt_.nli_max_length) <= nc.max_position_embeddings, nli_name_, ": nli_max_length ",
+          opt_.nli_max_length, " exceeds its max_position_embeddings (", nc.max_position_embeddings,
+          "): give a max length within the model's positions");
+    check(static_cast<Index>(opt_.sim_max_length) <= ec.max_position_embeddings, emb_name_, ": sim_max_length ",
+          opt_.sim_max_length, " exceeds its max_position_embeddings (", ec.max_position_embeddings,
+          "): give a max length within the model's positions");
+    check(std::isfinite(opt_.gamma_nli), "NliOracle: gamma_nli must be finite, got ", opt_.gamma_nli);
+    check_tokenizer_fits(nli_tok_, nc, nli_name_);
+    check_tokenizer_fits(emb_tok_, ec, emb_name_);
+    // frozen models: no gradient buffers (every Param holds one as large as its value)
+    for (Param<S>* p : nli_.parameters()) p->grad = Vec<S>();
+    for (Param<S>* p : emb_.parameters()) p->grad = Vec<S>();
+  }
+
+  /// Loads both Hugging Face model directories (config.json, model.safetensors, vocab.txt; hf_dir.hpp and
+  /// hf_tokenizer.hpp): `nli_dir` as a BertForSequenceClassification, `embedder_dir` as a BertModel.
+  static NliOracle load(const std::string& nli_dir, const std::string& embedder_dir, OracleOptions opt = {},
+                        HfLoadReport* nli_report = nullptr, HfLoadReport* embedder_report = nullptr) {
+    Nli nli = load_bert_for_sequence_classification<S>(nli_dir, nli_report);
+    text::WordPieceTokenizer nt = load_hf_tokenizer(nli_dir);
+    Embedder emb = load_bert_model<S>(embedder_dir, embedder_report);
+    text::WordPieceTokenizer et = load_hf_tokenizer(embedder_dir);
+    return NliOracle(std::move(nli), std::move(nt), std::move(emb), std::move(et), opt,
+                     "NLI model '" + nli_dir + "'", "embedder '" + embedder_dir + "'");
+  }
+
+  const OracleOptions& options() const { return opt_; }
+  Index entailment_index() const { return entail_; }
+  const std::string& entailment_label() const { return nli_.config().id2label[static_cast<std::size_t>(entail_)]; }
+  Nli& nli() { return nli_; }
+  Embedder& embedder() { return emb_; }
+
+  /// [CLS] q [SEP] k [SEP] with token types, longest_first at nli_max_length: the cross-encoder's input.
+  text::Encoding nli_encoding(const std::string& premise, const std::string& hypothesis) const {
+    return nli_tok_.encode_pair(premise, hypothesis, opt_.nli_max_length);
+  }
+  /// [CLS] t [SEP] truncated at sim_max_length: the embedder's input.
+  text::Encoding sim_encoding(const std::string& text) const { return emb_tok_.encode_single(text, opt_.sim_max_length); }
+
+  /// Installs an isotonic calibrator: alpha = clamp(calibrator(alpha_raw), 0, 0.95) from now on.
+  void set_calibrator(eval::IsotonicRegression c) {
+    check(c.fitted(), "NliOracle::set_calibrator: the calibrator is not fitted");
+    calib_ = std::move(c);
+  }
+  void clear_calibrator() { calib_.reset(); }
+  const eval::IsotonicRegression* calibrator() const { return calib_ ? &*calib_ : nullptr; }
+
+  /// Fits the calibrator on human labels: the oracle's alpha_raw of each pair against its human alpha
+  /// (IsotonicRegression(y_min 0, y_max 0.95, out_of_bounds clip) as the reference), installs it and returns it.
+  const eval::IsotonicRegression& calibrate(const std::vector<TextPair>& pairs, const std::vector<double>& human_alpha) {
+    check(pairs.size() == human_alpha.size(), "NliOracle::calibrate: ", pairs.size(), " pairs and ",
+          human_alpha.size(), " labels");
+    check(!pairs.empty(), "NliOracle::calibrate: no labelled pairs");
+    const std::vector<OracleScore> s = score(pairs);
+    std::vector<double> raw(s.size());
+    for (std::size_t i = 0; i < s.size(); ++i) raw[i] = s[i].alpha_raw;
+    eval::IsotonicRegression iso(0.0, data::kAlphaMax);
+    iso.fit(raw, human_alpha);
+    calib_ = std::move(iso);
+    return *calib_;
+  }
+
+  /// The oracle's numbers for one pair (the model's loops on all threads).
+  OracleScore score(const std::string& premise, const std::string& hypothesis) {
+    Work w;
+    return score_one(premise, hypothesis, w);
+  }
+
+  /// The numbers of every pair, in order, the pairs spread over the library's threads (see the file comment). An
+  /// error in any pair is a dea::Error naming the first such pair (by index).
+  std::vector<OracleScore> score(const std::vector<TextPair>& pairs) {
+    const Index n = static_cast<Index>(pairs.size());
+    std::vector<OracleScore> out(pairs.size());
+    if (n == 0) return out;
+    const int threads = std::max(1, std::min(num_threads(), static_cast<int>(n)));
+    if (threads == 1 || in_parallel()) {
+      Work w;
+      for (Index i = 0; i < n; ++i) out[std::size_t(i)] = score_one(pairs[std::size_t(i)].premise, pairs[std::size_t(i)].hypothesis, w);
+      return out;
+    }
+    std::vector<Work> work(static_cast<std::size_t>(threads));
+    std::vector<std::string> errors(pairs.size());
+    std::vector<char> failed(pairs.size(), 0);
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+    {
+      Work& w = work[static_cast<std::size_t>(omp_get_thread_num())];
+#pragma omp for schedule(dynamic, 1)
+      for (Index i = 0; i < n; ++i) {
+        const std::size_t k = static_cast<std::size_t>(i);
+        try {
+          out[k] = score_one(pairs[k].premise, pairs[k].hypothesis, w);
+        } catch (const std::exception& e) {
+          errors[k] = e.what();
+          failed[k] = 1;
+        } catch (...) {
+          errors[k] = "unknown error";
+          failed[k] = 1;
+        }
+      }
+    }
+#endif
+    for (std::size_t k = 0; k < pairs.size(); ++k)
+      if (failed[k]) {
+        std::string m = errors[k];
+        if (m.compare(0, 5, "dea: ") == 0) m.erase(0, 5);
+        ::dea::detail::raise(::dea::detail::concat("NliOracle: pair ", k, ": ", m));
+      }
+    return out;
+  }
+
+  /// alpha from alpha_raw: the calibrator's value or alpha_raw itself, clamped to [0, 0.95].
+  double alpha_of(double alpha_raw) const {
+    const double a = calib_ ? calib_->predict(alpha_raw) : alpha_raw;
+    return std::min(std::max(a, 0.0), data::kAlphaMax);
+  }
+
+  /// The entailment logit of one encoded pair (B = 1, no padding).
+  S entailment_logit(const text::Encoding& e) {
+    Work w;
+    return logit(e, w);
+  }
+  /// The normalised sentence embedding [1, H] of one encoded text (B = 1, no padding).
+  Mat<S> embedding(const text::Encoding& e) {
+    Work w;
+    return embed(e, w);
+  }
+
+private:
+  /// One thread's buffers: the batch of one sequence and both models' caches.
+  struct Work {
+    BertBatch<S> batch;
+    typename Nli::Cache nli;
+    typename Embedder::Cache emb;
+  };
+
+  static void fill_batch(const text::Encoding& e, bool types, BertBatch<S>& b) {
+    const Index T = static_cast<Index>(e.size());
+    b.input_ids = Tensor<std::int64_t>({1, T});
+    std::copy(e.input_ids.begin(), e.input_ids.end(), b.input_ids.ptr());
+    if (types) {
+      b.token_type_ids = Tensor<std::int64_t>({1, T});
+      std::copy(e.token_type_ids.begin(), e.token_type_ids.end(), b.token_type_ids.ptr());
+    } else {
+      b.token_type_ids = Tensor<std::int64_t>();  // absent: all 0
+    }
+    b.attention_mask = Tensor<std::uint8_t>();    // absent: every token is real (no padding)
+  }
+
+  S logit(const text::Encoding& e, Work& w) {
+    fill_batch(e, true, w.batch);
+    const SeqClsOutput<S> o = nli_.forward(w.batch, nullptr, false, nullptr, w.nli);
+    return o.logits(0, entail_);
+  }
+
+  Mat<S> embed(const text::Encoding& e, Work& w) {
+    fill_batch(e, false, w.batch);
+    const BertOutput<S> o = emb_.forward(w.batch, false, nullptr, w.emb);
+    return mean_pool_normalize(o.last_hidden_state, w.batch.attention_mask, 1, w.emb.T);
+  }
+
+  OracleScore score_one(const std::string& premise, const std::string& hypothesis, Work& w) {
+    OracleScore s;
+    s.phi = static_cast<double>(logit(nli_encoding(premise, hypothesis), w));
+    const Mat<S> eq = embed(sim_encoding(premise), w);
+    const Mat<S> ek = embed(sim_encoding(hypothesis), w);
+    s.sim = static_cast<double>(eq.row(0).dot(ek.row(0)));
+    check(std::isfinite(s.phi) && std::isfinite(s.sim), "NliOracle: non-finite score (phi ", s.phi, ", sim ", s.sim,
+          ")");
+    s.alpha_raw = data::oracle_alpha_raw(s.phi, s.sim, opt_.gamma_nli);
+    s.alpha = alpha_of(s.alpha_raw);
+    return s;
+  }
+
+  Nli nli_;
+  Embedder emb_;
+  text::WordPieceTokenizer nli_tok_, emb_tok_;
+  OracleOptions opt_;
+  std::string nli_name_, emb_name_;
+  Index entail_ = 0;
+  std::optional<eval::IsotonicRegression> calib_;
+};
+
+}  // namespace bert
+}  // namespace dea
