@@ -11,7 +11,11 @@
 //   tr_mha_layer  one TokenRoutedAttention (tolerance 2e-6 x max(1, max|ref|), route indices exact);
 //   bert_model, bert_seq_cls, sentence_embedding
 //                 a Hugging Face BertModel / BertForSequenceClassification / mean-pooled sentence embedding
-//                 (golden/bert/FORMAT.md; float tolerances 1e-4 for out.*, 1e-3 for grad.*).
+//                 (golden/bert/FORMAT.md; float tolerances 1e-4 for out.*, 1e-3 for grad.*);
+//   dea_bert      the reference's DualExpertBert: objective task_loss + loss_gate; out.logits, out.task_loss,
+//                 out.loss_gate, out.loss_gate_layer.*, out.alpha_hat.*, out.last_hidden_state and every grad.*,
+//                 with the BERT tolerances; a layer whose count of decision pairs differs from the case's metadata
+//                 is named (FORMAT.md: a borderline pair can flip).
 // --hf_model DIR loads the BertModel of a Hugging Face model directory (config.json + model.safetensors) and runs
 // it on the case's in.input_ids / in.attention_mask / in.token_type_ids, whatever the case's kind: it writes
 // out.last_hidden_state and out.pooler_output, and --compare checks those two against the case's.
@@ -26,6 +30,7 @@
 #include <dea/train/flags.hpp>
 #include <dea/core/parallel.hpp>
 #include <dea/interop/bert_case.hpp>
+#include <dea/interop/dea_bert_case.hpp>
 #include <dea/interop/dea_case.hpp>
 #include <dea/interop/model_case.hpp>
 #include <dea/interop/tr_mha_case.hpp>
@@ -57,8 +62,8 @@ int dea_interop(int argc, char** argv) {
   cli::FlagSet fs("dea interop CASE.safetensors [flags]",
                   "Runs a golden case (tests/data/golden/README.md) through the library; writes what it computed\n"
                   "(--out) and compares it with the case's numbers (--compare, the default without --out).");
-  fs.positional("CASE.safetensors", "a case file of kind dea_layer, dea_model, tr_mha_layer, bert_model, bert_seq_cls or "
-                "sentence_embedding (any case with in.input_ids under --hf_model)");
+  fs.positional("CASE.safetensors", "a case file of kind dea_layer, dea_model, tr_mha_layer, bert_model, bert_seq_cls, "
+                "sentence_embedding or dea_bert (any case with in.input_ids under --hf_model)");
   fs.text("out", out_path, "RESULT.safetensors", "write every computed out.* and grad.* tensor here");
   fs.toggle("compare", compare, "compare with the case's tensors (tolerance 1e-9, 1e-4 with --float, 1e-3 for BERT "
             "gradients in float; exit 1 on a miss)");
@@ -91,13 +96,16 @@ int dea_interop(int argc, char** argv) {
     const auto it = cs.metadata().find("kind");
     const std::string kind = it == cs.metadata().end() ? "" : it->second;
     if (!pe_path.empty() && kind != "dea_model") usage("--pe applies only to dea_model cases (this is '" + kind + "')");
-    if (!hf_model.empty() || interop::is_bert_kind(kind)) {
+    const bool dea_bert = hf_model.empty() && kind == "dea_bert";
+    if (!hf_model.empty() || interop::is_bert_kind(kind) || dea_bert) {
       io::SafeTensors got;
       bert::HfLoadReport rep;
       if (!hf_model.empty()) {
         got = use_float ? interop::run_hf_model_case<float>(hf_model, cs, &rep)
                         : interop::run_hf_model_case<double>(hf_model, cs, &rep);
         fmt::print("loaded {}\n", rep.str());
+      } else if (dea_bert) {
+        got = use_float ? interop::run_dea_bert_case<float>(cs) : interop::run_dea_bert_case<double>(cs);
       } else {
         got = use_float ? interop::run_bert_case<float>(cs) : interop::run_bert_case<double>(cs);
       }
@@ -119,6 +127,9 @@ int dea_interop(int argc, char** argv) {
         ok = ok && c.ok;
         worst = std::max(worst, c.rel_error);
       }
+      if (dea_bert)
+        for (const std::string& d : interop::dea_bert_decision_pair_differences(cs, got))
+          fmt::print("  note: {} (a pair on the border of the beta window flipped; golden/bert/FORMAT.md)\n", d);
       fmt::print("{}: {} tensors, worst relative error {:.3e} (tolerance {}, {}): {}\n", case_path, cmp.size(), worst,
                  use_float ? "1e-4 out.*, 1e-3 grad.*" : "1e-9", use_float ? "float" : "double", ok ? "PASS" : "FAIL");
       return ok ? 0 : 1;
@@ -149,7 +160,8 @@ int dea_interop(int argc, char** argv) {
       got = use_float ? interop::run_dea_model_case<float>(cs, pp) : interop::run_dea_model_case<double>(cs, pp);
     } else {
       usage(fmt::format("{}: unsupported case kind '{}' (supported: dea_layer, dea_model, tr_mha_layer, bert_model, "
-                        "bert_seq_cls, sentence_embedding; any case with in.input_ids under --hf_model)", case_path, kind));
+                        "bert_seq_cls, sentence_embedding, dea_bert; any case with in.input_ids under --hf_model)",
+                        case_path, kind));
     }
     if (!out_path.empty()) {
       got.save(out_path);

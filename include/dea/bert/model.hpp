@@ -7,8 +7,10 @@
 //   x_{l+1} = BertLayer_l(x_l; in)                                       [N, H]   (layer.hpp)
 //   last_hidden_state = x_L                                              [N, H]
 //   pooler_output = tanh(x_L[b*T + 0] W_p^T + b_p)                       [B, H]   (pooler.dense)
-// in: one AttnInputs for the whole forward, key mask = attention_mask (absent: every token real). Padded query
-// rows are computed like any other; a sequence with no real token attends uniformly (self_attention.hpp).
+// in: one AttnInputs for the whole forward, key mask = attention_mask (absent: every token real); built here, or
+// given by the caller with what its self-attention reads besides the mask (DualExpertBert's oracle and gamma_mix).
+// Padded query rows are computed like any other; a sequence with no real token attends uniformly
+// (self_attention.hpp).
 //
 // Backward contract (DESIGN.md section 3): backward(d_last, d_pooled, cache) adds into every parameter gradient
 // the objective reaches and returns dL/dE [N, H], which is the gradient with respect to inputs_embeds (E is
@@ -148,6 +150,19 @@ public:
     detail::hf_init_linear(pooler_, rng, sd);
   }
 
+  /// A model with zero weights (LayerNorms 1 / 0) around the given self-attention modules, one per layer (their
+  /// parameters keep their values and get the prefix "encoder.layer.{l}.attention.self."), whose other values are
+  /// loaded or copied next. Builds no Rng stream. (DualExpertBert builds its Dual-Expert layers this way.)
+  BertModel(const BertConfig& cfg, std::vector<SelfAttention> attention) : BertModel(cfg, 0) {
+    check(static_cast<Index>(attention.size()) == cfg.num_hidden_layers, "BertModel: expected ",
+          cfg.num_hidden_layers, " self-attention modules (num_hidden_layers), got ", attention.size());
+    layers_.reserve(attention.size());
+    for (Index l = 0; l < cfg.num_hidden_layers; ++l) {
+      layers_.emplace_back(cfg, std::move(attention[static_cast<std::size_t>(l)]));
+      prefix_names(layers_.back().parameters(), "encoder.layer." + std::to_string(l) + ".");
+    }
+  }
+
   /// A model with zero weights (LayerNorms 1 / 0) and BertSelfAttention layers, whose values are loaded next
   /// (hf_dir.hpp). Builds no Rng stream.
   template <class SA = SelfAttention, std::enable_if_t<std::is_same<SA, BertSelfAttention<S>>::value, int> = 0>
@@ -179,16 +194,34 @@ public:
   }
   void zero_grad() { dea::zero_grad(parameters()); }
 
+  /// Adjusts, for layer `layer` alone, a copy of the forward's attention inputs (the copy shares their storage).
+  using LayerInputsFn = std::function<void(Index layer, AttnInputs<S>& inputs)>;
+
   /// Forward pass; dropout is active when `training` (then `rng` is required when a dropout is > 0).
-  BertOutput<S> forward(const BertBatch<S>& batch, bool training, Rng* rng, Cache& c);
+  BertOutput<S> forward(const BertBatch<S>& batch, bool training, Rng* rng, Cache& c) {
+    return forward_impl(batch, nullptr, training, rng, c, LayerInputsFn{});
+  }
   /// Evaluation-mode forward.
   BertOutput<S> forward(const BertBatch<S>& batch, Cache& c) { return forward(batch, false, nullptr, c); }
+  /// Forward with attention inputs the caller built for this batch: AttnInputs(B, T) carrying what the
+  /// self-attention reads besides the key mask (a Dual-Expert oracle, targets, gamma_mix) and the training flag and
+  /// Rng, which drive every dropout of the model. The key mask is set here from batch.attention_mask (`inputs` must
+  /// not hold one). `per_layer`, when set, adjusts a copy of the inputs for each layer (test hooks, what a layer
+  /// keeps); every layer reads the same inputs otherwise.
+  BertOutput<S> forward(const BertBatch<S>& batch, AttnInputs<S> inputs, Cache& c,
+                        const LayerInputsFn& per_layer = LayerInputsFn{}) {
+    return forward_impl(batch, &inputs, inputs.training(), inputs.rng(), c, per_layer);
+  }
 
   /// Backward of an objective with dL/d last_hidden_state = *d_last [B*T, H] and dL/d pooler_output = *d_pooled
   /// [B, H] (either may be null); adds into the parameter gradients and returns dL/d inputs_embeds [B*T, H].
   Mat<S> backward(const Mat<S>* d_last, const Mat<S>* d_pooled, Cache& c);
 
 private:
+  /// forward with the caller's attention inputs (moved from *given) or, when null, inputs built here.
+  BertOutput<S> forward_impl(const BertBatch<S>& batch, AttnInputs<S>* given, bool training, Rng* rng, Cache& c,
+                             const LayerInputsFn& per_layer);
+
   /// Everything but the layers: embeddings, pooler, dropout (zero weights, LayerNorms 1 / 0).
   BertModel(const BertConfig& cfg, int)
       : cfg_((cfg.validate(), cfg)),
@@ -217,7 +250,9 @@ private:
 // other translation units from instantiating them) ----
 
 template <class S, class SelfAttention>
-BertOutput<S> BertModel<S, SelfAttention>::forward(const BertBatch<S>& batch, bool training, Rng* rng, Cache& c) {
+BertOutput<S> BertModel<S, SelfAttention>::forward_impl(const BertBatch<S>& batch, AttnInputs<S>* given,
+                                                        bool training, Rng* rng, Cache& c,
+                                                        const LayerInputsFn& per_layer) {
   const Index H = cfg_.hidden_size;
   const bool has_ids = batch.input_ids.dim() > 0, has_embeds = batch.inputs_embeds.dim() > 0;
   check(has_ids || has_embeds, "BertModel::forward: the batch needs input_ids [B, T] or inputs_embeds [B, T, H]");
@@ -241,6 +276,13 @@ BertOutput<S> BertModel<S, SelfAttention>::forward(const BertBatch<S>& batch, bo
   if (has_ids) word_.check_ids(batch.input_ids.ptr(), N, "BertModel::forward: input_ids");
   check(!training || rng != nullptr || (cfg_.hidden_dropout_prob == 0 && cfg_.attention_probs_dropout_prob == 0),
         "BertModel::forward: training with dropout needs an Rng");
+  if (given) {
+    check(given->batch() == B && given->q_len() == T && given->k_len() == T, "BertModel::forward: the attention "
+          "inputs were built for B = ", given->batch(), ", T = ", given->q_len(), " x ", given->k_len(),
+          "; the batch is [", B, ", ", T, "]");
+    check(!given->has_key_mask(), "BertModel::forward: the attention inputs hold a key mask; the model sets it from "
+          "the batch's attention_mask");
+  }
 
   c.B = B;
   c.T = T;
@@ -251,9 +293,13 @@ BertOutput<S> BertModel<S, SelfAttention>::forward(const BertBatch<S>& batch, bo
   for (Index n = 0; n < N; ++n) c.positions[static_cast<std::size_t>(n)] = n % T;
 
   AttnInputs<S>& in = c.inputs;
-  in = AttnInputs<S>(B, T);
+  if (given) {
+    in = std::move(*given);
+  } else {
+    in = AttnInputs<S>(B, T);
+    in.set_training(training, rng);
+  }
   if (has_mask) in.set_key_mask(batch.attention_mask);
-  in.set_training(training, rng);
 
   // ---- embeddings: E = word[ids] + token_type[tt] + position[t], x0 = Dropout(LN(E))
   if (has_ids) {
@@ -271,7 +317,15 @@ BertOutput<S> BertModel<S, SelfAttention>::forward(const BertBatch<S>& batch, bo
   // ---- encoder layers
   const std::size_t L = layers_.size();
   c.layers.resize(L);
-  for (std::size_t l = 0; l < L; ++l) x = layers_[l].forward(x, in, c.layers[l]);  // x_{l+1} = Layer_l(x_l)
+  for (std::size_t l = 0; l < L; ++l) {
+    if (per_layer) {
+      AttnInputs<S> var = in;
+      per_layer(static_cast<Index>(l), var);
+      x = layers_[l].forward(x, var, c.layers[l]);                 // x_{l+1} = Layer_l(x_l)
+    } else {
+      x = layers_[l].forward(x, in, c.layers[l]);                  // x_{l+1} = Layer_l(x_l)
+    }
+  }
 
   // ---- pooler: tanh(x_L[:, 0] W_p^T + b_p)
   BertOutput<S> out;
