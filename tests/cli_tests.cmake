@@ -335,6 +335,28 @@ echo \"The river runs past the old mill number $i. A stone bridge crosses it nea
 \"$0\" \"$@\" --data_source text --text \"$c\" --wiki_alpha none --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_text_none --overwrite"
              train ${dea_tiny})
   dea_cli_test(train_text_alpha_for_dalpha dea_cli 2 "--text_alpha applies to --data_source text only" train --wiki_alpha none)
+  # --model dea_bert (B40-B43): no --hf_model, a directory without config.json, --max_len beyond the config's
+  # max_position_embeddings (160 in the fixture), an encoder-only flag; each exits 2 naming the flag or the file, and
+  # the run directory is not created
+  set(dea_bert_sim ${CMAKE_CURRENT_SOURCE_DIR}/data/bert/oracle/oracle_sim)
+  set(dea_bert_bad "d=${CMAKE_CURRENT_BINARY_DIR}/cli_dea_bert_bad; rm -rf \"$d\"; \"$0\" train --model dea_bert \"$@\" \
+--out_dir \"$d\"; s=$?; test -e \"$d\" || echo 'nothing written'; (exit $s)")
+  dea_cli_sh(dea_bert_train_rejects_no_hf_model dea_cli 2 "--model dea_bert needs --hf_model DIR.*nothing written"
+             "${dea_bert_bad}" --steps 2)
+  dea_cli_sh(dea_bert_train_rejects_no_config dea_cli 2
+             "--hf_model '[^']*/data/dalpha' has no config.json \\(expected '.*config.json'\\).*nothing written"
+             "${dea_bert_bad}" --hf_model ${CMAKE_CURRENT_SOURCE_DIR}/data/dalpha)
+  dea_cli_sh(dea_bert_train_rejects_max_len dea_cli 2
+             "--max_len 161 exceeds the max_position_embeddings \\(160\\) of .*oracle_sim/config.json.*nothing written"
+             "${dea_bert_bad}" --hf_model ${dea_bert_sim} --max_len 161)
+  dea_cli_sh(dea_bert_train_rejects_encoder_flag dea_cli 2
+             "--d_model applies to --model encoder only: with --model dea_bert the sizes come from --hf_model's config.json.*nothing written"
+             "${dea_bert_bad}" --hf_model ${dea_bert_sim} --d_model 16)
+  dea_cli_sh(dea_bert_train_rejects_text dea_cli 2
+             "--data_source text: --model dea_bert fine-tunes on D_alpha pairs only.*nothing written"
+             "${dea_bert_bad}" --hf_model ${dea_bert_sim} --data_source text --text corpus.txt)
+  dea_cli_test(dea_bert_train_rejects_hf_model_for_encoder dea_cli 2
+               "--hf_model '[^']*' is given, but --model is 'encoder' \\(add --model dea_bert" train --hf_model ${dea_bert_sim})
   dea_cli_sh(eval_refuses_reference_data_source dea_cli 1 "config.json: --data_source 'wikipedia': the reference's Wikipedia stream cannot be rebuilt"
              "d=${CMAKE_CURRENT_BINARY_DIR}/cli_reference_wiki; rm -rf \"$d\"; mkdir -p \"$d\" && \
 echo '{\"data_source\": \"wikipedia\", \"d_model\": 16, \"n_heads\": 2}' > \"$d/config.json\" && \"$0\" eval --ckpt \"$d\"")

@@ -4,7 +4,8 @@
 // data_hash), evaluates a split at gamma_mix = 0 in
 // evaluation mode, writes eval_<split>.json next to the checkpoint and alpha_hist_<split>.svg (alpha-hat against
 // the oracle alpha on the split's labelled cells) into --plot_dir (default: the run directory), then runs the
-// Paris probe.
+// Paris probe. A run of --model dea_bert (config.json's "model") is rebuilt from its directory alone (bert_config.json,
+// vocab.txt, the checkpoint) and evaluated the same way.
 // Exit status: 0 done, 1 error (missing or corrupt files), 2 bad command line.
 #include "commands.hpp"
 #include "paris_probe.hpp"
@@ -12,6 +13,8 @@
 #include <dea/core/files.hpp>
 #include <dea/core/parallel.hpp>
 #include <dea/plot/figures.hpp>
+#include <dea/train/config.hpp>
+#include <dea/train/dea_bert.hpp>
 #include <dea/train/encoder.hpp>
 #include <dea/train/flags.hpp>
 
@@ -61,8 +64,16 @@ int dea_eval(int argc, char** argv) {
   try {
     if (threads > 0) set_num_threads(threads);
     dea_cli::ParisProbe probe;
-    const enc::EvalResult r = enc::evaluate_checkpoint<S>(
-        dir, split, [&](nn::TransformerModel<S>& m, const enc::LoadedRun<S>& run) { probe = dea_cli::paris_probe(m, run.tok); });
+    const std::string model = train::read_config(train::config_path(dir))->model;
+    const enc::EvalResult r =
+        model == "dea_bert"
+            ? train::dea_bert::evaluate_checkpoint<S>(
+                  dir, split, [&](bert::DualExpertBert<S>& m, const train::dea_bert::LoadedRun<S>& run) {
+                    probe = dea_cli::paris_probe(m, run.tok);
+                  })
+            : enc::evaluate_checkpoint<S>(dir, split, [&](nn::TransformerModel<S>& m, const enc::LoadedRun<S>& run) {
+                probe = dea_cli::paris_probe(m, run.tok);
+              });
     const std::string name = enc::split_name(split);
     const std::string out = (std::filesystem::path(dir) / ("eval_" + name + ".json")).string();
     const nlohmann::json j = enc::to_json(r);

@@ -3,6 +3,7 @@
 // (the paper's target is about 0.9 in a trained model).
 #pragma once
 
+#include <dea/bert/dual_expert_bert.hpp>
 #include <dea/data/run_tokenizer.hpp>
 #include <dea/nn/transformer.hpp>
 
@@ -19,6 +20,16 @@ struct ParisProbe {
   dea::Index qi = -1, ki = -1;
   std::vector<double> per_layer;  ///< mean over heads of alpha-hat[qi -> ki]
 };
+
+/// The longest sequence and the number of heads of the models the probe runs on (the encoder, DualExpertBert).
+template <class S, class A>
+dea::Index probe_max_len(const dea::nn::TransformerModel<S, A>& m) { return m.config().max_len; }
+template <class S, class A>
+dea::Index probe_heads(const dea::nn::TransformerModel<S, A>& m) { return m.config().n_heads; }
+template <class S>
+dea::Index probe_max_len(const dea::bert::DualExpertBert<S>& m) { return m.config().max_position_embeddings; }
+template <class S>
+dea::Index probe_heads(const dea::bert::DualExpertBert<S>& m) { return m.config().num_attention_heads; }
 
 /// "Paris is capital of France" as one segment (max_len 32); eval mode, no oracle, gamma 0. The query is the last
 /// token of "Paris", the key the first token of "France" after it (WordPiece may split a word into pieces).
@@ -42,9 +53,9 @@ ParisProbe paris_probe(Model& model, const dea::data::RunTokenizer& tok) {
   p.qi = qs + static_cast<dea::Index>(paris.size()) - 1;
   p.ki = ks;
   const dea::Index T = e.size();
-  if (T > model.config().max_len) {
+  if (T > probe_max_len(model)) {
     p.error = dea::detail::concat("the probe sentence has ", T, " tokens, more than the model's max_len ",
-                                    model.config().max_len);
+                                    probe_max_len(model));
     return p;
   }
   dea::nn::ModelBatch<Scalar> b;
@@ -56,7 +67,7 @@ ParisProbe paris_probe(Model& model, const dea::data::RunTokenizer& tok) {
   model.forward(b, Scalar(0), false, nullptr, c);
   for (dea::Index l = 0; l < model.n_layers(); ++l) {
     const auto& a = c.layers[static_cast<std::size_t>(l)].attn;
-    const dea::Index H = model.config().n_heads;
+    const dea::Index H = probe_heads(model);
     double s = 0;
     for (dea::Index h = 0; h < H; ++h) s += static_cast<double>(a.alpha_hat[static_cast<std::size_t>(a.cell(0, h, p.qi, p.ki, H))]);
     p.per_layer.push_back(s / static_cast<double>(H));

@@ -10,6 +10,11 @@
 // absolute path (and every other file a flag names: --babi, --clutrr, --conceptnet, --capitals, --vocab).
 // --dump_pairs FILE writes the distinct (q_text, k_text) pairs of the run's D_alpha data as JSONL (the input of an
 // oracle run) and exits without training; --oracle FILE.jsonl then trains with their alpha.
+// --model dea_bert --hf_model DIR fine-tunes the reference's DualExpertBert from a local Hugging Face BERT directory
+// (train/dea_bert.hpp) on the same D_alpha data, with the reference's hf defaults (lr_main 2e-5, batch_size 32,
+// max_len 64) unless given; the encoder's own flags (--d_model, --n_heads, --n_layers, --d_ff, --dropout, --quick,
+// --supervise_layers, --tokenizer, --vocab) are refused with it, and the directory is validated completely before
+// anything is written.
 // Exit status: 0 done, 1 error (a bad run directory or a resumed run's data, failed isolation check, non-finite
 // loss), 2 bad command line or a data file it names that cannot be used (missing, malformed, an alpha cache without a
 // pair of the data).
@@ -19,6 +24,7 @@
 #include <dea/core/allocator.hpp>
 #include <dea/io/jsonl.hpp>
 #include <dea/train/config.hpp>
+#include <dea/train/dea_bert.hpp>
 #include <dea/train/encoder.hpp>
 #include <dea/train/flags.hpp>
 
@@ -33,6 +39,53 @@
 
 using namespace dea;
 
+namespace train_cmd {
+
+/// The dea_bert part of dea train, once the configuration and the data are checked: the pretrained directory of a
+/// fresh run is loaded and validated (a bad one is 2, nothing written), then the run.
+int run_dea_bert(const train::ValidConfig& cfg, const train::encoder::RunData& data, bool overwrite,
+                 const std::string& plot_dir) {
+  using S = float;
+  namespace db = train::dea_bert;
+  std::optional<db::Pretrained<S>> pre;
+  if (!cfg->resume) {
+    try {
+      pre.emplace(db::load_pretrained<S>(cfg->hf_model));
+      db::check_vocab(data.tok, pre->files.config, "--hf_model '" + cfg->hf_model + "'");
+      fmt::print("[model] {}\n", pre->report.str());
+    } catch (const std::bad_alloc&) {
+      fmt::print(stderr, "dea train: out of memory loading --hf_model '{}'\n", cfg->hf_model);
+      return 1;
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "dea train: --hf_model: {}\n", e.what());
+      return 2;
+    }
+  }
+  try {
+    db::TrainOptions<S> opts;
+    opts.data = &data;
+    opts.overwrite = overwrite;
+    opts.plot_dir = plot_dir;
+    opts.on_finish = [](bert::DualExpertBert<S>& model, const train::encoder::RunData& d) {
+      dea_cli::print_paris_probe(dea_cli::paris_probe(model, d.tok));
+    };
+    const train::encoder::TrainResult r = db::run_training<S>(cfg, opts, pre ? &*pre : nullptr);
+    if (r.last_eval) fmt::print("final val: {}\n", train::encoder::to_json(*r.last_eval).dump());
+    fmt::print("checkpoint: {}\n", train::checkpoint_path(cfg->out_dir));
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "dea train: out of memory (the model of --hf_model, --batch_size {} --max_len {} "
+                       "--n_per_source {}): choose smaller sizes\n",
+               cfg->batch_size, cfg->max_len, cfg->n_per_source);
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dea train: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace train_cmd
+
 int dea_train(int argc, char** argv) {
   using S = float;  // the program trains in float
   dea::retain_freed_memory();  // reuse freed activations instead of faulting pages in every step
@@ -42,7 +95,10 @@ int dea_train(int argc, char** argv) {
   bool no_plots = false, overwrite = false;
   cli::FlagSet fs("dea train [flags]",
                   "Trains the Dual-Expert encoder as the reference's train.py does, into --out_dir (checkpoint,\n"
-                  "config.json, tokenizer.txt, train_log.jsonl, plots); ends with the Paris probe.");
+                  "config.json, tokenizer.txt, train_log.jsonl, plots); ends with the Paris probe. With --model\n"
+                  "dea_bert --hf_model DIR it fine-tunes the reference's DualExpertBert from a local Hugging Face\n"
+                  "BERT directory instead (defaults lr_main 2e-5, batch_size 32, max_len 64; sizes, dropout and\n"
+                  "WordPiece vocabulary from DIR; the run directory holds bert_config.json and vocab.txt).");
   train::add_config_flags(fs, given);
   fs.text("plot_dir", plot_dir, "DIR", "where the plots go (default: --out_dir)");
   fs.toggle("no-plots", no_plots, "write no plots");
@@ -82,7 +138,9 @@ int dea_train(int argc, char** argv) {
     }
   } else {
     try {
-      const train::ValidConfig checked = given;  // validated here, once
+      // --model dea_bert: the encoder's flags refused, the reference's hf defaults, DIR's config.json read
+      const train::ValidConfig checked = given.model == "dea_bert" ? train::dea_bert::fresh_config(given, p.flags)
+                                                                   : given;  // validated here, once
       if (dump_pairs.empty()) train::check_fresh_run_dir(given.out_dir, overwrite);  // (a dump writes no run)
       cfg = checked.with_absolute_paths();
     } catch (const std::exception& e) {
@@ -122,6 +180,9 @@ int dea_train(int argc, char** argv) {
     fmt::print(stderr, "dea train: {}{}\n", c.resume ? "--resume: " : "", e.what());
     return c.resume ? 1 : 2;
   }
+  if (c.model == "dea_bert")
+    return train_cmd::run_dea_bert(*cfg, *data, overwrite,
+                                   no_plots ? std::string() : plot_dir.empty() ? c.out_dir : plot_dir);
   try {
     train::encoder::TrainOptions<S> opts;
     opts.data = &*data;

@@ -587,6 +587,8 @@ int dea_visualize(int argc, char** argv) {
       if (fs::is_regular_file(dir)) dir = fs::path(dir).parent_path().string();
       if (dir.empty()) dir = ".";
       const train::TrainConfig cfg = train::read_config(train::config_path(dir));
+      check(cfg.model == "encoder", train::config_path(dir), ": a --model ", cfg.model,
+            " run; dea visualize draws the encoder's runs only (dea eval evaluates this one)");
       tok = train::encoder::load_run_tokenizer(dir, cfg);
       Rng rng(cfg.seed);
       model.emplace(train::encoder::model_config(cfg, tok->vocab_size(),

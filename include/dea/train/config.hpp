@@ -1,5 +1,5 @@
-// dea/train/config.hpp: the run configuration of the encoder's training (the reference's train.py flags): the
-// fields and their defaults, the --quick preset, the command-line flags (declared once, on a cli::FlagSet), the
+// dea/train/config.hpp: the run configuration of training (the reference's train.py flags): the fields and their
+// defaults, the --quick preset, the command-line flags (declared once, on a cli::FlagSet), the
 // one validate(), JSON (config.json) and the rule for what a resumed run may change.
 //
 // A configuration is checked once, where it enters: ValidConfig runs validate() when it is built (from the command
@@ -35,6 +35,11 @@ namespace dea::train {
 
 /// Every flag of train (the reference's train.py defaults; model sizes from its CONFIG).
 struct TrainConfig {
+  /// encoder (the Dual-Expert encoder, nn::TransformerModel) | dea_bert (DualExpertBert fine-tuned from the Hugging
+  /// Face BERT directory hf_model; train/dea_bert.hpp). With dea_bert the size fields (d_model, n_heads, n_layers,
+  /// d_ff, dropout) are recorded from hf_model's config.json, and tokenizer is wordpiece over its vocab.txt.
+  std::string model = "encoder";
+  std::string hf_model;                ///< model dea_bert: the Hugging Face model directory (config.json, ...)
   bool quick = false;
   Index d_model = 512;
   Index n_heads = 8;
@@ -133,7 +138,8 @@ inline std::string reference_value_hint(const std::string& flag, const std::stri
     return "the reference's Wikipedia stream cannot be rebuilt here (a local corpus trains with --data_source text "
            "--text FILE)";
   if (flag == "data_source" && v == "hf")
-    return "the reference's DualExpertBert fine-tuning is not a data source of this program";
+    return "the reference's DualExpertBert fine-tuning is not a data source of this program: it is --model dea_bert "
+           "--hf_model DIR (a local Hugging Face BERT directory) on --data_source dalpha";
   if (flag == "dalpha_source")
     return "the reference's Hugging Face downloads (each source silently replaced by its synthetic generator when "
            "a download failed) cannot be rebuilt here; local copies of the data sets train with --dalpha_source files "
@@ -218,6 +224,7 @@ inline void validate(const TrainConfig& c) {
     ::dea::detail::raise(::dea::detail::concat("--", flag, " '", v, "': ",
                                                hint.empty() ? "expected " + expected + "'" : hint));
   };
+  one_of("model", c.model, {"encoder", "dea_bert"});
   one_of("data_source", c.data_source, {"dalpha", "text"});
   one_of("dalpha_source", c.dalpha_source, {"synthetic", "files"});
   one_of("tokenizer", c.tokenizer, {"simple", "wordpiece"});
@@ -249,6 +256,19 @@ inline void validate(const TrainConfig& c) {
       missing += std::string(missing.empty() ? "" : ", ") + "--conceptnet FILE or --capitals FILE (ConceptNet)";
     check(missing.empty() || c.synthetic_fallback, "--dalpha_source files: no file for ", missing,
           ": give it, or --synthetic_fallback to use the synthetic generator of each source without a file");
+  }
+  if (c.model == "dea_bert") {
+    check(!c.hf_model.empty(), "--model dea_bert needs --hf_model DIR (a Hugging Face BERT model directory with "
+          "config.json, model.safetensors and vocab.txt)");
+    check(c.data_source == "dalpha", "--data_source ", c.data_source, ": --model dea_bert fine-tunes on D_alpha pairs "
+          "only (--data_source dalpha)");
+    check(c.tokenizer == "wordpiece", "--model dea_bert: the tokenizer is the WordPiece of --hf_model's vocab.txt, "
+          "but --tokenizer is '", c.tokenizer, "'");
+    check(!c.supervise_layers, "--supervise_layers: --model dea_bert supervises every layer (as the reference's "
+          "DualExpertBert)");
+  } else {
+    check(c.hf_model.empty(), "--hf_model '", c.hf_model, "' is given, but --model is '", c.model,
+          "' (add --model dea_bert to fine-tune it)");
   }
   check(c.tokenizer != "wordpiece" || !c.vocab.empty(), "--tokenizer wordpiece needs --vocab FILE (a BERT vocab.txt)");
   check(c.tokenizer == "wordpiece" || c.vocab.empty(), "--vocab '", c.vocab,
@@ -299,6 +319,13 @@ private:
 /// Declares the configuration's flags on `fs`, stored into `c` (the defaults shown are c's values now).
 inline void add_config_flags(cli::FlagSet& fs, TrainConfig& c) {
   using cli::kNoMax;
+  fs.choice("model", c.model, {"encoder", "dea_bert"},
+            "the Dual-Expert encoder (sizes from the flags below), or DualExpertBert fine-tuned from --hf_model "
+            "(sizes, tokenizer and weights from the directory; the reference's hf defaults: lr_main 2e-5, "
+            "batch_size 32, max_len 64)");
+  fs.text("hf_model", c.hf_model, "DIR",
+          "--model dea_bert: a Hugging Face BERT directory (config.json, model.safetensors, vocab.txt)", true,
+          "a directory path");
   fs.toggle("quick", c.quick,
             "the reference's quick preset: D=128 H=4 2 layers d_ff 256 batch 32, 300 steps, gamma_steps 200, "
             "eval_every 150, log_every 25, n_per_source 500 (flags given explicitly win)");
@@ -307,9 +334,13 @@ inline void add_config_flags(cli::FlagSet& fs, TrainConfig& c) {
   fs.integer("n_layers", c.n_layers, 0, kNoMax, "encoder layers (at most 1024)");
   fs.integer("d_ff", c.d_ff, 1, kNoMax, "feed-forward width (at most 1048576)");
   fs.real("dropout", c.dropout, 0, 1, false, true, "dropout probability", "P");
-  fs.integer("max_len", c.max_len, 3, kNoMax, "longest sequence in tokens (at most 65536)");
-  fs.integer("batch_size", c.batch_size, 1, kNoMax, "examples per step (at most 1048576)");
-  fs.real("lr_main", c.lr_main, 0, 1e9, true, false, "learning rate of the main group");
+  fs.integer("max_len", c.max_len, 3, kNoMax,
+             "longest sequence in tokens (at most 65536; --model dea_bert: 64 unless given, at most the "
+             "max_position_embeddings of --hf_model)");
+  fs.integer("batch_size", c.batch_size, 1, kNoMax,
+             "examples per step (at most 1048576; --model dea_bert: 32 unless given)");
+  fs.real("lr_main", c.lr_main, 0, 1e9, true, false,
+          "learning rate of the main group (--model dea_bert: 2e-5 unless given)");
   fs.real("lr_gate", c.lr_gate, 0, 1e9, true, false, "learning rate of the gate group (W_gate, c_gate)");
   fs.real("weight_decay", c.weight_decay, 0, 1e9, false, false, "AdamW weight decay of the main group");
   fs.real("grad_clip", c.grad_clip, 0, 1e300, true, false, "per-group gradient-norm clip");
@@ -380,12 +411,12 @@ inline ParsedArgs parse_args(const std::vector<std::string>& args, const TrainCo
 }
 
 /// The flags that name files (--text, --oracle unless 'mock', --babi, --clutrr, --conceptnet, --capitals,
-/// --vocab) by absolute path, for a configuration not yet checked.
+/// --vocab, --hf_model) by absolute path, for a configuration not yet checked.
 inline TrainConfig with_absolute_paths(TrainConfig c) {
   auto abs = [](std::string& p) {
     if (!p.empty()) p = std::filesystem::absolute(p).lexically_normal().string();
   };
-  for (std::string* p : {&c.text, &c.babi, &c.clutrr, &c.conceptnet, &c.capitals, &c.vocab}) abs(*p);
+  for (std::string* p : {&c.text, &c.babi, &c.clutrr, &c.conceptnet, &c.capitals, &c.vocab, &c.hf_model}) abs(*p);
   if (c.oracle != "mock") abs(c.oracle);
   return c;
 }
@@ -396,8 +427,24 @@ inline ValidConfig ValidConfig::with_absolute_paths() const {
 
 /// Flags that apply only to --data_source text (--text_alpha, --n_docs): given on a command line for D_alpha they
 /// would be ignored, so they are refused there (dea::Error naming the flag). A config.json may hold them (the
-/// reference's cfg records every flag), so validate() does not refuse them.
+/// reference's cfg records every flag), so validate() does not refuse them. Likewise the encoder's own flags
+/// (--quick, --d_model, --n_heads, --n_layers, --d_ff, --dropout, --supervise_layers, --tokenizer, --vocab) are
+/// refused with --model dea_bert, whose sizes, dropout and tokenizer come from --hf_model.
 inline void check_flag_scope(const TrainConfig& c, const std::set<std::string>& given) {
+  if (c.model == "dea_bert")
+    for (const char* f : {"quick", "d_model", "n_heads", "n_layers", "d_ff", "dropout", "supervise_layers", "tokenizer",
+                          "vocab"}) {
+      const std::string flag = f;
+      const char* why = flag == "quick" ? "the --quick preset sets the encoder's sizes; give --steps and the other "
+                                          "flags instead"
+                        : flag == "dropout" ? "the dropout comes from --hf_model's config.json (hidden_dropout_prob, "
+                                              "attention_probs_dropout_prob) and is 0.1 in the head"
+                        : flag == "supervise_layers" ? "the oracle supervises every layer, as in the reference"
+                        : flag == "tokenizer" || flag == "vocab"
+                            ? "the tokenizer is the WordPiece of --hf_model's vocab.txt"
+                            : "the sizes come from --hf_model's config.json";
+      check(!given.count(flag), "--", flag, " applies to --model encoder only: with --model dea_bert ", why);
+    }
   if (c.data_source == "text") return;
   for (const char* f : {"text_alpha", "n_docs"})
     check(!given.count(f), "--", f, " applies to --data_source text only, but --data_source is '", c.data_source, "'");
@@ -405,6 +452,8 @@ inline void check_flag_scope(const TrainConfig& c, const std::set<std::string>& 
 
 inline nlohmann::json to_json(const TrainConfig& c) {
   nlohmann::json j;
+  j["model"] = c.model;
+  j["hf_model"] = c.hf_model;
   j["quick"] = c.quick;
   j["d_model"] = c.d_model;
   j["n_heads"] = c.n_heads;
@@ -494,6 +543,9 @@ inline ValidConfig config_from_json(const nlohmann::json& j, const std::string& 
       field = static_cast<T>(integer(key, v));
     }
   };
+  get("model", c.model);
+  // the reference's cfg records hf_model (its default "bert-base-uncased") for every run: read for dea_bert only
+  if (c.model == "dea_bert") get("hf_model", c.hf_model);
   get("quick", c.quick);
   get("d_model", c.d_model);
   get("n_heads", c.n_heads);

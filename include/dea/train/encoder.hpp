@@ -4,6 +4,10 @@
 // their epoch order, the model's and the optimiser's configuration, the evaluation loop, and run_training(), which
 // wires the generic Trainer to the run directory, the log, the progress line and the plots.
 //
+// Other models: the run is generic over the model (run_training_with, load_run_with); a ModelFamily says what is
+// model-specific (building the model, the run directory's tokenizer and model files). The encoder's family is
+// encoder_family(); DualExpertBert's fine-tuning (--model dea_bert) is train/dea_bert.hpp.
+//
 // Rebuilding a run's data: build_data() gives the same records (or sentences) for the same configuration and files,
 // and RunData::hash fingerprints them; run_training() records it as config.json's data_hash, and a configuration
 // that holds one is refused when its files now give other data, so eval and --resume never use other data.
@@ -179,9 +183,10 @@ inline data::RunTokenizer fresh_tokenizer(const TrainConfig& c, const std::vecto
   return data::SimpleTokenizer::from_texts(train_texts);
 }
 
-/// The tokenizer saved in the run directory `dir` (tokenizer.txt), of the kind its configuration names.
+/// The tokenizer saved in the run directory `dir` (tokenizer.txt; vocab.txt for a dea_bert run), of the kind its
+/// configuration names.
 inline data::RunTokenizer load_run_tokenizer(const std::string& dir, const TrainConfig& c) {
-  return data::RunTokenizer::load(tokenizer_path(dir), c.tokenizer);
+  return data::RunTokenizer::load(c.model == "dea_bert" ? vocab_path(dir) : tokenizer_path(dir), c.tokenizer);
 }
 
 /// The D_alpha records of a configuration, without their oracle alpha: the synthetic build, or (dalpha_source
@@ -508,9 +513,58 @@ void save_run(const std::string& dir, const TrainConfig& cfg, const data::RunTok
   save_checkpoint(dir, model, opt, step, cfg.seed);
 }
 
+// ------------------------------------------------------------------------------------------------------------
+// The run, generic over the model
+// ------------------------------------------------------------------------------------------------------------
+
+/// What run_training_with and load_run_with need to know about the model of a run; everything else of a run (data,
+/// batch order, isolation check, progress line, log, evaluation, plots, checkpoints, resume) is the same for every
+/// model. The encoder's family is encoder_family(); DualExpertBert's is in train/dea_bert.hpp. Model provides what
+/// Trainer needs (trainer.hpp) and verify_gradient_isolation, its Cache the layers' attention caches (as
+/// TransformerModel's) and its Output layer_stats / layer_supervised / logits.
+template <class Model>
+struct ModelFamily {
+  /// The model of a run over `data`: a fresh run's initial weights, or the shell a checkpoint is loaded into.
+  std::function<std::unique_ptr<Model>(const RunData& data)> build;
+  /// Writes the run directory's files other than config.json and the checkpoint, each atomically: the tokenizer,
+  /// and whatever else rebuilds the model from the directory alone.
+  std::function<void(const std::string& dir, const RunData& data)> write_files;
+  /// The model's name in the console's "data:" line.
+  std::string name = "model";
+};
+
+/// The encoder's family: nn::TransformerModel of model_config() with its initial weights from Rng(seed), the
+/// attention options of attention_options() (the tiled kernel) when `training`, the defaults otherwise (the
+/// evaluation-mode forwards run the reference kernel either way); its tokenizer is tokenizer.txt.
 template <class S>
-struct TrainOptions {
+ModelFamily<nn::TransformerModel<S>> encoder_family(const TrainConfig& cfg, bool training = true) {
   using Model = nn::TransformerModel<S>;
+  ModelFamily<Model> f;
+  f.build = [cfg, training](const RunData& d) {
+    Rng init_rng(cfg.seed);
+    const nn::ModelConfig mc = model_config(cfg, d.tok.vocab_size(), d.task, d.tok.pad_id());
+    return training ? std::make_unique<Model>(mc, init_rng, attention_options<S>(cfg))
+                    : std::make_unique<Model>(mc, init_rng);
+  };
+  f.write_files = [](const std::string& dir, const RunData& d) { d.tok.save(tokenizer_path(dir)); };
+  return f;
+}
+
+/// Writes the family's files (the tokenizer, ...), config.json and checkpoint.safetensors into `dir` (each
+/// atomically, in that order).
+template <class Model>
+void save_run(const std::string& dir, const TrainConfig& cfg, const ModelFamily<Model>& family, const RunData& d,
+              Model& model, const optim::AdamW<typename Model::Scalar>* opt, std::int64_t step) {
+  std::filesystem::create_directories(dir);
+  family.write_files(dir, d);
+  write_config(config_path(dir), cfg);
+  save_checkpoint(dir, model, opt, step, cfg.seed);
+}
+
+/// What a run does besides training (TrainOptions<S> for the encoder).
+template <class M>
+struct BasicTrainOptions {
+  using Model = M;
   bool verbose = true;          ///< progress line, log lines, isolation report
   bool write_log = true;        ///< out_dir/train_log.jsonl
   bool evaluate = true;         ///< periodic validation
@@ -532,6 +586,10 @@ struct TrainOptions {
   const RunData* data = nullptr;
 };
 
+/// The encoder's options.
+template <class S>
+using TrainOptions = BasicTrainOptions<nn::TransformerModel<S>>;
+
 struct TrainResult {
   std::int64_t start_step = 0;   ///< step of the checkpoint resumed from (0 = fresh)
   std::int64_t last_step = 0;
@@ -546,12 +604,14 @@ struct TrainResult {
   std::string message;
 };
 
-/// train.py's run (see the file comment). With cfg.resume, the checkpoint in cfg.out_dir is loaded (its tokenizer
-/// too) and the run continues from its step. Throws dea::Error on bad input, on a failed isolation check and on a
-/// non-finite loss or gradient (the last good checkpoint on disk is left as it was).
-template <class S>
-TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {}) {
-  using Model = nn::TransformerModel<S>;
+/// train.py's run of the model `family` builds (see the file comment). With cfg.resume, the checkpoint in
+/// cfg.out_dir is loaded (its tokenizer too) and the run continues from its step. Throws dea::Error on bad input, on
+/// a failed isolation check and on a non-finite loss or gradient (the last good checkpoint on disk is left as it
+/// was).
+template <class Model>
+TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<Model>& o,
+                              const ModelFamily<Model>& family) {
+  using S = typename Model::Scalar;
   using Batch = nn::ModelBatch<S>;
   const TrainConfig& cfg = vcfg;
   const bool fresh_dir = !cfg.resume && (o.write_log || o.checkpoint || o.evaluate);
@@ -566,8 +626,8 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {})
   // config.json records the data's fingerprint, so that eval and --resume rebuild exactly this data
   TrainConfig saved_cfg = cfg;
   saved_cfg.data_hash = d.hash;
-  Rng init_rng(cfg.seed);
-  Model model(model_config(cfg, d.tok.vocab_size(), d.task, d.tok.pad_id()), init_rng, attention_options<S>(cfg));
+  const std::unique_ptr<Model> model_ptr = family.build(d);
+  Model& model = *model_ptr;
   optim::AdamW<S> opt = make_optimizer(model, cfg);
   if (fresh_dir) remove_run_files(cfg.out_dir);  // --overwrite: only now that the new run's data and model exist
   std::int64_t step0 = 0;
@@ -580,11 +640,11 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {})
   std::size_t n_params = 0;
   for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
   if (o.verbose)
-    fmt::print("data: {} train / {} val / {} test ({}), vocab {} ({}), model {:.2f}M parameters (D={} H={} L={} "
+    fmt::print("data: {} train / {} val / {} test ({}), vocab {} ({}), {} {:.2f}M parameters (D={} H={} L={} "
                "d_ff={}), {} steps, batch {}, gamma_steps {}{}\n",
                d.size(Split::train), d.size(Split::val), d.size(Split::test), d.source, d.tok.vocab_size(), d.tok.kind(),
-               static_cast<double>(n_params) / 1e6, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, cfg.steps,
-               cfg.batch_size, cfg.gamma_steps, step0 ? fmt::format(", resumed at step {}", step0) : std::string());
+               family.name, static_cast<double>(n_params) / 1e6, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff,
+               cfg.steps, cfg.batch_size, cfg.gamma_steps, step0 ? fmt::format(", resumed at step {}", step0) : std::string());
 
   BatchOrder order(d.size(Split::train), static_cast<std::size_t>(cfg.batch_size), cfg.seed);
   auto train_batch = [&](std::int64_t step) {
@@ -664,7 +724,7 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {})
       plot("training_curves.svg", [&] {
         return plots::training_curves(read_file(log_path(cfg.out_dir)), "training: " + cfg.out_dir);
       });
-    if (o.checkpoint) save_run(cfg.out_dir, saved_cfg, d.tok, model, &opt, step);
+    if (o.checkpoint) save_run(cfg.out_dir, saved_cfg, family, d, model, &opt, step);
   };
 
   Trainer<Model> trainer(model, opt, cfg.seed, cfg.gamma_steps);
@@ -751,16 +811,48 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {})
   return res;
 }
 
-/// A trained run read back from its directory: the configuration, tokenizer, data and model of config.json,
-/// tokenizer.txt and checkpoint.safetensors.
+/// train.py's run of the encoder (run_training_with and encoder_family); cfg.model must be "encoder" (a dea_bert
+/// configuration trains with dea_bert::run_training, train/dea_bert.hpp).
 template <class S>
-struct LoadedRun {
+TrainResult run_training(const ValidConfig& vcfg, const TrainOptions<S>& o = {}) {
+  check(vcfg->model == "encoder", "encoder::run_training: the configuration's --model is '", vcfg->model,
+        "' (train it with its own run_training)");
+  return run_training_with(vcfg, o, encoder_family<S>(vcfg));
+}
+
+/// A trained run read back from its directory: the configuration, tokenizer, data and model of config.json,
+/// the tokenizer file and checkpoint.safetensors (LoadedRun<S> for the encoder).
+template <class M>
+struct BasicLoadedRun {
   ValidConfig cfg;
   data::RunTokenizer tok;
   RunData data;
-  std::unique_ptr<nn::TransformerModel<S>> model;
+  std::unique_ptr<M> model;
   std::int64_t step = 0;
 };
+template <class S>
+using LoadedRun = BasicLoadedRun<nn::TransformerModel<S>>;
+
+/// Loads the run in `dir` with the family `family_of(config)` gives for its configuration (which may refuse it with a
+/// dea::Error): config.json, the tokenizer, the data rebuilt (see load_run), the model and its checkpoint, every
+/// file validated (dea::Error naming the file).
+template <class Model, class FamilyOf>
+BasicLoadedRun<Model> load_run_with(const std::string& dir, FamilyOf&& family_of) {
+  ValidConfig cfg = read_config(config_path(dir));
+  const ModelFamily<Model> family = family_of(cfg);
+  data::RunTokenizer tok = load_run_tokenizer(dir, cfg);
+  // a data file the run's config.json names (--text, --oracle, --babi, ...) is reported with that origin
+  RunData d = with_context(config_path(dir) + ": ", [&] { return build_data(cfg, &tok); });
+  std::unique_ptr<Model> model = family.build(d);
+  const std::int64_t step = load_checkpoint(dir, *model, nullptr, cfg->seed);
+  return BasicLoadedRun<Model>{std::move(cfg), std::move(tok), std::move(d), std::move(model), step};
+}
+
+/// eval.py on a loaded run: `split` at gamma = 0, all batches.
+template <class Model>
+EvalResult evaluate_run(BasicLoadedRun<Model>& run, Split split) {
+  return evaluate(*run.model, run.data, split, run.cfg->batch_size, run.cfg->max_len, run.cfg->seed, 0);
+}
 
 /// Loads the run in `dir` (every file validated; dea::Error naming the file). A config.json whose seed is not the
 /// run's (its splits would differ), whose data this program cannot rebuild (a data source of the reference such
@@ -768,15 +860,11 @@ struct LoadedRun {
 /// rebuilt data does not match, is refused: the run is never evaluated on other data than its own.
 template <class S>
 LoadedRun<S> load_run(const std::string& dir) {
-  ValidConfig cfg = read_config(config_path(dir));
-  data::RunTokenizer tok = load_run_tokenizer(dir, cfg);
-  // a data file the run's config.json names (--text, --oracle, --babi, ...) is reported with that origin
-  RunData d = with_context(config_path(dir) + ": ", [&] { return build_data(cfg, &tok); });
-  Rng init_rng(cfg->seed);
-  auto model = std::make_unique<nn::TransformerModel<S>>(model_config(cfg, tok.vocab_size(), d.task, tok.pad_id()),
-                                                         init_rng);
-  const std::int64_t step = load_checkpoint(dir, *model, nullptr, cfg->seed);
-  return LoadedRun<S>{std::move(cfg), std::move(tok), std::move(d), std::move(model), step};
+  return load_run_with<nn::TransformerModel<S>>(dir, [&dir](const ValidConfig& c) {
+    check(c->model == "encoder", config_path(dir), ": the run is a --model ", c->model,
+          " run, not the encoder's (dea eval loads either; in code: dea_bert::load_run)");
+    return encoder_family<S>(c, false);
+  });
 }
 
 /// eval.py: the run in `dir` evaluated on `split` at gamma = 0 (all batches). `after` (when given) sees the model
@@ -785,7 +873,7 @@ template <class S>
 EvalResult evaluate_checkpoint(const std::string& dir, Split split,
                                const std::function<void(nn::TransformerModel<S>&, const LoadedRun<S>&)>& after = {}) {
   LoadedRun<S> run = load_run<S>(dir);
-  EvalResult r = evaluate(*run.model, run.data, split, run.cfg->batch_size, run.cfg->max_len, run.cfg->seed, 0);
+  EvalResult r = evaluate_run(run, split);
   if (after) after(*run.model, run);
   return r;
 }

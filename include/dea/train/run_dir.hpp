@@ -6,7 +6,9 @@
 //                           "train.rng_state" (I64 [4], the xoshiro state of the next step's dropout Rng, a
 //                           consistency check) and metadata {format, step}
 //   config.json             every flag of the run (train/config.hpp)
-//   tokenizer.txt           the vocabulary (one token per line)
+//   tokenizer.txt           the vocabulary (one token per line); a dea_bert run has instead:
+//   vocab.txt               --model dea_bert: --hf_model's vocab.txt, copied byte for byte (the WordPiece vocabulary)
+//   bert_config.json        --model dea_bert: --hf_model's config.json, copied byte for byte (the BERT's sizes)
 //   train_log.jsonl         one JSON object per logged step and per evaluation
 // Each file is written to a temporary file and renamed, so a crash never loses a checkpoint. A fresh run refuses
 // a directory that holds another run's files unless told to overwrite it, and then deletes them first: a
@@ -43,15 +45,20 @@ namespace dea::train {
 inline std::string checkpoint_path(const std::string& dir) { return (std::filesystem::path(dir) / "checkpoint.safetensors").string(); }
 inline std::string config_path(const std::string& dir) { return (std::filesystem::path(dir) / "config.json").string(); }
 inline std::string tokenizer_path(const std::string& dir) { return (std::filesystem::path(dir) / "tokenizer.txt").string(); }
+inline std::string vocab_path(const std::string& dir) { return (std::filesystem::path(dir) / "vocab.txt").string(); }
+inline std::string bert_config_path(const std::string& dir) {
+  return (std::filesystem::path(dir) / "bert_config.json").string();
+}
 inline std::string log_path(const std::string& dir) { return (std::filesystem::path(dir) / "train_log.jsonl").string(); }
 
-/// The files of a run in its out_dir that a fresh run would replace: checkpoint, config, tokenizer, log, the
-/// evaluation results and the plots.
+/// The files of a run in its out_dir that a fresh run would replace: checkpoint, config, tokenizer (vocab.txt and
+/// bert_config.json of a dea_bert run), log, the evaluation results and the plots.
 inline std::vector<std::filesystem::path> run_files(const std::string& out_dir) {
   std::vector<std::filesystem::path> found;
   std::error_code ec;
-  for (const char* f : {"checkpoint.safetensors", "config.json", "tokenizer.txt", "train_log.jsonl", "eval_train.json",
-                        "eval_val.json", "eval_test.json", "training_curves.svg"}) {
+  for (const char* f : {"checkpoint.safetensors", "config.json", "tokenizer.txt", "vocab.txt", "bert_config.json",
+                        "train_log.jsonl", "eval_train.json", "eval_val.json", "eval_test.json",
+                        "training_curves.svg"}) {
     const std::filesystem::path p = std::filesystem::path(out_dir) / f;
     if (std::filesystem::exists(p, ec)) found.push_back(p);
   }
