@@ -29,9 +29,12 @@ DualExpertAttention<S, Heads, DHead>::DualExpertAttention(Index d_model, Index n
         DHead, ", got ", Dh_);
   check(opt.dropout >= 0 && opt.dropout < 1, "DualExpertAttention: dropout must be in [0, 1), got ", opt.dropout);
   const char* names[4] = {"W_q", "W_k", "W_v", "W_o"};
+  // without out_proj W_o holds nothing (at bert-base size it would be 12 unused 768 x 768 matrices and their
+  // gradients); reset_parameters still draws its initial values, so the other parameters get the same ones
   for (int p = 0; p < 4; ++p) {
-    weight_[p] = Param<S>(std::string(names[p]) + ".weight", "main", {D_, D_});
-    bias_[p] = Param<S>(std::string(names[p]) + ".bias", "main", {D_});
+    const Index n = (p < 3 || opt_.out_proj) ? D_ : 0;
+    weight_[p] = Param<S>(std::string(names[p]) + ".weight", "main", {n, n});
+    bias_[p] = Param<S>(std::string(names[p]) + ".bias", "main", {n});
   }
   W_rel_ = Param<S>("W_rel", "main", {H_, Dh_, Dh_});
   W_gate_ = Param<S>("W_gate", "gate", {H_, 2 * Dh_ + 2});
@@ -42,7 +45,12 @@ DualExpertAttention<S, Heads, DHead>::DualExpertAttention(Index d_model, Index n
 template <class S, int Heads, int DHead>
 void DualExpertAttention<S, Heads, DHead>::reset_parameters(Rng& rng) {
   for (int p = 0; p < 4; ++p) {
-    init::xavier_uniform(weight_[p].mat(), rng, D_, D_);
+    if (weight_[p].value.size() > 0) {
+      init::xavier_uniform(weight_[p].mat(), rng, D_, D_);
+    } else {  // W_o without out_proj: the draws of the layer that has it, discarded
+      Mat<S> discard(D_, D_);
+      init::xavier_uniform(discard, rng, D_, D_);
+    }
     bias_[p].value.setZero();
   }
   for (Index h = 0; h < H_; ++h)
