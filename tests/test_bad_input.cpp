@@ -26,6 +26,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_bad_input {
+
 using namespace dea;
 namespace fs = std::filesystem;
 using Catch::Contains;
@@ -696,3 +699,5 @@ TEST_CASE("bad input B22 attention inputs a class does not support: refused, nam
   CHECK_THROWS_WITH(model.forward(b, 0.5, false, nullptr, mc),
                     Contains("DotProductAttention") && Contains("oracle") && Contains("not supported"));
 }
+
+}  // namespace test_bad_input

@@ -26,6 +26,9 @@
 #include <unistd.h>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_bert {
+
 using namespace dea;
 using Catch::Contains;
 namespace fs = std::filesystem;
@@ -853,3 +856,5 @@ TEST_CASE("bad input: BertModel::forward refuses bad batches by name", "[bert][b
   bert::BertModel<double>::Cache empty;
   CHECK_THROWS_WITH(model.backward(nullptr, nullptr, empty), Contains("holds no forward pass"));
 }
+
+}  // namespace test_bert

@@ -13,6 +13,9 @@
 #include <malloc.h>
 #endif
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_core {
+
 using namespace dea;
 
 TEST_CASE("check throws dea::Error naming the argument", "[core]") {
@@ -202,3 +205,5 @@ TEMPLATE_TEST_CASE("dropout bit masks: applying the stored bits gives counter_dr
     }
   }
 }
+
+}  // namespace test_core

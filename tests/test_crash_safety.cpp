@@ -30,6 +30,9 @@
 #define DEA_CRASH_TEST_POSIX 1
 #endif
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_crash_safety {
+
 using namespace dea;
 using namespace dea::train;
 using namespace dea::train::encoder;
@@ -177,3 +180,5 @@ TEST_CASE("crash safety: needs POSIX and the dea program", "[pipeline][crash]") 
 }
 
 #endif
+
+}  // namespace test_crash_safety

@@ -19,6 +19,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_dalpha_files {
+
 using namespace dea;
 using namespace dea::train;
 using namespace dea::train::encoder;
@@ -642,3 +645,5 @@ TEST_CASE("bad input B32 a run whose data cannot be rebuilt: the reference's dat
   write(config_path(run), j.dump());
   CHECK_THROWS_WITH(load_run<Scalar>(run), Contains("is not the run's (data_hash ffffffffffffffff)"));
 }
+
+}  // namespace test_dalpha_files

@@ -22,6 +22,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_data {
+
 using namespace dea;
 using namespace dea::data;
 using Strings = std::vector<std::string>;
@@ -885,3 +888,5 @@ TEST_CASE("readers never crash on random garbage: they succeed or throw dea::Err
   }
   SUCCEED("no crash and no foreign exception type");
 }
+
+}  // namespace test_data

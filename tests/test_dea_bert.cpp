@@ -24,6 +24,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_dea_bert {
+
 using namespace dea;
 using Catch::Contains;
 using DB = bert::DualExpertBert<double>;
@@ -681,3 +684,5 @@ TEST_CASE("DualExpertBert: the generic trainer runs it as it runs the native mod
   CHECK(static_cast<Index>(c.layers.back().attn.alpha_hat.size()) == c.B * 2 * c.T * c.T);
   CHECK(c.inputs.has_oracle());
 }
+
+}  // namespace test_dea_bert

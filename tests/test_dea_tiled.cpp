@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_dea_tiled {
+
 using namespace dea;
 
 namespace {
@@ -619,3 +622,5 @@ TEST_CASE("tiled kernel: the cache holds no [Tq, Tk] map", "[dea][tiled][memory]
   layer.forward(in.q, ai, shared);
   REQUIRE(shared.e0n.capacity() == 0);
 }
+
+}  // namespace test_dea_tiled

@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_dot_product {
+
 using namespace dea;
 
 namespace {
@@ -462,3 +465,5 @@ TEST_CASE("DotProductAttention refuses the inputs it does not support, naming it
   REQUIRE(att.forward(x, ok, cache).allFinite());
   REQUIRE(cache.p.size() == B * H * T * T);
 }
+
+}  // namespace test_dot_product

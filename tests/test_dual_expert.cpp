@@ -10,6 +10,9 @@
 #include <cstring>
 #include <limits>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_dual_expert {
+
 using namespace dea;
 using DEA = DualExpertAttention<double>;
 
@@ -670,3 +673,5 @@ TEST_CASE("DEA: the cache shares the oracle of the inputs", "[dea]") {
     REQUIRE(&b.in.oracle() == &in.oracle());
   }
 }
+
+}  // namespace test_dual_expert

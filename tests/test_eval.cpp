@@ -6,6 +6,9 @@
 #include <cmath>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_eval {
+
 using namespace dea;
 using namespace dea::eval;
 
@@ -236,3 +239,5 @@ TEST_CASE("collect_labelled_cells pools labelled cells over heads in (b, h, i, j
   Tensor<double> wrong({1, 3, 3});
   REQUIRE_THROWS_AS(collect_labelled_cells(ah, wrong, nullptr, h3, o3), Error);
 }
+
+}  // namespace test_eval

@@ -15,6 +15,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_export {
+
 using namespace dea;
 
 namespace {
@@ -198,3 +201,5 @@ TEST_CASE("dea_export_c gives every array an identifier that compiles; bad names
   CHECK(msg.find("'layers.abc.x'") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(dir / "bad.hpp"));
 }
+
+}  // namespace test_export

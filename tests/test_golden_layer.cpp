@@ -5,6 +5,9 @@
 
 #include <cstdlib>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_golden_layer {
+
 using namespace dea;
 
 namespace {
@@ -46,3 +49,5 @@ TEST_CASE("dea_layer golden cases reproduce in double and float", "[golden][dea]
     }
   }
 }
+
+}  // namespace test_golden_layer

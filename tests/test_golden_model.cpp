@@ -14,6 +14,9 @@
 #include <algorithm>
 #include <cmath>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_golden_model {
+
 using namespace dea;
 
 namespace {
@@ -115,3 +118,5 @@ TEST_CASE("case runners check the metadata sizes against the stored tensors and 
   model.put("ln_f.bias", lnb, io::DType::F64);
   CHECK_THROWS_WITH(interop::run_dea_model_case<double>(model), Catch::Contains("'ln_f.bias'") && Catch::Contains("non-finite"));
 }
+
+}  // namespace test_golden_model

@@ -8,6 +8,9 @@
 #include <cmath>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_inference {
+
 using namespace dea;
 
 namespace {
@@ -261,3 +264,5 @@ TEST_CASE("InferenceModel: bad bindings, sizes and inputs are errors that name t
   using FixedLayers = nn::InferenceModel<float, 2, 8, 3>;
   REQUIRE_THROWS_WITH(FixedLayers(cfg), Catch::Contains("n_layers: expected the compile-time 3, got 2"));
 }
+
+}  // namespace test_inference

@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_laplacian {
+
 using namespace dea;
 
 namespace {
@@ -854,3 +857,5 @@ TEST_CASE("LaplacianAttention refuses the inputs it does not support, naming its
   ok.set_causal(true).set_keep_maps(true);
   REQUIRE(att.forward(x, ok, cache).allFinite());
 }
+
+}  // namespace test_laplacian

@@ -18,6 +18,9 @@
 #include <limits>
 #include <set>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_nn {
+
 using namespace dea;
 using Model = nn::TransformerModel<double>;
 
@@ -1280,3 +1283,5 @@ struct NoSupportDeclared {};  // a class that declares no kSupport accepts none 
 static_assert(!nn::traits::support<NoSupportDeclared>().oracle && !nn::traits::support<NoSupportDeclared>().causal &&
                   !nn::traits::support<NoSupportDeclared>().keep_maps,
               "no kSupport: nothing optional");
+
+}  // namespace test_nn

@@ -11,6 +11,9 @@
 #include <memory>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_optim {
+
 using namespace dea;
 using dea::optim::AdamW;
 using dea::optim::GroupConfig;
@@ -591,3 +594,5 @@ TEST_CASE("AdamW errors: load_state checks keys, shapes and values, and changes 
   CHECK(ok.step_count("main") == 1);
   CHECK(ok.exp_avg("enc.W_q.weight") == src.exp_avg("enc.W_q.weight"));
 }
+
+}  // namespace test_optim

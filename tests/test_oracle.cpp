@@ -23,6 +23,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_oracle {
+
 using namespace dea;
 namespace fs = std::filesystem;
 
@@ -585,3 +588,5 @@ TEST_CASE("bad input B34 a cache that does not continue the run is refused and l
                     Catch::Contains("calibration"));
   CHECK(read_file(out) == full.substr(0, l13));
 }
+
+}  // namespace test_oracle

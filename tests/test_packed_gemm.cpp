@@ -18,6 +18,9 @@
 #include <optional>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_packed_gemm {
+
 using namespace dea;
 using ops::packed::View;
 
@@ -365,3 +368,5 @@ TEST_CASE("packed gemm: B packed once (gemm_whole_b) or a panel at a time (gemm_
   check_whole_b<float, ops::packed::Kernel<float, 16, 4, 2>>(rng);
   check_whole_b<double, ops::packed::Kernel<double, 16, 4, 2>>(rng);
 }
+
+}  // namespace test_packed_gemm

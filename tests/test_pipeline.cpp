@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_pipeline {
+
 using namespace dea;
 using namespace dea::train;
 using namespace dea::train::encoder;
@@ -582,3 +585,5 @@ TEST_CASE("flags: a FlagSet parses, refuses and documents every flag", "[pipelin
   CHECK_THAT(h, Catch::Contains("--n N") && Catch::Contains("default 3, range [1, 10]") &&
                     Catch::Contains("range [0, 1)") && Catch::Contains("--sw"));
 }
+
+}  // namespace test_pipeline

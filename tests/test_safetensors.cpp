@@ -23,6 +23,9 @@
 #include <unistd.h>
 #endif
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_safetensors {
+
 using namespace dea;
 using namespace dea::io;
 namespace fs = std::filesystem;
@@ -940,3 +943,5 @@ TEST_CASE("save: a concurrent reader always sees the old or the new complete fil
   REQUIRE(bad.load() == 0);
   REQUIRE(dir.listing() == std::vector<std::string>{"live.safetensors"});
 }
+
+}  // namespace test_safetensors

@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_svg {
+
 using namespace dea;
 
 namespace {
@@ -402,3 +405,5 @@ TEST_CASE("save: atomic write, the file is the document", "[svg]") {
     REQUIRE(e.path().filename().string().rfind("saved.svg.tmp", 0) != 0);
   REQUIRE_THROWS_AS(fig.save(kOut + "/no/such/dir/x.svg"), Error);
 }
+
+}  // namespace test_svg

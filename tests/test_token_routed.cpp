@@ -14,6 +14,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_token_routed {
+
 using namespace dea;
 
 namespace {
@@ -922,3 +925,5 @@ TEST_CASE("TokenRoutedAttention refuses the inputs it does not support, naming i
   REQUIRE(layer.forward(x, ids, in, c2).allFinite());
   REQUIRE(layer.forward_plain(x, in, c2).allFinite());
 }
+
+}  // namespace test_token_routed

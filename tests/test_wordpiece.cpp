@@ -13,6 +13,9 @@
 #include <string>
 #include <vector>
 
+// (the file in a namespace of its own: a test program compiles several test files as one translation unit)
+namespace test_wordpiece {
+
 using namespace dea;
 using namespace dea::text;
 using Strings = std::vector<std::string>;
@@ -433,3 +436,5 @@ TEST_CASE("unicode: categories as tokenizers has them (Unicode 8.0), lower case 
   CHECK(std::string(unicode::tables::kCategoryVersion) == "8.0");
   CHECK(std::string(unicode::tables::kNormalizationVersion) == "9.0");
 }
+
+}  // namespace test_wordpiece
