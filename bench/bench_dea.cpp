@@ -84,38 +84,6 @@ double median_ms(int reps, F&& f) {
   return t[t.size() / 2];
 }
 
-/// Summed GFLOP/s of independent single-thread 256^3 float GEMMs, one per thread.
-double yardstick(int threads, int reps) {
-  const Index n = 256;
-  const int iters = 40;
-  // Eigen parallelises a product itself outside an active parallel region, and a region of one thread is not
-  // active: without this the one-thread yardstick ran Eigen's two-thread product (slow and noisy)
-  const int eigen_threads = Eigen::nbThreads();
-  Eigen::setNbThreads(1);
-  std::vector<double> rates;
-  for (int r = 0; r < reps + 1; ++r) {
-    double total = 0;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads) reduction(+ : total)
-#endif
-    {
-      Eigen::MatrixXf a = Eigen::MatrixXf::Random(n, n), b = Eigen::MatrixXf::Random(n, n), c(n, n);
-      c.noalias() = a * b;
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int i = 0; i < iters; ++i) {
-        c.noalias() = a * b;
-        a(0, 0) += c(1, 1) * 1e-30f;
-      }
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      total += 2.0 * double(n) * n * n * iters / s / 1e9;
-    }
-    if (r > 0) rates.push_back(total);
-  }
-  Eigen::setNbThreads(eigen_threads);
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
-}
-
 double forward_gflop(const Shape4& s) {
   const double N = double(s.B) * s.T, D = double(s.D), Dh = double(s.D / s.H), T = double(s.T);
   return (8 * N * D * D + double(s.B) * s.H * (6 * T * T * Dh + 2 * T * Dh * Dh)) / 1e9;
@@ -406,7 +374,7 @@ int main(int argc, char** argv) try {
       }
     }
   for (int t : threads) {
-    const double y = yard ? yardstick(t, 3) : 0.0;
+    const double y = yard ? bench_util::yardstick_gflops(t, 3) : 0.0;
     if (yard)
       fmt::print("{{\"bench\": \"yardstick_gemm\", \"threads\": {}, \"n\": 256, \"gflops\": {:.1f}}}\n", t, y);
     for (const Shape4& s : shapes) {

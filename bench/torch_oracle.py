@@ -29,7 +29,7 @@ class PlainBertForSequenceClassification(nn.Module):
         super().__init__()
         self.word = nn.Embedding(vocab, hidden, padding_idx=0)
         self.pos = nn.Embedding(positions, hidden)
-        self.type = nn.Embedding(2, hidden)
+        self.token_type = nn.Embedding(2, hidden)
         self.ln = nn.LayerNorm(hidden, eps=1e-12)
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(hidden, heads, inter, dropout=0.0, activation="gelu", layer_norm_eps=1e-12,
@@ -39,7 +39,7 @@ class PlainBertForSequenceClassification(nn.Module):
 
     def forward(self, input_ids, token_type_ids, attention_mask):
         t = torch.arange(input_ids.shape[1])
-        x = self.ln(self.word(input_ids) + self.pos(t)[None] + self.type(token_type_ids))
+        x = self.ln(self.word(input_ids) + self.pos(t)[None] + self.token_type(token_type_ids))
         pad = attention_mask == 0
         for layer in self.layers:
             x = layer(x, src_key_padding_mask=pad)
