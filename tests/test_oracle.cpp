@@ -170,6 +170,19 @@ TEST_CASE("oracle: 1 and 2 threads, any batch, give identical bits", "[oracle][t
       CHECK(f[i].sim == h[i].sim);
       if (i >= 5) CHECK(c[i - 5].phi == a[i].phi);
     }
+    // every pair three times: each length runs as a group of at least three sequences in one forward, and each
+    // record keeps the bits it has alone
+    std::vector<bert::TextPair> thrice;
+    for (int r = 0; r < 3; ++r) thrice.insert(thrice.end(), pairs.begin(), pairs.end());
+    const auto d = oracle<double>().score(thrice);
+    const auto e = oracle<float>().score(thrice);
+    for (std::size_t i = 0; i < thrice.size(); ++i) {
+      const std::size_t k = i % pairs.size();
+      CHECK(d[i].phi == a[k].phi);
+      CHECK(d[i].sim == a[k].sim);
+      CHECK(e[i].phi == f[k].phi);
+      CHECK(e[i].sim == f[k].sim);
+    }
   }
   set_num_threads(2);
 }

@@ -310,7 +310,7 @@ BertForSequenceClassification<S> load_bert_for_sequence_classification(const HfM
   if (opt.init_missing_head) optional = {"classifier.weight", "classifier.bias"};
   const HfNameMap m = match_checkpoint(d.weights, seq_cls_parameter_shapes(d.config), "bert.", file, optional);
   check(m.missing_optional.empty() || m.missing_optional.size() == 2, file, ": the classifier is half there (",
-        m.missing_optional.front(), " is missing)");
+        m.missing_optional.empty() ? std::string() : m.missing_optional.front(), " is missing)");
   BertForSequenceClassification<S> model(d.config);
   copy_matched(model.parameters(), d.weights, m);
   detail::fill_report(report, d, m);
