@@ -422,6 +422,6 @@ cp \"$d/p.jsonl\" \"$d/before\" && \"$0\" oracle ${dea_or_models} --pairs \"$d/p
                oracle --nli x --embedder y --pairs p --out o --float --double)
   dea_cli_test(oracle_rejects_batch_size dea_cli 2 "--batch_size: expected an integer in \\[1, 65536\\], got '0'"
                oracle --nli x --embedder y --pairs p --out o --batch_size 0)
-  dea_cli_test(oracle_help dea_cli 0 "usage: dea oracle --nli DIR.*--calibrate LABELS.jsonl.*--batch_size N.*default 32.*--threads N.*range \\[0, 4096\\]"
+  dea_cli_test(oracle_help dea_cli 0 "usage: dea oracle --nli DIR.*--calibrate LABELS.jsonl.*--batch_size N.*default 128.*--threads N.*range \\[0, 4096\\]"
                oracle --help)
 endif()

@@ -170,6 +170,15 @@ TEST_CASE("oracle: 1 and 2 threads, any batch, give identical bits", "[oracle][t
       CHECK(f[i].sim == h[i].sim);
       if (i >= 5) CHECK(c[i - 5].phi == a[i].phi);
     }
+    // each pair alone: a batch of one sequence per forward
+    for (std::size_t i = 0; i < pairs.size(); ++i) {
+      const auto one = oracle<double>().score(pairs[i].premise, pairs[i].hypothesis);
+      const auto onef = oracle<float>().score(pairs[i].premise, pairs[i].hypothesis);
+      CHECK(one.phi == a[i].phi);
+      CHECK(one.sim == a[i].sim);
+      CHECK(onef.phi == f[i].phi);
+      CHECK(onef.sim == f[i].sim);
+    }
     // every pair three times: each length runs as a group of at least three sequences in one forward, and each
     // record keeps the bits it has alone
     std::vector<bert::TextPair> thrice;

@@ -55,7 +55,7 @@ std::string strip_prefix(const std::exception& e) {
 
 struct Settings {
   std::string nli, embedder, pairs, out, calibrate;
-  std::size_t batch_size = 32, nli_max_length = 256, sim_max_length = 128;
+  std::size_t batch_size = 128, nli_max_length = 256, sim_max_length = 128;
   int threads = 0;
   bool use_double = false, quiet = false;
 };

@@ -17,22 +17,21 @@
 // forward of the (upcast) weights, as the golden cases were computed, and keeps phi in double. alpha_raw and alpha
 // are computed in double from phi and sim in both.
 //
-// Batches, threads and determinism. The reference pads each batch to its longest sequence. Here every sequence runs
-// alone (batch of one, no padding), which gives the same numbers: padding changes nothing in exact arithmetic
-// (padded keys get attention weight 0, padded rows are not pooled). Its point is that every result is then a
+// Batches, threads and determinism. The reference pads each batch to its longest sequence. Here sequences of equal
+// length run together (no padding) in forwards of at most OracleOptions::max_batch_tokens tokens, on all threads,
+// which gives the same numbers: padding changes nothing in exact arithmetic (padded keys get attention weight 0,
+// padded rows are not pooled). The forwards run with batch-invariant products (core/parallel.hpp,
+// ScopedBatchInvariantProducts): every row of every product, and every element-wise and per-row step, is computed by
+// the same operations whatever the other rows of the batch, and attention runs per sequence. So every result is a
 // function of its own text alone, bit for bit, whatever the batch it came in, the batch size, the thread count or
-// where an interrupted run resumed (bert/oracle_run.hpp relies on it). score(pairs) spreads the pairs over the
-// library's threads (one forward per sequence per thread; the model's own loops then run serially), and
-// score(q, k) of one pair runs on all threads inside the model; both give the same bits.
+// where an interrupted run resumed (bert/oracle_run.hpp relies on it; tests/test_oracle.cpp checks it).
 //
 //   auto oracle = dea::bert::NliOracle<float>::load("models/nli-MiniLM2-L6-H768", "models/all-MiniLM-L6-v2");
 //   dea::bert::OracleScore s = oracle.score("Paris is the capital of France.", "France");
 //   // s.phi, s.sim, s.alpha_raw, s.alpha
 //
 // The models are frozen: the oracle releases their gradient buffers (half of their memory), so nli() and
-// embedder() are for forward passes only. Their forward passes are called concurrently on the same model objects,
-// each with its own cache: they read the parameters and write only the cache (BertModel,
-// BertForSequenceClassification).
+// embedder() are for forward passes only.
 #pragma once
 
 #include "../core/error.hpp"
@@ -58,10 +57,6 @@
 #include <utility>
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 namespace dea {
 namespace bert {
 
@@ -70,6 +65,7 @@ struct OracleOptions {
   std::size_t nli_max_length = 256;    ///< [CLS] q [SEP] k [SEP] at most this long (longest_first)
   std::size_t sim_max_length = 128;    ///< [CLS] t [SEP] at most this long
   double gamma_nli = data::kGammaNli;  ///< alpha_raw = sigmoid(phi - gamma_nli * sim)
+  std::size_t max_batch_tokens = 4096; ///< the most tokens of one forward (sequences of one length run together)
 };
 
 /// The oracle's numbers for one pair.
@@ -185,52 +181,55 @@ public:
     return *calib_;
   }
 
-  /// The oracle's numbers for one pair (the model's loops on all threads).
+  /// The oracle's numbers for one pair (the model's loops on all threads): the same bits as in any batch.
   OracleScore score(const std::string& premise, const std::string& hypothesis) {
-    Work w;
-    return score_one(premise, hypothesis, w);
+    return score(std::vector<TextPair>{{premise, hypothesis}})[0];
   }
 
-  /// The numbers of every pair, in order, the pairs spread over the library's threads (see the file comment). An
-  /// error in any pair is a dea::Error naming the first such pair (by index).
+  /// The numbers of every pair, in order (see the file comment: sequences of equal length run together, in
+  /// forwards of at most OracleOptions::max_batch_tokens tokens on all threads). An error in any pair is a
+  /// dea::Error naming the first such pair (by index).
   std::vector<OracleScore> score(const std::vector<TextPair>& pairs) {
-    const Index n = static_cast<Index>(pairs.size());
-    std::vector<OracleScore> out(pairs.size());
+    const ScopedBatchInvariantProducts invariant;
+    const std::size_t n = pairs.size();
+    std::vector<OracleScore> out(n);
     if (n == 0) return out;
-    const int threads = std::max(1, std::min(num_threads(), static_cast<int>(n)));
-    if (threads == 1 || in_parallel()) {
-      Work w;
-      for (Index i = 0; i < n; ++i) out[std::size_t(i)] = score_one(pairs[std::size_t(i)].premise, pairs[std::size_t(i)].hypothesis, w);
-      return out;
-    }
-    std::vector<Work> work(static_cast<std::size_t>(threads));
-    std::vector<std::string> errors(pairs.size());
-    std::vector<char> failed(pairs.size(), 0);
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads)
-    {
-      Work& w = work[static_cast<std::size_t>(omp_get_thread_num())];
-#pragma omp for schedule(dynamic, 1)
-      for (Index i = 0; i < n; ++i) {
-        const std::size_t k = static_cast<std::size_t>(i);
-        try {
-          out[k] = score_one(pairs[k].premise, pairs[k].hypothesis, w);
-        } catch (const std::exception& e) {
-          errors[k] = e.what();
-          failed[k] = 1;
-        } catch (...) {
-          errors[k] = "unknown error";
-          failed[k] = 1;
-        }
-      }
-    }
-#endif
-    for (std::size_t k = 0; k < pairs.size(); ++k)
-      if (failed[k]) {
-        std::string m = errors[k];
+    // encodings: nli[i] for pair i; sim[2i], sim[2i + 1] for its premise and hypothesis
+    std::vector<text::Encoding> nli(n), sim(2 * n);
+    for (std::size_t i = 0; i < n; ++i) {
+      try {
+        nli[i] = nli_encoding(pairs[i].premise, pairs[i].hypothesis);
+        sim[2 * i] = sim_encoding(pairs[i].premise);
+        sim[2 * i + 1] = sim_encoding(pairs[i].hypothesis);
+      } catch (const std::exception& e) {
+        std::string m = e.what();
         if (m.compare(0, 5, "dea: ") == 0) m.erase(0, 5);
-        ::dea::detail::raise(::dea::detail::concat("NliOracle: pair ", k, ": ", m));
+        ::dea::detail::raise(::dea::detail::concat("NliOracle: pair ", i, ": ", m));
       }
+    }
+    Work w;
+    std::vector<S> phi(n);
+    for_length_groups(nli, rows_batch_invariant(nli_.config()), [&](const std::vector<std::size_t>& idx) {
+      fill_batch(nli, idx, true, w.batch);
+      const SeqClsOutput<S> o = nli_.forward(w.batch, nullptr, false, nullptr, w.nli);
+      for (std::size_t b = 0; b < idx.size(); ++b) phi[idx[b]] = o.logits(Index(b), entail_);
+    });
+    Mat<S> emb(Index(2 * n), emb_.config().hidden_size);
+    for_length_groups(sim, rows_batch_invariant(emb_.config()), [&](const std::vector<std::size_t>& idx) {
+      fill_batch(sim, idx, false, w.batch);
+      const BertOutput<S> o = emb_.forward(w.batch, false, nullptr, w.emb);
+      const Mat<S> e = mean_pool_normalize(o.last_hidden_state, w.batch.attention_mask, w.emb.B, w.emb.T);
+      for (std::size_t b = 0; b < idx.size(); ++b) emb.row(Index(idx[b])) = e.row(Index(b));
+    });
+    for (std::size_t i = 0; i < n; ++i) {
+      OracleScore& r = out[i];
+      r.phi = static_cast<double>(phi[i]);
+      r.sim = static_cast<double>(emb.row(Index(2 * i)).dot(emb.row(Index(2 * i + 1))));
+      check(std::isfinite(r.phi) && std::isfinite(r.sim), "NliOracle: pair ", i, ": non-finite score (phi ", r.phi,
+            ", sim ", r.sim, ")");
+      r.alpha_raw = data::oracle_alpha_raw(r.phi, r.sim, opt_.gamma_nli);
+      r.alpha = alpha_of(r.alpha_raw);
+    }
     return out;
   }
 
@@ -242,59 +241,68 @@ public:
 
   /// The entailment logit of one encoded pair (B = 1, no padding).
   S entailment_logit(const text::Encoding& e) {
+    const ScopedBatchInvariantProducts invariant;
     Work w;
-    return logit(e, w);
+    fill_batch({e}, {0}, true, w.batch);
+    return nli_.forward(w.batch, nullptr, false, nullptr, w.nli).logits(0, entail_);
   }
   /// The normalised sentence embedding [1, H] of one encoded text (B = 1, no padding).
   Mat<S> embedding(const text::Encoding& e) {
+    const ScopedBatchInvariantProducts invariant;
     Work w;
-    return embed(e, w);
+    fill_batch({e}, {0}, false, w.batch);
+    const BertOutput<S> o = emb_.forward(w.batch, false, nullptr, w.emb);
+    return mean_pool_normalize(o.last_hidden_state, w.batch.attention_mask, 1, w.emb.T);
   }
 
 private:
-  /// One thread's buffers: the batch of one sequence and both models' caches.
+  /// The buffers of a forward: the batch and both models' caches.
   struct Work {
     BertBatch<S> batch;
     typename Nli::Cache nli;
     typename Embedder::Cache emb;
   };
 
-  static void fill_batch(const text::Encoding& e, bool types, BertBatch<S>& b) {
-    const Index T = static_cast<Index>(e.size());
-    b.input_ids = Tensor<std::int64_t>({1, T});
-    std::copy(e.input_ids.begin(), e.input_ids.end(), b.input_ids.ptr());
-    if (types) {
-      b.token_type_ids = Tensor<std::int64_t>({1, T});
-      std::copy(e.token_type_ids.begin(), e.token_type_ids.end(), b.token_type_ids.ptr());
-    } else {
-      b.token_type_ids = Tensor<std::int64_t>();  // absent: all 0
+  /// Calls f(indices) for groups of encodings of one length, in order of length and then of index, each group at
+  /// most max_batch_tokens tokens (at least one sequence; exactly one unless `batchable`).
+  /// Sequences of one model run together only when its rows ([N, H] and [N, I] matrices) are whole multiples of 64
+  /// bytes: then every row of a sequence has the same alignment at any position in the batch, and Eigen's
+  /// vectorised per-row steps (LayerNorm, GELU, tanh, the softmax rows) run the same operations on it. Otherwise
+  /// (an unusual hidden size) each sequence runs alone, which keeps the bits and costs speed.
+  static bool rows_batch_invariant(const BertConfig& c) {
+    return (c.hidden_size * Index(sizeof(S))) % 64 == 0 && (c.intermediate_size * Index(sizeof(S))) % 64 == 0;
+  }
+
+  template <class F>
+  void for_length_groups(const std::vector<text::Encoding>& enc, bool batchable, F&& f) const {
+    std::vector<std::size_t> order(enc.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](std::size_t a, std::size_t b) { return enc[a].size() < enc[b].size(); });
+    std::vector<std::size_t> group;
+    for (std::size_t i = 0; i < order.size();) {
+      const std::size_t len = enc[order[i]].size();
+      const std::size_t cap =
+          batchable ? std::max<std::size_t>(1, opt_.max_batch_tokens / std::max<std::size_t>(len, 1)) : 1;
+      group.clear();
+      while (i < order.size() && enc[order[i]].size() == len && group.size() < cap) group.push_back(order[i++]);
+      f(group);
     }
-    b.attention_mask = Tensor<std::uint8_t>();    // absent: every token is real (no padding)
   }
 
-  S logit(const text::Encoding& e, Work& w) {
-    fill_batch(e, true, w.batch);
-    const SeqClsOutput<S> o = nli_.forward(w.batch, nullptr, false, nullptr, w.nli);
-    return o.logits(0, entail_);
-  }
-
-  Mat<S> embed(const text::Encoding& e, Work& w) {
-    fill_batch(e, false, w.batch);
-    const BertOutput<S> o = emb_.forward(w.batch, false, nullptr, w.emb);
-    return mean_pool_normalize(o.last_hidden_state, w.batch.attention_mask, 1, w.emb.T);
-  }
-
-  OracleScore score_one(const std::string& premise, const std::string& hypothesis, Work& w) {
-    OracleScore s;
-    s.phi = static_cast<double>(logit(nli_encoding(premise, hypothesis), w));
-    const Mat<S> eq = embed(sim_encoding(premise), w);
-    const Mat<S> ek = embed(sim_encoding(hypothesis), w);
-    s.sim = static_cast<double>(eq.row(0).dot(ek.row(0)));
-    check(std::isfinite(s.phi) && std::isfinite(s.sim), "NliOracle: non-finite score (phi ", s.phi, ", sim ", s.sim,
-          ")");
-    s.alpha_raw = data::oracle_alpha_raw(s.phi, s.sim, opt_.gamma_nli);
-    s.alpha = alpha_of(s.alpha_raw);
-    return s;
+  /// The batch [B, T] of the encodings enc[idx[0..B)], all of length T (no padding).
+  static void fill_batch(const std::vector<text::Encoding>& enc, const std::vector<std::size_t>& idx, bool types,
+                         BertBatch<S>& b) {
+    const Index B = static_cast<Index>(idx.size()), T = static_cast<Index>(enc[idx[0]].size());
+    b.input_ids = Tensor<std::int64_t>({B, T});
+    if (types) b.token_type_ids = Tensor<std::int64_t>({B, T});
+    else b.token_type_ids = Tensor<std::int64_t>();  // absent: all 0
+    for (Index r = 0; r < B; ++r) {
+      const text::Encoding& e = enc[idx[std::size_t(r)]];
+      std::copy(e.input_ids.begin(), e.input_ids.end(), b.input_ids.ptr() + r * T);
+      if (types) std::copy(e.token_type_ids.begin(), e.token_type_ids.end(), b.token_type_ids.ptr() + r * T);
+    }
+    b.attention_mask = Tensor<std::uint8_t>();  // absent: every token is real (no padding)
   }
 
   Nli nli_;

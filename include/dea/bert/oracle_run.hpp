@@ -35,7 +35,7 @@ namespace bert {
 
 /// Settings of run_oracle.
 struct OracleRunOptions {
-  std::size_t batch_size = 32;  ///< pairs scored (over all threads) and appended per step
+  std::size_t batch_size = 128;  ///< pairs scored (over all threads) and appended per step
 };
 
 /// Where a run stands, after each batch.

@@ -73,7 +73,7 @@ public:
     AttnInputs<S> inputs;  ///< the forward's inputs (shared storage): which rows have no real key
     Mat<S> x;              ///< [N, H] the input
     Mat<S> qkv;            ///< [N, 3H] Q | K | V
-    Vec<S> p;              ///< [B, A, T, T] attention probabilities (before dropout)
+    Vec<S> p;              ///< [B, A, T, T] attention probabilities (before dropout), pair ba at ba * pair_stride(T)
     Vec<S> drop;           ///< [B, A, T, T] dropout multipliers; empty when dropout was inactive
     Mat<S> w_cat;          ///< [3H, H] W_q; W_k; W_v of this forward
     RowVec<S> b_cat;       ///< [3H]
@@ -95,6 +95,14 @@ public:
     q_ = Proj("query", hidden, hidden, true);
     k_ = Proj("key", hidden, hidden, true);
     v_ = Proj("value", hidden, hidden, true);
+  }
+
+  /// Elements between the starts of two (b, h) pairs' [T, T] maps in Cache::p: T * T rounded up to 64 bytes, so
+  /// that every pair's map has the same alignment wherever its sequence sits in the batch (Eigen's vectorised
+  /// softmax peels an unaligned head element by element, which would make a row's bits depend on its position).
+  static Index pair_stride(Index T) {
+    constexpr Index per64 = Index(64 / sizeof(S)) > 0 ? Index(64 / sizeof(S)) : 1;
+    return (T * T + per64 - 1) / per64 * per64;
   }
 
   Index d_model() const { return d_model_; }
@@ -146,7 +154,8 @@ Mat<S> BertSelfAttention<S>::forward(const Mat<S>& x, const AttnInputs<S>& in, C
     c.drop.resize(B * A * TT);
   else
     c.drop.resize(0);
-  c.p.resize(B * A * TT);
+  const Index TTp = pair_stride(T);
+  c.p.resize(B * A * TTp);
   Mat<S> ctx(B * T, D);
   const S sqrt_d = std::sqrt(static_cast<S>(dh));
   const bool masked = in.has_key_mask();
@@ -157,7 +166,7 @@ Mat<S> BertSelfAttention<S>::forward(const Mat<S>& x, const AttnInputs<S>& in, C
     const auto K = mha::head<Eigen::Dynamic>(qkv, b * T, D + a * dh, T, dh);      // [T, d]
     const auto V = mha::head<Eigen::Dynamic>(qkv, b * T, 2 * D + a * dh, T, dh);  // [T, d]
     auto O = mha::head<Eigen::Dynamic>(ctx, b * T, a * dh, T, dh);                // [T, d]
-    MatMap<S> P(c.p.data() + ba * TT, T, T);                                      // [T, T]
+    MatMap<S> P(c.p.data() + ba * TTp, T, T);                                     // [T, T]
     mha::PairScratch<S> kt(dh * T);                                               // K^T [d, T]
     mha::transpose_into<S>(T, dh, K.data(), K.outerStride(), kt.data());
     mha::head_product<S>(T, T, dh, Q.data(), Q.outerStride(), 1, kt.data(), T, P.data(), T);  // S = Q K^T
@@ -180,7 +189,7 @@ template <class S>
 Mat<S> BertSelfAttention<S>::backward(const Mat<S>& dctx, Cache& c) {
   namespace mha = ::dea::detail::mha;
   mha::check_backward_input("BertSelfAttention", dctx, c.batch, c.seq, d_model_);
-  const Index T = c.seq, A = n_heads_, dh = d_head_, TT = T * T, N = dctx.rows(), D = d_model_;
+  const Index T = c.seq, A = n_heads_, dh = d_head_, TT = T * T, TTp = pair_stride(T), N = dctx.rows(), D = d_model_;
   const bool dropping = c.drop.size() > 0;
   Mat<S>& dqkv = c.work_dqkv;
   dqkv.resize(N, 3 * D);
@@ -195,7 +204,7 @@ Mat<S> BertSelfAttention<S>::backward(const Mat<S>& dctx, Cache& c) {
     auto dQ = mha::head<Eigen::Dynamic>(dqkv, b * T, a * dh, T, dh);
     auto dK = mha::head<Eigen::Dynamic>(dqkv, b * T, D + a * dh, T, dh);
     auto dV = mha::head<Eigen::Dynamic>(dqkv, b * T, 2 * D + a * dh, T, dh);
-    const ConstMatMap<S> P(cc.p.data() + ba * TT, T, T);
+    const ConstMatMap<S> P(cc.p.data() + ba * TTp, T, T);
     mha::PairScratch<S> dp_buf(TT);
     MatMap<S> dP(dp_buf.data(), T, T);
     // C = (P .* Drop) V  ->  dV = (P .* Drop)^T dC,  dP = (dC V^T) .* Drop

@@ -42,13 +42,68 @@ inline bool in_parallel() {
 #endif
 }
 
+/// Per-thread settings that the library's parallel loops (parallel_for, parallel_team) carry from the calling
+/// thread into their worker threads for the duration of the loop.
+struct ThreadSettings {
+  /// Every matrix product of ops/gemm.hpp with at least one row takes the library's packed path, which computes
+  /// each row of C with the same operations whatever the number of rows. A row's bits then do not depend on the
+  /// other rows of its batch (a sequence gives the same numbers alone and in any batch of sequences). Off by
+  /// default: below ops::packed::kMinRows rows Eigen's own product is faster, and its bits depend on the row count.
+  bool batch_invariant_products = false;
+};
+
+/// This thread's settings.
+inline ThreadSettings& thread_settings() {
+  thread_local ThreadSettings s;
+  return s;
+}
+
+/// Turns ThreadSettings::batch_invariant_products on for the calling thread (and the library's loops it starts)
+/// until the end of the scope.
+class ScopedBatchInvariantProducts {
+public:
+  ScopedBatchInvariantProducts() : saved_(thread_settings().batch_invariant_products) {
+    thread_settings().batch_invariant_products = true;
+  }
+  ~ScopedBatchInvariantProducts() { thread_settings().batch_invariant_products = saved_; }
+  ScopedBatchInvariantProducts(const ScopedBatchInvariantProducts&) = delete;
+  ScopedBatchInvariantProducts& operator=(const ScopedBatchInvariantProducts&) = delete;
+
+private:
+  bool saved_;
+};
+
+namespace detail {
+/// Installs `s` on the current thread for the scope (a worker thread of a library loop), restoring its own after.
+class AdoptThreadSettings {
+public:
+  explicit AdoptThreadSettings(const ThreadSettings& s) : saved_(thread_settings()) { thread_settings() = s; }
+  ~AdoptThreadSettings() { thread_settings() = saved_; }
+  AdoptThreadSettings(const AdoptThreadSettings&) = delete;
+  AdoptThreadSettings& operator=(const AdoptThreadSettings&) = delete;
+
+private:
+  ThreadSettings saved_;
+};
+}  // namespace detail
+
 /// Runs f(i) for i in [0, n), statically scheduled over the library's threads. With `worth_it` false (too
-/// little work to pay for waking threads) the loop runs serially; the results are the same either way.
+/// little work to pay for waking threads) the loop runs serially; the results are the same either way. The
+/// workers run with the calling thread's ThreadSettings.
 template <class F>
 void parallel_for(Index n, F&& f, bool worth_it = true) {
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (worth_it && n > 1)
-  for (Index i = 0; i < n; ++i) f(i);
+  if (!(worth_it && n > 1) || in_parallel()) {
+    for (Index i = 0; i < n; ++i) f(i);
+    return;
+  }
+  const ThreadSettings settings = thread_settings();
+#pragma omp parallel
+  {
+    const detail::AdoptThreadSettings adopt(settings);
+#pragma omp for schedule(static)
+    for (Index i = 0; i < n; ++i) f(i);
+  }
 #else
   (void)worth_it;
   for (Index i = 0; i < n; ++i) f(i);
@@ -63,8 +118,12 @@ template <class F>
 void parallel_team(int n, F&& f) {
 #ifdef _OPENMP
   if (n > 1 && !in_parallel()) {
+    const ThreadSettings settings = thread_settings();
 #pragma omp parallel num_threads(n)
-    f(omp_get_thread_num(), omp_get_num_threads());
+    {
+      const detail::AdoptThreadSettings adopt(settings);
+      f(omp_get_thread_num(), omp_get_num_threads());
+    }
     return;
   }
 #endif

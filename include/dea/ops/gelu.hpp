@@ -40,12 +40,16 @@ inline S gelu_grad(S x) {
 
 namespace detail {
 /// Rows [r0, r0 + nr) of y = gelu(x). Float runs vectorised on Eigen's packet erf (a rational approximation
-/// accurate to a few ulp, as PyTorch's vectorised CPU kernels are); double keeps std::erf element by element.
+/// accurate to a few ulp, as PyTorch's vectorised CPU kernels are), one row at a time, so that which elements of a
+/// row fall in packets and which in the scalar tail depends on the row's length alone (a row's bits do not depend
+/// on the rows around it); double keeps std::erf element by element.
 template <class S, class DX, class DY>
 void gelu_rows(const Eigen::MatrixBase<DX>& x, Eigen::MatrixBase<DY>& y, Index r0, Index nr) {
   if constexpr (std::is_same<S, float>::value) {
-    const auto xa = x.middleRows(r0, nr).array();
-    y.middleRows(r0, nr).array() = 0.5f * xa * (1.0f + (xa * 0.70710678118654752440f).erf());
+    for (Index n = r0; n < r0 + nr; ++n) {
+      const auto xa = x.row(n).array();
+      y.row(n).array() = 0.5f * xa * (1.0f + (xa * 0.70710678118654752440f).erf());  // y = gelu(x)
+    }
   } else {
     for (Index n = r0; n < r0 + nr; ++n)
       for (Index c = 0; c < x.cols(); ++c) y(n, c) = gelu<S>(x(n, c));  // y = gelu(x)

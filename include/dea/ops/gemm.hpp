@@ -69,7 +69,8 @@ packed::View<typename D::Scalar> view_of(const Eigen::MatrixBase<D>& m) {
 /// C (=|+=) op(A) op(B) (+ bias as a row, only when C is row-major) with the packed product, op = transpose when
 /// TA / TB. False (nothing done) when an operand is not float/double with direct access, when C's elements are not
 /// contiguous along a row or a column, or when the product has fewer than packed::kMinRows rows (the choice
-/// depends on the types and sizes alone): the caller then runs Eigen.
+/// depends on the types and sizes alone, and on ThreadSettings::batch_invariant_products, which lowers the bound
+/// to one row): the caller then runs Eigen.
 template <bool TA, bool TB, class DA, class DB, class DC>
 bool try_packed(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C,
                 bool accumulate, const typename DC::Scalar* bias) {
@@ -79,7 +80,9 @@ bool try_packed(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, 
     const packed::View<S> a = TA ? view_of(A).t() : view_of(A), b = TB ? view_of(B).t() : view_of(B);
     DC& c = C.derived();
     if (c.innerStride() != 1 && M > 1 && N > 1) return false;
-    if ((DC::IsRowMajor || M == 1 ? M : N) < packed::kMinRows) return false;  // a few rows: Eigen is faster
+    // a few rows: Eigen is faster (unless the rows must not depend on their batch: ThreadSettings)
+    const Index min_rows = thread_settings().batch_invariant_products ? 1 : packed::kMinRows;
+    if ((DC::IsRowMajor || M == 1 ? M : N) < min_rows) return false;
     if (DC::IsRowMajor || M == 1) {
       packed::gemm<S>(M, N, K, a, b, c.data(), DC::IsRowMajor ? Index(c.outerStride()) : N, accumulate, bias);
       return true;
