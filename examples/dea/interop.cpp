@@ -34,6 +34,7 @@
 #include <dea/interop/dea_case.hpp>
 #include <dea/interop/model_case.hpp>
 #include <dea/interop/tr_mha_case.hpp>
+#include <dea/interop/tr_moe_case.hpp>
 
 #include <fmt/core.h>
 
@@ -144,6 +145,18 @@ int dea_interop(int argc, char** argv) {
       fmt::print("{}", r.str());
       fmt::print("{}: worst error / tolerance {:.3e} ({}): {}\n", case_path, r.worst_ratio, use_float ? "float" : "double",
                  r.ok ? "PASS" : "FAIL");
+      return r.ok ? 0 : 1;
+    }
+    if (kind == "tr_moe_mlp") {  // one TR-MoE MLP (golden/lm): 2e-6 x max(1, max|ref|), 1e-4 in float; routes exact
+      const auto r = use_float ? interop::run_tr_moe_case<float>(case_path) : interop::run_tr_moe_case<double>(case_path);
+      if (!out_path.empty()) {
+        r.computed.save(out_path);
+        fmt::print("wrote {} tensors to {}\n", r.computed.size(), out_path);
+      }
+      if (!compare) return 0;
+      fmt::print("{}", r.str());
+      fmt::print("{}: worst error / tolerance {:.3e}, worst relative error {:.3e} ({}): {}\n", case_path, r.worst_ratio,
+                 r.worst_relative, use_float ? "float" : "double", r.ok ? "PASS" : "FAIL");
       return r.ok ? 0 : 1;
     }
     io::SafeTensors got;
