@@ -425,3 +425,21 @@ cp \"$d/p.jsonl\" \"$d/before\" && \"$0\" oracle ${dea_or_models} --pairs \"$d/p
   dea_cli_test(oracle_help dea_cli 0 "usage: dea oracle --nli DIR.*--calibrate LABELS.jsonl.*--batch_size N.*default 32.*--threads N.*range \\[0, 4096\\]"
                oracle --help)
 endif()
+
+# The decoder LM golden cases (kind lm_model, golden/lm/FORMAT.md): lm_a (MHA + dense SwiGLU) passes in double and
+# float, every tensor; lm_b needs the TR-MoE MLP, which is not part of this build: it is refused with exit 2 naming
+# the MLP type (also by the --out check that tests/CMakeLists.txt registers for every golden file). When the TR-MoE
+# MLP is plugged into DecoderLM, lm_b joins lm_a below and the two refusals go.
+if(TARGET dea_cli)
+  set(dea_lm_golden ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/lm)
+  dea_cli_test(dea_interop_lm_a_mha_dense dea_cli 0 "lm_model case lm_a_mha_dense \\(mha \\+ dense_deterministic\\): PASS.*\\(double\\): PASS"
+               interop ${dea_lm_golden}/lm_a_mha_dense.safetensors --compare)
+  dea_cli_test(dea_interop_lm_a_mha_dense_float dea_cli 0 "lm_model case lm_a_mha_dense \\(mha \\+ dense_deterministic\\): PASS.*\\(float\\): PASS"
+               interop ${dea_lm_golden}/lm_a_mha_dense.safetensors --compare --float)
+  dea_cli_test(dea_interop_lm_b_refused dea_cli 2 "lm_b_mha_trmoe_shared.safetensors': mlp_type tr_hash_engine: not available"
+               interop ${dea_lm_golden}/lm_b_mha_trmoe_shared.safetensors --compare)
+  if(TEST dea_interop_out_lm_lm_b_mha_trmoe_shared_safetensors)
+    set_tests_properties(dea_interop_out_lm_lm_b_mha_trmoe_shared_safetensors PROPERTIES
+                         PASS_REGULAR_EXPRESSION "mlp_type tr_hash_engine: not available.*dea interop exited 2")
+  endif()
+endif()
