@@ -48,6 +48,14 @@ IdTensor random_ids(Index B, Index T, Index V, Rng& rng) {
   return t;
 }
 
+/// Runs the scope on one thread: the thousands of tiny forward passes of a gradient check would otherwise mostly wait
+/// on thread wake-ups (the thread count does not change the bits: tested below).
+struct OneThread {
+  int saved = num_threads();
+  OneThread() { set_num_threads(1); }
+  ~OneThread() { set_num_threads(saved); }
+};
+
 /// Moves every parameter away from its init (as the golden cases do) so that every path carries a gradient of
 /// the size of the values: gains 1 + N(0, 0.1^2), the v2 scalars fixed, the rest N(0, std^2).
 template <class S>
@@ -70,6 +78,7 @@ void randomise(DecoderLM<S>& m, Rng& rng, double std = 0.3) {
 /// position) with respect to every parameter, then with respect to the input embeddings h_0 (forward_embeds).
 void gradcheck_model(const DecoderConfig& cfg, const lm::CausalLmLossOptions& lopt, bool with_ignored_labels,
                      double* worst = nullptr) {
+  const OneThread one_thread;
   Rng rng(7);
   DecoderLM<double> m(cfg, rng);
   randomise(m, rng);
@@ -343,6 +352,7 @@ TEST_CASE("lm attention: GQA / MQA / MHA equal a plain masked computation", "[lm
 // KV-cached decoding
 
 TEST_CASE("lm decoding: forward_step equals the full forward, token by token and prompt then tokens", "[lm]") {
+  const OneThread one_thread;
   for (const char* attn : {"gqa", "mha", "mqa", "tr_mha_v2"}) {
     DecoderConfig c = tiny_config(attn, 16, 4, 2);
     c.vocab_size = 23;

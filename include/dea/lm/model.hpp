@@ -395,6 +395,9 @@ Mat<S> DecoderLM<S>::forward_step(const IdTensor& new_ids, DecodeState& st) {
     st.tr_kv.assign(static_cast<std::size_t>(L_), typename TrAttn::KVCache());
   }
   check(st.batch == B, "DecoderLM::forward_step: new_ids batch expected ", st.batch, " (the decode state's), got ", B);
+  check(st.kv.size() == static_cast<std::size_t>(L_) && st.tr_kv.size() == static_cast<std::size_t>(L_),
+        "DecoderLM::forward_step: the decode state holds ", st.kv.size(), " layers, this model has ", L_,
+        " (a state of another model?)");
   const S eps = static_cast<S>(cfg_.norm_eps);
   Mat<S> h;
   embed_lookup_(new_ids, h, "DecoderLM::forward_step");
