@@ -445,3 +445,17 @@ s=json.dumps(h).encode();open(sys.argv[2],'wb').write(struct.pack('<Q',len(s))+s
 ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/lm/mlp_e4_k2_shared_l0.safetensors ${CMAKE_CURRENT_BINARY_DIR}/cli_tr_moe_strategy.safetensors && \
 \"$0\" interop ${CMAKE_CURRENT_BINARY_DIR}/cli_tr_moe_strategy.safetensors --compare")
 endif()
+
+# The decoder LM golden cases (kind lm_model, golden/lm/FORMAT.md): lm_a (MHA + dense SwiGLU) and lm_b (MHA + TR-MoE
+# with the shared expert, whose route tables must be exact) pass in double and float, every tensor.
+if(TARGET dea_cli)
+  set(dea_lm_golden ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/lm)
+  foreach(c "lm_a_mha_dense;mha \\+ dense_deterministic" "lm_b_mha_trmoe_shared;mha \\+ tr_hash_engine")
+    list(GET c 0 name)
+    list(GET c 1 what)
+    dea_cli_test(dea_interop_${name} dea_cli 0 "lm_model case ${name} \\(${what}\\): PASS.*\\(double\\): PASS"
+                 interop ${dea_lm_golden}/${name}.safetensors --compare)
+    dea_cli_test(dea_interop_${name}_float dea_cli 0 "lm_model case ${name} \\(${what}\\): PASS.*\\(float\\): PASS"
+                 interop ${dea_lm_golden}/${name}.safetensors --compare --float)
+  endforeach()
+endif()

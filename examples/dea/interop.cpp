@@ -32,6 +32,7 @@
 #include <dea/interop/bert_case.hpp>
 #include <dea/interop/dea_bert_case.hpp>
 #include <dea/interop/dea_case.hpp>
+#include <dea/interop/lm_case.hpp>
 #include <dea/interop/model_case.hpp>
 #include <dea/interop/tr_mha_case.hpp>
 #include <dea/interop/tr_moe_case.hpp>
@@ -157,6 +158,18 @@ int dea_interop(int argc, char** argv) {
       fmt::print("{}", r.str());
       fmt::print("{}: worst error / tolerance {:.3e}, worst relative error {:.3e} ({}): {}\n", case_path, r.worst_ratio,
                  r.worst_relative, use_float ? "float" : "double", r.ok ? "PASS" : "FAIL");
+      return r.ok ? 0 : 1;
+    }
+    if (kind == "lm_model") {  // the decoder LM with its loss (golden/lm/FORMAT.md; tolerance 2e-6, float 1e-4)
+      const auto r = use_float ? interop::run_lm_case<float>(case_path) : interop::run_lm_case<double>(case_path);
+      if (!out_path.empty()) {
+        r.computed.save(out_path);
+        fmt::print("wrote {} tensors to {}\n", r.computed.size(), out_path);
+      }
+      if (!compare) return 0;
+      fmt::print("{}", r.str());
+      fmt::print("{}: worst error / tolerance {:.3e}, worst relative error {:.3e} ({}): {}\n", case_path, r.worst_ratio,
+                 r.worst_rel_error, use_float ? "float" : "double", r.ok ? "PASS" : "FAIL");
       return r.ok ? 0 : 1;
     }
     io::SafeTensors got;
