@@ -42,14 +42,14 @@ inline AttentionType parse_attention_type(const std::string& s) {
   if (s == "mqa") return AttentionType::mqa;
   if (s == "tr_mha") return AttentionType::tr_mha;
   if (s == "tr_mha_v2") return AttentionType::tr_mha_v2;
-  detail::raise("DecoderConfig: attention_type: expected one of mha, gqa, mqa, tr_mha, tr_mha_v2, got '" + s + "'");
+  ::dea::detail::raise("DecoderConfig: attention_type: expected one of mha, gqa, mqa, tr_mha, tr_mha_v2, got '" + s + "'");
 }
 
 /// "dense_deterministic" / "dense" -> dense; "tr_hash_engine" / "tr_hash_moe" -> tr_hash_engine.
 inline MlpType parse_mlp_type(const std::string& s) {
   if (s == "dense_deterministic" || s == "dense") return MlpType::dense;
   if (s == "tr_hash_engine" || s == "tr_hash_moe") return MlpType::tr_hash_engine;
-  detail::raise("DecoderConfig: mlp_type: expected one of dense_deterministic (dense), tr_hash_engine (tr_hash_moe), "
+  ::dea::detail::raise("DecoderConfig: mlp_type: expected one of dense_deterministic (dense), tr_hash_engine (tr_hash_moe), "
                 "got '" + s + "'");
 }
 

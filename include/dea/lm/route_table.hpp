@@ -58,10 +58,10 @@ inline RoutingStrategy parse_routing_strategy(const std::string& s) {
   if (s == "token_id_balanced_hash") return RoutingStrategy::token_id_balanced_hash;
   if (s == "modulo_cyclic" || s == "modulo") return RoutingStrategy::modulo_cyclic;
   if (s == "token_id_multi_hash" || s == "token_id_affine_hash" || s == "token_id_hierarchical_hash")
-    detail::raise("routing_strategy: '" + s + "' is a strategy of the reference that dea does not build (supported: "
+    ::dea::detail::raise("routing_strategy: '" + s + "' is a strategy of the reference that dea does not build (supported: "
                   "token_id_balanced_hash, modulo_cyclic, modulo); a table of it can be loaded from a checkpoint's "
                   "engine.route_table");
-  detail::raise("routing_strategy: expected one of token_id_balanced_hash, modulo_cyclic, modulo, got '" + s + "'");
+  ::dea::detail::raise("routing_strategy: expected one of token_id_balanced_hash, modulo_cyclic, modulo, got '" + s + "'");
 }
 
 /// The "lowbias32" hash, all steps modulo 2^32; the argument is first reduced modulo 2^32 (§2.1 step 6).
