@@ -425,3 +425,37 @@ cp \"$d/p.jsonl\" \"$d/before\" && \"$0\" oracle ${dea_or_models} --pairs \"$d/p
   dea_cli_test(oracle_help dea_cli 0 "usage: dea oracle --nli DIR.*--calibrate LABELS.jsonl.*--batch_size N.*default 128.*--threads N.*range \\[0, 4096\\]"
                oracle --help)
 endif()
+
+# dea interop on the TR-MoE MLP cases (kind tr_moe_mlp, tests/data/golden/lm/mlp_*): double (2e-6 x max(1, max|ref|))
+# and float (1e-4), routes and route tables exact; a case whose configuration names a route strategy dea does not
+# build is a bad file (exit 2, the message names the strategy)
+if(TARGET dea_cli)
+  foreach(case mlp_e2_k1_noshared_l1 mlp_e4_k2_shared_l0 mlp_e8_k2_pw07_l3 mlp_modulo_cyclic_e4_k2_l2)
+    dea_cli_test(dea_interop_lm_${case} dea_cli 0 "ok   out.route_table max\\|diff\\| 0.000e\\+00 \\(exact\\).*\\(double\\): PASS"
+                 interop ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/lm/${case}.safetensors --compare)
+    dea_cli_test(dea_interop_lm_${case}_float dea_cli 0 "ok   out.routes max\\|diff\\| 0.000e\\+00 \\(exact\\).*\\(float\\): PASS"
+                 interop ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/lm/${case}.safetensors --compare --float)
+  endforeach()
+endif()
+if(TARGET dea_cli AND Python3_Interpreter_FOUND)
+  dea_cli_sh(interop_tr_moe_unknown_strategy dea_cli 2 "routing_strategy: 'token_id_multi_hash' is a strategy of the reference that dea does not build"
+             "python3 -c \"import json,struct,sys;b=open(sys.argv[1],'rb').read();n=struct.unpack('<Q',b[:8])[0];h=json.loads(b[8:8+n]);\
+c=json.loads(h['__metadata__']['config_json']);c['routing_strategy']='token_id_multi_hash';h['__metadata__']['config_json']=json.dumps(c);\
+s=json.dumps(h).encode();open(sys.argv[2],'wb').write(struct.pack('<Q',len(s))+s+b[8+n:])\" \
+${CMAKE_CURRENT_SOURCE_DIR}/data/golden/lm/mlp_e4_k2_shared_l0.safetensors ${CMAKE_CURRENT_BINARY_DIR}/cli_tr_moe_strategy.safetensors && \
+\"$0\" interop ${CMAKE_CURRENT_BINARY_DIR}/cli_tr_moe_strategy.safetensors --compare")
+endif()
+
+# The decoder LM golden cases (kind lm_model, golden/lm/FORMAT.md): lm_a (MHA + dense SwiGLU) and lm_b (MHA + TR-MoE
+# with the shared expert, whose route tables must be exact) pass in double and float, every tensor.
+if(TARGET dea_cli)
+  set(dea_lm_golden ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/lm)
+  foreach(c "lm_a_mha_dense;mha \\+ dense_deterministic" "lm_b_mha_trmoe_shared;mha \\+ tr_hash_engine")
+    list(GET c 0 name)
+    list(GET c 1 what)
+    dea_cli_test(dea_interop_${name} dea_cli 0 "lm_model case ${name} \\(${what}\\): PASS.*\\(double\\): PASS"
+                 interop ${dea_lm_golden}/${name}.safetensors --compare)
+    dea_cli_test(dea_interop_${name}_float dea_cli 0 "lm_model case ${name} \\(${what}\\): PASS.*\\(float\\): PASS"
+                 interop ${dea_lm_golden}/${name}.safetensors --compare --float)
+  endforeach()
+endif()

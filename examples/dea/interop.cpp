@@ -9,6 +9,9 @@
 //   dea_model     a TransformerModel: objective task_loss + loss_gate; --pe gives the positional table the
 //                 reference used (tensor "pe" [max_len, d_model]), which the case files do not store;
 //   tr_mha_layer  one TokenRoutedAttention (tolerance 2e-6 x max(1, max|ref|), route indices exact);
+//   tr_moe_mlp    one TR-MoE MLP (golden/lm/FORMAT.md; 2e-6 x max(1, max|ref|), 1e-4 in float; routes exact);
+//   lm_model      the decoder-only LM with its causal loss (golden/lm/FORMAT.md; the same tolerances, every
+//                 parameter gradient, the TR-MoE route tables exact);
 //   bert_model, bert_seq_cls, sentence_embedding
 //                 a Hugging Face BertModel / BertForSequenceClassification / mean-pooled sentence embedding
 //                 (golden/bert/FORMAT.md; float tolerances 1e-4 for out.*, 1e-3 for grad.*);
@@ -32,8 +35,10 @@
 #include <dea/interop/bert_case.hpp>
 #include <dea/interop/dea_bert_case.hpp>
 #include <dea/interop/dea_case.hpp>
+#include <dea/interop/lm_case.hpp>
 #include <dea/interop/model_case.hpp>
 #include <dea/interop/tr_mha_case.hpp>
+#include <dea/interop/tr_moe_case.hpp>
 
 #include <fmt/core.h>
 
@@ -62,7 +67,7 @@ int dea_interop(int argc, char** argv) {
   cli::FlagSet fs("dea interop CASE.safetensors [flags]",
                   "Runs a golden case (tests/data/golden/README.md) through the library; writes what it computed\n"
                   "(--out) and compares it with the case's numbers (--compare, the default without --out).");
-  fs.positional("CASE.safetensors", "a case file of kind dea_layer, dea_model, tr_mha_layer, bert_model, bert_seq_cls, "
+  fs.positional("CASE.safetensors", "a case file of kind dea_layer, dea_model, tr_mha_layer, tr_moe_mlp, lm_model, bert_model, bert_seq_cls, "
                 "sentence_embedding or dea_bert (any case with in.input_ids under --hf_model)");
   fs.text("out", out_path, "RESULT.safetensors", "write every computed out.* and grad.* tensor here");
   fs.toggle("compare", compare, "compare with the case's tensors (tolerance 1e-9, 1e-4 with --float, 1e-3 for BERT "
@@ -146,6 +151,30 @@ int dea_interop(int argc, char** argv) {
                  r.ok ? "PASS" : "FAIL");
       return r.ok ? 0 : 1;
     }
+    if (kind == "tr_moe_mlp") {  // one TR-MoE MLP (golden/lm): 2e-6 x max(1, max|ref|), 1e-4 in float; routes exact
+      const auto r = use_float ? interop::run_tr_moe_case<float>(case_path) : interop::run_tr_moe_case<double>(case_path);
+      if (!out_path.empty()) {
+        r.computed.save(out_path);
+        fmt::print("wrote {} tensors to {}\n", r.computed.size(), out_path);
+      }
+      if (!compare) return 0;
+      fmt::print("{}", r.str());
+      fmt::print("{}: worst error / tolerance {:.3e}, worst relative error {:.3e} ({}): {}\n", case_path, r.worst_ratio,
+                 r.worst_relative, use_float ? "float" : "double", r.ok ? "PASS" : "FAIL");
+      return r.ok ? 0 : 1;
+    }
+    if (kind == "lm_model") {  // the decoder LM with its loss (golden/lm/FORMAT.md; tolerance 2e-6, float 1e-4)
+      const auto r = use_float ? interop::run_lm_case<float>(case_path) : interop::run_lm_case<double>(case_path);
+      if (!out_path.empty()) {
+        r.computed.save(out_path);
+        fmt::print("wrote {} tensors to {}\n", r.computed.size(), out_path);
+      }
+      if (!compare) return 0;
+      fmt::print("{}", r.str());
+      fmt::print("{}: worst error / tolerance {:.3e}, worst relative error {:.3e} ({}): {}\n", case_path, r.worst_ratio,
+                 r.worst_rel_error, use_float ? "float" : "double", r.ok ? "PASS" : "FAIL");
+      return r.ok ? 0 : 1;
+    }
     io::SafeTensors got;
     if (kind == "dea_layer") {
       got = use_float ? interop::run_dea_layer_case<float>(cs) : interop::run_dea_layer_case<double>(cs);
@@ -159,7 +188,7 @@ int dea_interop(int argc, char** argv) {
       const Mat<double>* pp = pe_path.empty() ? nullptr : &pe;
       got = use_float ? interop::run_dea_model_case<float>(cs, pp) : interop::run_dea_model_case<double>(cs, pp);
     } else {
-      usage(fmt::format("{}: unsupported case kind '{}' (supported: dea_layer, dea_model, tr_mha_layer, bert_model, "
+      usage(fmt::format("{}: unsupported case kind '{}' (supported: dea_layer, dea_model, tr_mha_layer, tr_moe_mlp, lm_model, bert_model, "
                         "bert_seq_cls, sentence_embedding, dea_bert; any case with in.input_ids under --hf_model)",
                         case_path, kind));
     }

@@ -1,0 +1,334 @@
+// dea/lm/causal_attention.hpp: causal multi-head self-attention with grouped KV heads (MHA / GQA / MQA), per-head
+// qk RMSNorm and rotate-half RoPE, forward, hand-derived backward and a KV cache for incremental decoding.
+//
+// The attention of the reference's decoder (spec/tr_moe_lm.md §3.2; complexity/core/attention/gqa.py). No biases.
+//
+//   x [N, D], N = B*T rows (b*T + t); H query heads, H_kv KV heads, d_h = D / H, group size G = H / H_kv
+//   K = x W_k^T [N, H_kv d_h],  Q = x W_q^T [N, H d_h],  V = x W_v^T [N, H_kv d_h]
+//   per token and head: Qn = RMSNorm(Q_h) .* gamma_q,  Kn = RMSNorm(K_g) .* gamma_k   (eps, gains [d_h] shared by heads)
+//   Qr = RoPE(Qn), Kr = RoPE(Kn)                         positions 0..T-1 (decoding: + the cache length)
+//   query head h reads KV head g = floor(h / G)
+//   S_h = Qr_h Kr_g^T / sqrt(d_h), causal (query i sees keys j <= i);  P_h = softmax(S_h);  O_h = P_h V_g
+//   y = O W_o^T                                            O = heads merged in column order [N, D]
+//
+// Parallel work: forward normalises the keys per (b, g) and runs the core per (b, h); backward runs the core per
+// (b, h) into per-pair partials of dK and dV, which each (b, g) then sums over its G query heads in head order, so
+// the gradient of a shared KV head is reduced in a fixed order. The gain gradients are per-pair partials summed in
+// pair order. Results are bitwise identical for any thread count.
+#pragma once
+
+#include "../core/param.hpp"
+#include "../core/parallel.hpp"
+#include "../core/tensor.hpp"
+#include "../ops/gemm.hpp"
+#include "../ops/linear.hpp"
+#include "../ops/rms_norm.hpp"
+#include "../ops/rope.hpp"
+#include "../ops/softmax.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace dea {
+namespace lm {
+
+/// Construction options of CausalSelfAttention.
+struct CausalAttentionOptions {
+  Index d_model = 0;          ///< D
+  Index n_heads = 0;          ///< H, D % H == 0, D / H even
+  Index n_kv_heads = 0;       ///< H_kv, H % H_kv == 0 (<= 0: H)
+  bool use_qk_norm = true;
+  double norm_eps = 1e-6;     ///< qk-norm epsilon
+  double rope_theta = 10000.0;
+};
+
+/// Causal MHA / GQA / MQA. Parameters (state_dict names, relative to `self_attn.`): k_proj.weight [H_kv d_h, D],
+/// q_proj.weight [D, D], v_proj.weight [H_kv d_h, D], o_proj.weight [D, D], q_norm.weight and k_norm.weight [d_h]
+/// (with use_qk_norm). The constructor leaves the weights zero and the gains 1; the owner draws the init.
+template <class S>
+class CausalSelfAttention {
+public:
+  using Scalar = S;
+  using Options = CausalAttentionOptions;
+
+  /// What forward saves for backward.
+  struct Cache {
+    Index batch = 0, seq = 0;
+    Mat<S> x;                 ///< [N, D] input
+    Mat<S> q, k, v;           ///< [N, H d_h], [N, H_kv d_h], [N, H_kv d_h] projections
+    Mat<S> qhat, khat;        ///< RMS-normalised Q, K per head (before gain and RoPE), shapes of q, k
+    Vec<S> q_rstd, k_rstd;    ///< [B, H, T], [B, H_kv, T] 1 / rms of each (row, head)
+    Mat<S> qr, kr;            ///< after qk-norm and RoPE, shapes of q, k
+    AlignedVec<S> att;        ///< [B, H, T, T] attention probabilities (zero above the diagonal)
+    Mat<S> o;                 ///< [N, D] merged head outputs (before o_proj)
+  };
+
+  /// Keys and values of the positions decoded so far (forward_cached; no backward). Per batch row, K after qk-norm
+  /// and RoPE and V, each [capacity, H_kv d_h] of which the first `length` rows are valid.
+  struct KVCache {
+    Index batch = 0;
+    Index length = 0;
+    std::vector<Mat<S>> k, v;
+    void clear() {
+      batch = length = 0;
+      k.clear();
+      v.clear();
+    }
+  };
+
+  explicit CausalSelfAttention(const Options& opt) : opt_(opt) {
+    check(opt.d_model > 0, "CausalSelfAttention: d_model must be positive, got ", opt.d_model);
+    check(opt.n_heads > 0, "CausalSelfAttention: n_heads must be positive, got ", opt.n_heads);
+    check(opt.d_model % opt.n_heads == 0, "CausalSelfAttention: d_model (", opt.d_model,
+          ") must be divisible by n_heads (", opt.n_heads, ")");
+    if (opt_.n_kv_heads <= 0) opt_.n_kv_heads = opt.n_heads;
+    check(opt.n_heads % opt_.n_kv_heads == 0, "CausalSelfAttention: n_heads (", opt.n_heads,
+          ") must be divisible by n_kv_heads (", opt_.n_kv_heads, ")");
+    dh_ = opt.d_model / opt.n_heads;
+    check(dh_ % 2 == 0, "CausalSelfAttention: head dim d_model / n_heads must be even (rotate-half RoPE), got ", dh_);
+    check(opt.norm_eps > 0, "CausalSelfAttention: norm_eps must be positive, got ", opt.norm_eps);
+    check(opt.rope_theta > 0, "CausalSelfAttention: rope_theta must be positive, got ", opt.rope_theta);
+    const Index D = opt.d_model, Dkv = opt_.n_kv_heads * dh_;
+    k_proj_ = Param<S>("k_proj.weight", "main", {Dkv, D});
+    q_proj_ = Param<S>("q_proj.weight", "main", {D, D});
+    v_proj_ = Param<S>("v_proj.weight", "main", {Dkv, D});
+    o_proj_ = Param<S>("o_proj.weight", "main", {D, D});
+    if (opt.use_qk_norm) {
+      q_norm_ = Param<S>("q_norm.weight", "main", {dh_});
+      k_norm_ = Param<S>("k_norm.weight", "main", {dh_});
+      q_norm_.value.setOnes();
+      k_norm_.value.setOnes();
+    }
+    rope_ = ops::RopeTable<S>(dh_, opt.rope_theta);
+  }
+
+  const Options& options() const { return opt_; }
+  Index d_model() const { return opt_.d_model; }
+  Index n_heads() const { return opt_.n_heads; }
+  Index n_kv_heads() const { return opt_.n_kv_heads; }
+  Index head_dim() const { return dh_; }
+
+  /// k_proj, q_proj, v_proj, o_proj, then q_norm, k_norm (with use_qk_norm).
+  ParamList<S> parameters() {
+    ParamList<S> l = {&k_proj_, &q_proj_, &v_proj_, &o_proj_};
+    if (opt_.use_qk_norm) {
+      l.push_back(&q_norm_);
+      l.push_back(&k_norm_);
+    }
+    return l;
+  }
+  void zero_grad() { dea::zero_grad(parameters()); }
+
+  /// x [batch*T, D] -> y [batch*T, D]; fills `cache` for backward.
+  Mat<S> forward(const Mat<S>& x, Index batch, Cache& cache);
+
+  /// Backward of forward: ADDS into every parameter gradient, returns dx [N, D].
+  Mat<S> backward(const Mat<S>& dy, const Cache& cache);
+
+  /// Incremental decoding: x holds the Sn new positions of every batch row ([batch*Sn, D], rows b*Sn + i) at absolute
+  /// positions kv.length .. kv.length + Sn - 1. Appends their K and V to `kv` and returns their outputs
+  /// [batch*Sn, D]; query i sees the cached keys and the new keys j <= i. O(length) work per new position.
+  Mat<S> forward_cached(const Mat<S>& x, Index batch, KVCache& kv);
+
+private:
+  void validate_x_(const Mat<S>& x, Index batch, const char* who) const {
+    check(batch > 0, "CausalSelfAttention::", who, ": batch must be positive, got ", batch);
+    check(x.cols() == opt_.d_model, "CausalSelfAttention::", who, ": x expected ", opt_.d_model,
+          " columns (d_model), got ", x.cols());
+    check(x.rows() > 0 && x.rows() % batch == 0, "CausalSelfAttention::", who,
+          ": x rows expected a positive multiple of batch = ", batch, ", got ", x.rows());
+    check_finite(x, "CausalSelfAttention: x");
+  }
+
+  /// dst = RoPE(RMSNorm(src) .* gain) from absolute position pos0 (rows of one head); hat / rstd receive the
+  /// normalised rows and 1 / rms (when use_qk_norm).
+  template <class DSrc, class DDst, class DHat>
+  void norm_rope_(const Eigen::MatrixBase<DSrc>& src, const Param<S>& gain, Index pos0, const Eigen::MatrixBase<DDst>& dst_,
+                  const Eigen::MatrixBase<DHat>& hat, S* rstd) const {
+    auto& dst = const_cast<Eigen::MatrixBase<DDst>&>(dst_);
+    if (opt_.use_qk_norm)
+      ops::rms_norm_forward<S>(src, gain.value.data(), static_cast<S>(opt_.norm_eps), dst, hat, rstd);  // Xn
+    else
+      dst = src;
+    ops::rope_forward(rope_, pos0, dst);                                                            // Xr = RoPE(Xn)
+  }
+
+  Options opt_;
+  Index dh_ = 0;
+  Param<S> k_proj_, q_proj_, v_proj_, o_proj_, q_norm_, k_norm_;
+  ops::RopeTable<S> rope_;
+};
+
+template <class S>
+Mat<S> CausalSelfAttention<S>::forward(const Mat<S>& x, Index batch, Cache& c) {
+  validate_x_(x, batch, "forward");
+  const Index B = batch, T = x.rows() / batch, H = opt_.n_heads, Hkv = opt_.n_kv_heads, G = H / Hkv, dh = dh_;
+  const S scale = S(1) / std::sqrt(static_cast<S>(dh));
+  const S ninf = -std::numeric_limits<S>::infinity();
+  c.batch = B;
+  c.seq = T;
+  c.x = x;
+  ops::linear_forward<S>(x, k_proj_.mat(), nullptr, c.k);  // K = x W_k^T
+  ops::linear_forward<S>(x, q_proj_.mat(), nullptr, c.q);  // Q = x W_q^T
+  ops::linear_forward<S>(x, v_proj_.mat(), nullptr, c.v);  // V = x W_v^T
+  c.qhat.resize(c.q.rows(), c.q.cols());
+  c.khat.resize(c.k.rows(), c.k.cols());
+  c.qr.resize(c.q.rows(), c.q.cols());
+  c.kr.resize(c.k.rows(), c.k.cols());
+  c.q_rstd.setZero(B * H * T);
+  c.k_rstd.setZero(B * Hkv * T);
+  c.o.resize(B * T, opt_.d_model);
+  c.att.assign(static_cast<std::size_t>(B * H * T * T), S(0));
+  rope_.reserve(T);
+  const double flops = static_cast<double>(B * H) * static_cast<double>(T * T * dh) * 4.0;
+  // keys: one (b, g) pair per work item
+  parallel_for(B * Hkv, [&](Index bg) {
+    const Index b = bg / Hkv, g = bg % Hkv, r0 = b * T, c0 = g * dh;
+    norm_rope_(c.k.block(r0, c0, T, dh), k_norm_, 0, c.kr.block(r0, c0, T, dh), c.khat.block(r0, c0, T, dh),
+               c.k_rstd.data() + bg * T);                                    // Kr = RoPE(RMSNorm(K_g) .* gamma_k)
+  }, flops > kParallelMinFlops);
+  // queries and the attention core: one (b, h) pair per work item
+  parallel_for(B * H, [&](Index bh) {
+    const Index b = bh / H, h = bh % H, g = h / G, r0 = b * T, c0 = h * dh, k0 = g * dh;
+    norm_rope_(c.q.block(r0, c0, T, dh), q_norm_, 0, c.qr.block(r0, c0, T, dh), c.qhat.block(r0, c0, T, dh),
+               c.q_rstd.data() + bh * T);                                    // Qr = RoPE(RMSNorm(Q_h) .* gamma_q)
+    MatMap<S> P(c.att.data() + bh * T * T, T, T);
+    P.noalias() = (c.qr.block(r0, c0, T, dh) * c.kr.block(r0, k0, T, dh).transpose()) * scale;  // S = Qr Kr^T / sqrt(d_h)
+    for (Index i = 0; i < T; ++i)
+      for (Index j = i + 1; j < T; ++j) P(i, j) = ninf;                      // causal: keys j <= i
+    ops::masked_softmax_rows<S>(P, nullptr, P);                              // P = softmax(S)
+    c.o.block(r0, c0, T, dh).noalias() = P * c.v.block(r0, k0, T, dh);      // O_h = P V_g
+  }, flops > kParallelMinFlops);
+  Mat<S> y;
+  ops::linear_forward<S>(c.o, o_proj_.mat(), nullptr, y);                   // y = O W_o^T
+  return y;
+}
+
+template <class S>
+Mat<S> CausalSelfAttention<S>::backward(const Mat<S>& dy, const Cache& c) {
+  check(c.batch > 0 && c.x.rows() > 0, "CausalSelfAttention::backward: the cache is empty (run forward first)");
+  check_matrix(dy, c.x.rows(), opt_.d_model, "CausalSelfAttention::backward dy");
+  const Index B = c.batch, T = c.seq, H = opt_.n_heads, Hkv = opt_.n_kv_heads, G = H / Hkv, dh = dh_;
+  const S scale = S(1) / std::sqrt(static_cast<S>(dh));
+  const double flops = static_cast<double>(B * H) * static_cast<double>(T * T * dh) * 8.0;
+
+  Mat<S> dO;
+  ops::linear_backward<S>(dy, c.o, o_proj_.mat(), o_proj_.grad_mat(), nullptr, &dO);  // y = O W_o^T
+
+  // core per (b, h): dQ into GQ; dKr and dV into per-pair partials [B*H*T, d_h]
+  Mat<S> GQ(c.q.rows(), c.q.cols()), GK(c.k.rows(), c.k.cols()), GV(c.v.rows(), c.v.cols());
+  Mat<S> dkr_part(B * H * T, dh), dv_part(B * H * T, dh);
+  Mat<S> dgq = Mat<S>::Zero(B * H, dh), dgk = Mat<S>::Zero(B * Hkv, dh);
+  const S* gq = opt_.use_qk_norm ? q_norm_.value.data() : nullptr;
+  const S* gk = opt_.use_qk_norm ? k_norm_.value.data() : nullptr;
+  parallel_for(B * H, [&](Index bh) {
+    const Index b = bh / H, h = bh % H, g = h / G, r0 = b * T, c0 = h * dh, k0 = g * dh;
+    ConstMatMap<S> P(c.att.data() + bh * T * T, T, T);
+    const auto dOh = dO.block(r0, c0, T, dh);
+    dv_part.middleRows(bh * T, T).noalias() = P.transpose() * dOh;           // O_h = P V_g      -> dV_g += P^T dO_h
+    Mat<S> dP(T, T);
+    dP.noalias() = dOh * c.v.block(r0, k0, T, dh).transpose();              // O_h = P V_g      -> dP = dO_h V_g^T
+    Mat<S> dS(T, T);
+    ops::softmax_rows_backward<S>(P, dP, dS);                                // P = softmax(S)   (masked: P = 0 -> 0)
+    dS *= scale;                                                             // S = Qr Kr^T * scale
+    Mat<S> dq(T, dh);
+    dq.noalias() = dS * c.kr.block(r0, k0, T, dh);                           //                  -> dQr = dS Kr_g
+    dkr_part.middleRows(bh * T, T).noalias() = dS.transpose() * c.qr.block(r0, c0, T, dh);  // -> dKr_g += dS^T Qr_h
+    ops::rope_backward(rope_, 0, dq);                                        // Qr = RoPE(Qn)
+    if (opt_.use_qk_norm)                                                    // Qn = RMSNorm(Q_h) .* gamma_q
+      ops::rms_norm_backward<S>(dq, c.qhat.block(r0, c0, T, dh), c.q_rstd.data() + bh * T, gq, dgq.data() + bh * dh,
+                                GQ.block(r0, c0, T, dh));
+    else
+      GQ.block(r0, c0, T, dh) = dq;
+  }, flops > kParallelMinFlops);
+  // per (b, g): sum the partials of the group's query heads in head order, then undo RoPE and the k-norm
+  parallel_for(B * Hkv, [&](Index bg) {
+    const Index b = bg / Hkv, g = bg % Hkv, r0 = b * T, k0 = g * dh;
+    Mat<S> dk = dkr_part.middleRows((b * H + g * G) * T, T);
+    auto dv = GV.block(r0, k0, T, dh);
+    dv = dv_part.middleRows((b * H + g * G) * T, T);
+    for (Index j = 1; j < G; ++j) {
+      dk += dkr_part.middleRows((b * H + g * G + j) * T, T);
+      dv += dv_part.middleRows((b * H + g * G + j) * T, T);
+    }
+    ops::rope_backward(rope_, 0, dk);                                        // Kr = RoPE(Kn)
+    if (opt_.use_qk_norm)                                                    // Kn = RMSNorm(K_g) .* gamma_k
+      ops::rms_norm_backward<S>(dk, c.khat.block(r0, k0, T, dh), c.k_rstd.data() + bg * T, gk, dgk.data() + bg * dh,
+                                GK.block(r0, k0, T, dh));
+    else
+      GK.block(r0, k0, T, dh) = dk;
+  }, flops > kParallelMinFlops);
+  if (opt_.use_qk_norm) {  // the gains are shared by all pairs: partials summed in pair order
+    for (Index bh = 0; bh < B * H; ++bh) q_norm_.grad += dgq.row(bh).transpose();
+    for (Index bg = 0; bg < B * Hkv; ++bg) k_norm_.grad += dgk.row(bg).transpose();
+  }
+  Mat<S> dx;
+  ops::linear_backward<S>(GK, c.x, k_proj_.mat(), k_proj_.grad_mat(), nullptr, &dx);        // K = x W_k^T
+  ops::linear_backward<S>(GQ, c.x, q_proj_.mat(), q_proj_.grad_mat(), nullptr, &dx, true);  // Q = x W_q^T
+  ops::linear_backward<S>(GV, c.x, v_proj_.mat(), v_proj_.grad_mat(), nullptr, &dx, true);  // V = x W_v^T
+  return dx;
+}
+
+template <class S>
+Mat<S> CausalSelfAttention<S>::forward_cached(const Mat<S>& x, Index batch, KVCache& kv) {
+  validate_x_(x, batch, "forward_cached");
+  const Index B = batch, Sn = x.rows() / batch, H = opt_.n_heads, Hkv = opt_.n_kv_heads, G = H / Hkv, dh = dh_;
+  const Index Dkv = Hkv * dh;
+  if (kv.length == 0) {
+    kv.batch = B;
+    kv.k.assign(static_cast<std::size_t>(B), Mat<S>());
+    kv.v.assign(static_cast<std::size_t>(B), Mat<S>());
+  }
+  check(kv.batch == B, "CausalSelfAttention::forward_cached: batch expected ", kv.batch, " (the KV cache's), got ", B);
+  const Index P0 = kv.length, L = P0 + Sn;
+  Mat<S> k, q, v;
+  ops::linear_forward<S>(x, k_proj_.mat(), nullptr, k);  // K = x W_k^T
+  ops::linear_forward<S>(x, q_proj_.mat(), nullptr, q);  // Q = x W_q^T
+  ops::linear_forward<S>(x, v_proj_.mat(), nullptr, v);  // V = x W_v^T
+  rope_.reserve(L);
+  for (Index b = 0; b < B; ++b) {  // grow the per-row buffers geometrically: appending stays O(1) amortised
+    Mat<S>& Kc = kv.k[static_cast<std::size_t>(b)];
+    Mat<S>& Vc = kv.v[static_cast<std::size_t>(b)];
+    if (Kc.rows() < L) {
+      const Index cap = std::max<Index>(L, 2 * Kc.rows());
+      Kc.conservativeResize(cap, Dkv);
+      Vc.conservativeResize(cap, Dkv);
+    }
+    Vc.middleRows(P0, Sn) = v.middleRows(b * Sn, Sn);
+  }
+  const S scale = S(1) / std::sqrt(static_cast<S>(dh));
+  const S ninf = -std::numeric_limits<S>::infinity();
+  // new keys into the cache: each (b, g) owns its column block of row b's cache
+  parallel_for(B * Hkv, [&](Index bg) {
+    const Index b = bg / Hkv, g = bg % Hkv;
+    Mat<S> hat(Sn, dh);
+    Vec<S> rs(Sn);
+    norm_rope_(k.block(b * Sn, g * dh, Sn, dh), k_norm_, P0,
+               kv.k[static_cast<std::size_t>(b)].block(P0, g * dh, Sn, dh), hat, rs.data());
+  });
+  Mat<S> O(B * Sn, opt_.d_model);
+  parallel_for(B * H, [&](Index bh) {
+    const Index b = bh / H, h = bh % H, g = h / G;
+    Mat<S> qr(Sn, dh), hat(Sn, dh);
+    Vec<S> rs(Sn);
+    norm_rope_(q.block(b * Sn, h * dh, Sn, dh), q_norm_, P0, qr, hat, rs.data());
+    const Mat<S>& Kc = kv.k[static_cast<std::size_t>(b)];
+    const Mat<S>& Vc = kv.v[static_cast<std::size_t>(b)];
+    Mat<S> sc(Sn, L);
+    sc.noalias() = (qr * Kc.block(0, g * dh, L, dh).transpose()) * scale;   // S = Qr Kr^T / sqrt(d_h)
+    for (Index i = 0; i < Sn; ++i)
+      for (Index j = P0 + i + 1; j < L; ++j) sc(i, j) = ninf;               // causal: keys j <= P0 + i
+    ops::masked_softmax_rows<S>(sc, nullptr, sc);                            // P = softmax(S)
+    O.block(b * Sn, h * dh, Sn, dh).noalias() = sc * Vc.block(0, g * dh, L, dh);  // O_h = P V_g
+  });
+  kv.length = L;
+  Mat<S> y;
+  ops::linear_forward<S>(O, o_proj_.mat(), nullptr, y);  // y = O W_o^T
+  return y;
+}
+
+}  // namespace lm
+}  // namespace dea
