@@ -254,6 +254,9 @@ public:
     const Index e = i + q_offset + 1;
     return e < Tk ? e : Tk;
   }
+  /// The keys any row of the block [i0, i0 + n) may see: [0, block_keys(i0, n)) (the products of a causal block
+  /// run over these columns only; the columns past them are never read).
+  Index block_keys(Index i0, Index n) const { return keys(i0 + n - 1); }
   /// The real keys among the first nk, floored at 1 (nr unless causal).
   S real_keys(Index nk) const {
     if (!causal) return nr;
@@ -380,11 +383,17 @@ public:
     S* G1 = bp.AM;
     S* r0 = bp.r0;
     copy_rows(dctx + i0 * ld, ld, n, Dh, bp.Db);
+    // causal: the products run over the block's visible keys [0, kb) (P and the gradients are 0 past them)
+    const Index kb = block_keys(i0, n);
     // ctx_h = Pd V_h, Pd = P .* drop  ->  dPd = dctx V_h^T
-    if constexpr (packed_core<S>())
-      pk::gemm_whole_b<S>(n, Tk, Dh, {bp.Db, Dh, 1}, t.pVt, dP, Tk, false, t.Ap);
-    else
-      small_product<S>(n, Tk, Dh, {bp.Db, Dh, 1}, pk::View<S>{t.Vh, Dh, 1}.t(), dP, Tk, false, t.Ap, t.Bpan);
+    if constexpr (packed_core<S>()) {
+      if (kb == Tk)
+        pk::gemm_whole_b<S>(n, Tk, Dh, {bp.Db, Dh, 1}, t.pVt, dP, Tk, false, t.Ap);
+      else
+        pk::gemm_whole_b_cols<S>(n, kb, Dh, {bp.Db, Dh, 1}, t.pVt, Tk, dP, Tk, false, t.Ap);
+    } else {
+      small_product<S>(n, kb, Dh, {bp.Db, Dh, 1}, pk::View<S>{t.Vh, Dh, 1}.t(), dP, Tk, false, t.Ap, t.Bpan);
+    }
     const S* pd = P;
     if (dropout_on) {  // the counter-based mask, drawn again
       dropout_mask(i0, n, X);
@@ -396,9 +405,9 @@ public:
     }
     // ctx = Pd V  ->  dV += Pd^T dctx   (packed: dV_h^T += dctx^T Pd, Pd read along its rows)
     if constexpr (packed_core<S>())
-      pk::gemm_stream_b<S>(Dh, Tk, n, pk::View<S>{bp.Db, Dh, 1}.t(), {pd, Tk, 1}, t.dVh, Tk, true, t.Ap, t.Bpan);
+      pk::gemm_stream_b<S>(Dh, kb, n, pk::View<S>{bp.Db, Dh, 1}.t(), {pd, Tk, 1}, t.dVh, Tk, true, t.Ap, t.Bpan);
     else
-      small_product<S>(Tk, Dh, n, pk::View<S>{pd, Tk, 1}.t(), {bp.Db, Dh, 1}, t.dVh, Dh, true, t.Ap, t.Bpan);
+      small_product<S>(kb, Dh, n, pk::View<S>{pd, Tk, 1}.t(), {bp.Db, Dh, 1}, t.dVh, Dh, true, t.Ap, t.Bpan);
     // P = softmax(S) over the real keys  ->  dS = P .* (dP - rowsum(P .* dP))   (in dP)
     for (Index r = 0; r < n; ++r) {
       const Index nk = keys(i0 + r);  // causal: P = 0 past the visible keys, and so is dS
@@ -464,9 +473,9 @@ public:
       for (Index d = 0; d < Dh; ++d) dr[d] -= c * rr[d];
     }
     if constexpr (packed_core<S>())  // dK_h^T += [Qb; Rb]^T [g0'; g1']
-      pk::gemm_stream_b<S>(Dh, Tk, 2 * n, pk::View<S>{bp.Qb, Dh, 1}.t(), {G0, Tk, 1}, t.dKh, Tk, true, t.Ap, t.Bpan);
+      pk::gemm_stream_b<S>(Dh, kb, 2 * n, pk::View<S>{bp.Qb, Dh, 1}.t(), {G0, Tk, 1}, t.dKh, Tk, true, t.Ap, t.Bpan);
     else
-      small_product<S>(Tk, Dh, 2 * n, pk::View<S>{G0, Tk, 1}.t(), {bp.Qb, Dh, 1}, t.dKh, Dh, true, t.Ap, t.Bpan);
+      small_product<S>(kb, Dh, 2 * n, pk::View<S>{G0, Tk, 1}.t(), {bp.Qb, Dh, 1}, t.dKh, Dh, true, t.Ap, t.Bpan);
     // R = Q W_rel^T  ->  dQ += dR W_rel, dW_rel += dR^T Q
     small_product<S>(n, Dh, Dh, {bp.dRb, Dh, 1}, {hp->W_rel, Dh, 1}, bp.dQb, Dh, true, t.Ap, t.Bpan);
     small_product<S>(Dh, Dh, n, pk::View<S>{bp.dRb, Dh, 1}.t(), {bp.Qb, Dh, 1}, dWr, Dh, true, t.Ap, t.Bpan);
@@ -535,11 +544,12 @@ private:
   void experts(Index i0, Index n, const Buffers& f, std::uint8_t* cl) {
     const Index Dh = hp->Dh;
     const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh);
+    const Index kb = block_keys(i0, n);
     if (f.E1 == f.E0 + n * Tk && f.Rb == f.Qb + n * Dh) {  // both in one product: [E0; E1] = [Qb; Rb] K_h^T
-      product_kt(2 * n, f.Qb, f.E0);
+      product_kt(2 * n, kb, f.Qb, f.E0);
     } else {
-      product_kt(n, f.Qb, f.E0);
-      product_kt(n, f.Rb, f.E1);
+      product_kt(n, kb, f.Qb, f.E0);
+      product_kt(n, kb, f.Rb, f.E1);
     }
     for (Index k = 0; k < n * Tk; ++k) f.E0[k] *= inv_sqrt;
     for (Index r = 0; r < n; ++r) {  // one pass per row (plain loops, vectorised)
@@ -565,13 +575,17 @@ private:
       std::fill(e1 + nk, e1 + Tk, S(0));
     }
   }
-  /// C [rows, Tk] = A [rows, Dh] K_h^T.
-  void product_kt(Index rows, const S* A, S* C) {
+  /// C [rows, 0:kb] = A [rows, Dh] K_h[0:kb]^T (row stride Tk; kb = Tk unless causal).
+  void product_kt(Index rows, Index kb, const S* A, S* C) {
     const Index Dh = hp->Dh;
-    if constexpr (packed_core<S>())
-      ops::packed::gemm_whole_b<S>(rows, Tk, Dh, {A, Dh, 1}, t.pKt, C, Tk, false, t.Ap);
-    else
-      small_product<S>(rows, Tk, Dh, {A, Dh, 1}, ops::packed::View<S>{t.Kh, Dh, 1}.t(), C, Tk, false, t.Ap, t.Bpan);
+    if constexpr (packed_core<S>()) {
+      if (kb == Tk)
+        ops::packed::gemm_whole_b<S>(rows, Tk, Dh, {A, Dh, 1}, t.pKt, C, Tk, false, t.Ap);
+      else
+        ops::packed::gemm_whole_b_cols<S>(rows, kb, Dh, {A, Dh, 1}, t.pKt, Tk, C, Tk, false, t.Ap);
+    } else {
+      small_product<S>(rows, kb, Dh, {A, Dh, 1}, ops::packed::View<S>{t.Kh, Dh, 1}.t(), C, Tk, false, t.Ap, t.Bpan);
+    }
   }
 
   /// Per-query normalisation over the real keys, in place. Forward computes mu and sigma (saved where rs has room,
