@@ -8,8 +8,11 @@
 //   scores = (1 - alpha_mix) E0~ + alpha_mix E1~         P = softmax over the real keys (zeros for no real key)
 //   ctx_h = (P .* dropout) V_h
 // and, with an oracle, the gate loss of each row (gate_loss.hpp) and its gradient summed against the gate features.
+// Causal rows (Pair::causal) take every "over the real keys" over the keys [0, i + q_offset] they may see: the
+// statistics, the gate, the mixing, the softmax, the gate loss and their backward run over those keys only, the
+// block's products over the keys its last row may see, and every buffer holds 0 past a row's last visible key.
 //
-// Three callers run it:
+// Four callers run it:
 //  - the reference kernel (kernel.hpp, maps kept): the block's [n, Tk] buffers are slices of the cache's
 //    [B, H, Tq, Tk] maps (BlockMaps), and backward reads them;
 //  - the tiled kernel (kernel.hpp): the buffers live in the thread's scratch, forward saves per-row statistics
@@ -17,7 +20,9 @@
 //    sees the bits forward saw;
 //  - nn::InferenceModel (forward only, no oracle, no dropout): slices of its workspace laid out as the reference
 //    kernel's maps, so its results equal the layer's bit for bit (vectorised loops start where the buffer's
-//    alignment says, and Eigen's packet exp is not the scalar one bit for bit).
+//    alignment says, and Eigen's packet exp is not the scalar one bit for bit). It is never causal;
+//  - DualExpertAttention::forward_decode (forward only, causal, no oracle): the new queries against the cached keys,
+//    the buffers in the scratch as the tiled kernel's.
 //
 // Contract of the buffers: every pointer of BlockMaps / RowStats is either null (the block uses its scratch) or
 // the pair's slice of a buffer laid out [B, H, Tq, Tk] / [B, H, Tq]. The kernel allocates nothing and throws
@@ -314,10 +319,15 @@ public:
       pm = pd;
     }
     const Index Dh = hp->Dh;
-    if constexpr (packed_core<S>())
-      ops::packed::gemm_whole_b<S>(n, Dh, Tk, {pm, Tk, 1}, t.pV, ctx + i0 * ld, ld, false, t.Ap);
-    else
-      small_product<S>(n, Dh, Tk, {pm, Tk, 1}, {t.Vh, Dh, 1}, ctx + i0 * ld, ld, false, t.Ap, t.Bpan);
+    const Index kb = block_keys(i0, n);  // causal: Pd is 0 past the block's visible keys
+    if constexpr (packed_core<S>()) {
+      if (kb < Tk && Tk <= ops::packed::kKcMax)
+        ops::packed::gemm_whole_b_rows<S>(n, Dh, kb, {pm, Tk, 1}, t.pV, Tk, ctx + i0 * ld, ld, false, t.Ap);
+      else
+        ops::packed::gemm_whole_b<S>(n, Dh, Tk, {pm, Tk, 1}, t.pV, ctx + i0 * ld, ld, false, t.Ap);
+    } else {
+      small_product<S>(n, Dh, kb, {pm, Tk, 1}, {t.Vh, Dh, 1}, ctx + i0 * ld, ld, false, t.Ap, t.Bpan);
+    }
   }
 
   /// After the pair's last forward block with an oracle: the w_k partials sum_j (sum_i dl_ij) K_j of both parts.
@@ -462,10 +472,14 @@ public:
       r0[r] = sum_of(g, Tk);
       for (Index j = 0; j < Tk; ++j) cs[j] += g[j];
     }
-    if constexpr (packed_core<S>())
-      pk::gemm_whole_b<S>(2 * n, Dh, Tk, {G0, Tk, 1}, t.pK, bp.dQb, Dh, false, t.Ap);
-    else
-      small_product<S>(2 * n, Dh, Tk, {G0, Tk, 1}, {t.Kh, Dh, 1}, bp.dQb, Dh, false, t.Ap, t.Bpan);
+    if constexpr (packed_core<S>()) {
+      if (kb < Tk && Tk <= pk::kKcMax)
+        pk::gemm_whole_b_rows<S>(2 * n, Dh, kb, {G0, Tk, 1}, t.pK, Tk, bp.dQb, Dh, false, t.Ap);
+      else
+        pk::gemm_whole_b<S>(2 * n, Dh, Tk, {G0, Tk, 1}, t.pK, bp.dQb, Dh, false, t.Ap);
+    } else {
+      small_product<S>(2 * n, Dh, kb, {G0, Tk, 1}, {t.Kh, Dh, 1}, bp.dQb, Dh, false, t.Ap, t.Bpan);
+    }
     for (Index r = 0; r < n; ++r) {
       const S* rr = bp.Rb + r * Dh;
       S* dr = bp.dRb + r * Dh;
