@@ -663,12 +663,11 @@ TEST_CASE("bad input B22 attention inputs a class does not support: refused, nam
   auto refused = [](auto&& call, const char* cls, const char* input) {
     CHECK_THROWS_WITH(call(), Contains(cls) && Contains(input) && Contains("not supported"));
   };
-  // Dual-Expert attention: the oracle, targets and frozen alpha-hat are its own inputs; causal masking is not
-  // implemented, so it is refused
-  static_assert(DualExpertAttention<S>::kSupport.oracle && !DualExpertAttention<S>::kSupport.causal, "");
+  // Dual-Expert attention: the oracle, targets and frozen alpha-hat are its own inputs; it supports causal masking
+  static_assert(DualExpertAttention<S>::kSupport.oracle && DualExpertAttention<S>::kSupport.causal, "");
   DualExpertAttention<S> dea(D, H, rng);
   DualExpertAttention<S>::Cache ec;
-  refused([&] { return dea.forward(x, causal, ec); }, "DualExpertAttention", "causal");
+  CHECK(dea.forward(x, causal, ec).allFinite());
   CHECK(dea.forward(x, with_targets, ec).allFinite());
   CHECK(dea.forward(x, frozen, ec).allFinite());
   // dot-product, Laplacian and token-routed attention: causal masking yes, the Dual-Expert inputs no

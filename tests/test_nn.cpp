@@ -1271,8 +1271,8 @@ static_assert(!nn::traits::takes_token_ids<DualExpertAttention<double>>::value, 
 static_assert(nn::traits::has_gate_loss<DualExpertAttention<double>>::value, "Dual-Expert has a gate loss");
 static_assert(!nn::traits::has_gate_loss<DotProductAttention<double>>::value, "dot-product has no gate loss");
 static_assert(nn::traits::support<DualExpertAttention<double>>().oracle &&
-                  !nn::traits::support<DualExpertAttention<double>>().causal,
-              "Dual-Expert: oracle, no causal masking");
+                  nn::traits::support<DualExpertAttention<double>>().causal,
+              "Dual-Expert: oracle and causal masking");
 static_assert(!nn::traits::support<DotProductAttention<double>>().oracle &&
                   nn::traits::support<LaplacianAttention<double>>().causal &&
                   nn::traits::support<TokenRoutedAttention<double>>().causal,

@@ -22,7 +22,12 @@
 //  - Gradients are added into Param::grad (call zero_grad first). Results are bitwise identical for any thread
 //    count; once a forward has run with given shapes, an inference forward (no oracle, no dropout) with the same
 //    shapes, cache, inputs object and output allocates nothing.
-//  - Causal masking is refused (kSupport), never ignored.
+//  - Causal masking (AttnInputs::set_causal, Tq == Tk): query i sees keys j <= i (and of those the real ones).
+//    Everything taken "over the real keys" is then taken over the keys the query may see: the per-query
+//    normalisation, the softmax, the gate loss (an oracle label or a target on an invisible cell is ignored, as on
+//    a padded key). Both kernels run it; every map holds 0 at an invisible cell (beta / w / d_b / oracle_ref NaN),
+//    and invisible cells add nothing to any value or gradient. Query 0 sees one key: its E~ is 0 (std 0), never
+//    NaN. forward_decode runs new positions against cached keys (incremental decoding, docs/dea_causal.md).
 #pragma once
 
 #include "../core/param.hpp"
@@ -62,8 +67,28 @@ public:
   struct InputGrads {
     Mat<S> dq, dk, dv;
   };
-  /// What this class accepts of AttnInputs (causal masking is refused until causal Dual-Expert attention exists).
-  static constexpr AttnSupport kSupport{/*oracle*/ true, /*causal*/ false, /*frozen_alpha_hat*/ true, /*keep_maps*/ true};
+  /// What this class accepts of AttnInputs: all of it (causal masking included).
+  static constexpr AttnSupport kSupport{/*oracle*/ true, /*causal*/ true, /*frozen_alpha_hat*/ true, /*keep_maps*/ true};
+
+  /// The state of incremental causal decoding (forward_decode): the projected keys and values (K = x W_k^T + b_k,
+  /// V = x W_v^T + b_v, bias included) of the positions decoded so far, for B sequences. The gate's key pieces
+  /// (K_j.w_k, |K_j|^2) are formed from K. Every key is real (no key mask). Storage grows by doubling.
+  struct DecodeCache {
+    explicit DecodeCache(Index batch = 1) : B(batch) {
+      check(batch > 0, "DualExpertAttention::DecodeCache: batch must be positive, got ", batch);
+    }
+    /// Forgets the cached positions (the storage is kept).
+    void clear() { len = 0; }
+    Index batch() const { return B; }
+    /// Positions cached per sequence.
+    Index length() const { return len; }
+
+    Index B = 1, len = 0, cap = 0;  ///< sequences, cached positions, rows of storage per sequence
+    Mat<S> K, V;                    ///< [B*cap, D]: position t of sequence b at row b*cap + t
+    // scratch of a call, kept between calls
+    Mat<S> Q, Kn, Vn, R, ctx;
+    AlignedVec<S> scratch;
+  };
 
   /// d_model = n_heads * Dh; the compile-time Heads / DHead (when not Dynamic) must match.
   DualExpertAttention(Index d_model, Index n_heads, Rng& rng, Options opt = {});
@@ -90,6 +115,13 @@ public:
   Mat<S> forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, const AttnInputs<S>& in, Cache& cache);
   void forward(const Mat<S>& q_in, const Mat<S>& k_in, const Mat<S>& v_in, const AttnInputs<S>& in, Cache& cache,
                Mat<S>& y);
+
+  /// Incremental causal decoding (inference: no oracle, no dropout, no key mask): x_new [B*Tn, D] holds Tn new
+  /// positions of each of the cache's B sequences (row b*Tn + r). Position r of the call is position
+  /// cache.length() + r of its sequence and sees every cached key and the new ones up to itself, exactly as row
+  /// cache.length() + r of a causal forward over the whole sequence. Appends the new keys and values to the
+  /// cache and returns the output [B*Tn, D]. Cost per new position: O(T D) (T = positions seen), no [T, T] map.
+  Mat<S> forward_decode(const Mat<S>& x_new, DecodeCache& cache) const;
 
   /// Task backward of a self-attention forward: adds into the gradients of W_q, W_k, W_v, W_o and W_rel (never
   /// W_gate / c_gate) and returns dL/dx.

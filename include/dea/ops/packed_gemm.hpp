@@ -550,6 +550,29 @@ void gemm_whole_b(Index M, Index N, Index K, View<S> A, const S* Bp, S* C, Index
                                 C, ldc, accumulate, Ap);
 }
 
+/// C [M, N] (=|+=) A B[:, 0:N] for the first N <= Nb columns of a B [K, Nb] packed by pack_b_whole (causal
+/// attention: a block of queries against the keys it may see). Each element gets the operations, so the bits,
+/// of gemm_whole_b on the whole of B.
+template <class S, class Kern = DefaultKernel<S>>
+void gemm_whole_b_cols(Index M, Index N, Index K, View<S> A, const S* Bp, Index Nb, S* C, Index ldc, bool accumulate,
+                       S* Ap) {
+  constexpr int NR = Kern::NR;
+  const Index Np = (Nb + NR - 1) / NR * NR;
+  detail::gemm_a_resident<Kern>(M, N, K, A, [&](Index pc, Index kc, Index n0, int) { return Bp + pc * Np + n0 * kc; },
+                                C, ldc, accumulate, Ap);
+}
+
+/// C [M, N] (=|+=) A[:, 0:K] B[0:K, :] for the first K <= Kb rows of a B [Kb, N] packed by pack_b_whole in one block
+/// of k (Kb <= kKcMax; causal attention: a block of queries against the keys it may see). Its bits are those of a
+/// product of inner dimension K. (Preconditions, not checked: the callers run inside parallel regions.)
+template <class S, class Kern = DefaultKernel<S>>
+void gemm_whole_b_rows(Index M, Index N, Index K, View<S> A, const S* Bp, Index Kb, S* C, Index ldc, bool accumulate,
+                       S* Ap) {
+  // one block of k: the panel of columns n0 starts at n0 * Kb and holds [Kb][NR], so its first K rows are [K][NR]
+  detail::gemm_a_resident<Kern>(M, N, K, A, [&](Index, Index, Index n0, int) { return Bp + n0 * Kb; }, C, ldc,
+                                accumulate, Ap);
+}
+
 /// Values of S the panel buffer of gemm_stream_b holds for inner dimension K.
 template <class S, class Kern = DefaultKernel<S>>
 constexpr Index stream_b_size(Index K) {
@@ -601,6 +624,16 @@ void pack_b_whole(Index, Index, View<S>, S*) {
 template <class S>
 void gemm_whole_b(Index, Index, Index, View<S>, const S*, S*, Index, bool, S*) {
   dea::detail::raise("ops::packed::gemm_whole_b: not available with this compiler");
+}
+
+template <class S>
+void gemm_whole_b_cols(Index, Index, Index, View<S>, const S*, Index, S*, Index, bool, S*) {
+  dea::detail::raise("ops::packed::gemm_whole_b_cols: not available with this compiler");
+}
+
+template <class S>
+void gemm_whole_b_rows(Index, Index, Index, View<S>, const S*, Index, S*, Index, bool, S*) {
+  dea::detail::raise("ops::packed::gemm_whole_b_rows: not available with this compiler");
 }
 
 template <class S>

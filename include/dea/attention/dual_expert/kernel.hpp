@@ -160,6 +160,7 @@ Pair<S> cache_pair(const LayerView<S>& L, Cache<S>& c, Index bh, Index per, cons
   p.R = c.R.data() + p.b * c.Tq * L.D + p.h * L.Dh;
   p.dropout_on = c.dropout_on;
   p.drop_seed = c.drop_seed;
+  p.causal = c.in.causal();  // query i sees keys j <= i (Tq == Tk: q_offset 0)
   Scratch<S>::carve(&p.t, c.scratch.data() + thread_index() * per, c.block_q, c.Tk, L.Dh);
   return p;
 }

@@ -173,6 +173,91 @@ void DualExpertAttention<S, Heads, DHead>::forward_impl(const Mat<S>& q_in, cons
     y = c.ctx;
 }
 
+// ---- incremental decoding
+
+template <class S, int Heads, int DHead>
+Mat<S> DualExpertAttention<S, Heads, DHead>::forward_decode(const Mat<S>& x_new, DecodeCache& dc) const {
+  namespace dex = detail::dex;
+  const Index B = dc.B, D = D_, H = H_, Dh = Dh_;
+  check(x_new.cols() == D, "DualExpertAttention::forward_decode: x_new: expected ", D, " columns (d_model), got ",
+        x_new.cols());
+  check(x_new.rows() > 0 && x_new.rows() % B == 0, "DualExpertAttention::forward_decode: x_new: expected a positive "
+        "multiple of the cache's batch ", B, " rows (B*Tn), got ", x_new.rows());
+  check(dc.len == 0 || (dc.K.cols() == D && dc.K.rows() == B * dc.cap),
+        "DualExpertAttention::forward_decode: cache: expected keys of ", D, " columns for ", B,
+        " sequences (a cache of another layer shape?), got ", dc.K.rows(), " x ", dc.K.cols());
+  check_finite(x_new, "DualExpertAttention::forward_decode: x_new");
+  const Index Tn = x_new.rows() / B, P0 = dc.len, Tk = P0 + Tn;
+  // Q = x W_q^T + b_q, K = x W_k^T + b_k, V = x W_v^T + b_v of the new positions [B*Tn, D]
+  ops::linear_forward<S>(x_new, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, dc.Q);
+  ops::linear_forward<S>(x_new, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, dc.Kn);
+  ops::linear_forward<S>(x_new, weight_[2].mat(), opt_.bias ? bias_[2].value.data() : nullptr, dc.Vn);
+  // append them: sequence b's rows [P0, Tk) of K, V (storage of cap rows per sequence, grown by doubling)
+  if (Tk > dc.cap) {
+    Index cap = dc.cap * 2;
+    if (cap < Tk) cap = Tk;
+    if (cap < 16) cap = 16;
+    Mat<S> K(B * cap, D), V(B * cap, D);
+    for (Index b = 0; b < B && P0 > 0; ++b) {
+      K.middleRows(b * cap, P0) = dc.K.middleRows(b * dc.cap, P0);
+      V.middleRows(b * cap, P0) = dc.V.middleRows(b * dc.cap, P0);
+    }
+    dc.K.swap(K);
+    dc.V.swap(V);
+    dc.cap = cap;
+  }
+  for (Index b = 0; b < B; ++b) {
+    dc.K.middleRows(b * dc.cap + P0, Tn) = dc.Kn.middleRows(b * Tn, Tn);
+    dc.V.middleRows(b * dc.cap + P0, Tn) = dc.Vn.middleRows(b * Tn, Tn);
+  }
+  dc.R.resize(B * Tn, D);
+  dc.ctx.resize(B * Tn, D);
+  // the core: each (b, h) pair runs the row-block kernel on its Tn new rows against its Tk keys, causal with
+  // q_offset = P0 (row r sees keys [0, P0 + r]), every key real, no oracle, no dropout
+  const detail::dex::LayerView<S> L = view();
+  const Index bq = dex::block_rows<S>(L.block_q, Tn, Tk);
+  const int nt = num_threads() < 1 ? 1 : num_threads();
+  const Index per = dex::Scratch<S>::size(bq, Tk, Dh);
+  if (dc.scratch.size() < static_cast<std::size_t>(nt * per)) dc.scratch.resize(static_cast<std::size_t>(nt * per));
+  const bool par = double(B * H) * double(Tn) * double(Tk) * double(4 * Dh + 20) > kParallelMinFlops;
+  parallel_for(B * H, [&](Index bh) {
+    const dex::HeadParams<S> hp = L.head(bh % H);
+    dex::Pair<S> p;
+    p.b = bh / H;
+    p.h = bh % H;
+    p.H = H;
+    p.Tq = Tn;
+    p.Tk = Tk;
+    p.hp = &hp;
+    p.causal = true;
+    p.q_offset = P0;
+    dex::Scratch<S>::carve(&p.t, dc.scratch.data() + dex::thread_index() * per, bq, Tk, Dh);
+    std::fill(p.t.mrow, p.t.mrow + Tk, S(1));  // every key real
+    std::fill(p.t.kbias, p.t.kbias + Tk, S(0));
+    p.key_row = p.t.mrow;
+    p.key_bias = p.t.kbias;
+    p.n_real_keys = Tk;
+    p.ld = D;
+    p.Q = dc.Q.data() + p.b * Tn * D + p.h * Dh;
+    p.K = dc.K.data() + p.b * dc.cap * D + p.h * Dh;
+    p.V = dc.V.data() + p.b * dc.cap * D + p.h * Dh;
+    p.R = dc.R.data() + p.b * Tn * D + p.h * Dh;
+    p.setup(false);
+    const dex::RowStats<S> rs;    // nothing kept (forward only)
+    const dex::BlockMaps<S> mp;   // every [n, Tk] buffer in the scratch
+    S* ctx = dc.ctx.data() + p.b * Tn * D + p.h * Dh;
+    for (Index i0 = 0; i0 < Tn; i0 += bq) p.forward_block(i0, std::min(bq, Tn - i0), mp, rs, nullptr, ctx);
+  }, par);
+  dc.len = Tk;
+  // y = ctx W_o^T + b_o, or the concatenated heads without an output projection
+  Mat<S> y;
+  if (opt_.out_proj)
+    ops::linear_forward<S>(dc.ctx, weight_[3].mat(), opt_.bias ? bias_[3].value.data() : nullptr, y);
+  else
+    y = dc.ctx;
+  return y;
+}
+
 // ---- backward
 
 template <class S, int Heads, int DHead>

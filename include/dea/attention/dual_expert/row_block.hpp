@@ -8,8 +8,11 @@
 //   scores = (1 - alpha_mix) E0~ + alpha_mix E1~         P = softmax over the real keys (zeros for no real key)
 //   ctx_h = (P .* dropout) V_h
 // and, with an oracle, the gate loss of each row (gate_loss.hpp) and its gradient summed against the gate features.
+// Causal rows (Pair::causal) take every "over the real keys" over the keys [0, i + q_offset] they may see: the
+// statistics, the gate, the mixing, the softmax, the gate loss and their backward run over those keys only, the
+// block's products over the keys its last row may see, and every buffer holds 0 past a row's last visible key.
 //
-// Three callers run it:
+// Four callers run it:
 //  - the reference kernel (kernel.hpp, maps kept): the block's [n, Tk] buffers are slices of the cache's
 //    [B, H, Tq, Tk] maps (BlockMaps), and backward reads them;
 //  - the tiled kernel (kernel.hpp): the buffers live in the thread's scratch, forward saves per-row statistics
@@ -17,7 +20,9 @@
 //    sees the bits forward saw;
 //  - nn::InferenceModel (forward only, no oracle, no dropout): slices of its workspace laid out as the reference
 //    kernel's maps, so its results equal the layer's bit for bit (vectorised loops start where the buffer's
-//    alignment says, and Eigen's packet exp is not the scalar one bit for bit).
+//    alignment says, and Eigen's packet exp is not the scalar one bit for bit). It is never causal;
+//  - DualExpertAttention::forward_decode (forward only, causal, no oracle): the new queries against the cached keys,
+//    the buffers in the scratch as the tiled kernel's.
 //
 // Contract of the buffers: every pointer of BlockMaps / RowStats is either null (the block uses its scratch) or
 // the pair's slice of a buffer laid out [B, H, Tq, Tk] / [B, H, Tq]. The kernel allocates nothing and throws
@@ -236,10 +241,33 @@ public:
   Index ld = 0;
   bool dropout_on = false;
   std::uint64_t drop_seed = 0;
+  /// Causal rows: query row i sees the keys [0, i + q_offset] only (and of those the real ones). The layer's
+  /// causal self-attention has q_offset = 0; incremental decoding runs new queries against cached keys with
+  /// q_offset = Tk - Tq. Every per-row step (statistics, gate, gate loss, softmax, their backward) runs over the
+  /// visible keys; the cells past them hold 0 in every buffer (NaN in beta / w / d_b / oracle_ref), so they add
+  /// nothing to any product or sum.
+  bool causal = false;
+  Index q_offset = 0;
   Scratch<S> t{};                     ///< the thread's scratch (Scratch::carve for block_q rows)
 
   bool any_real = false;  ///< the sequence has at least one real key
   S nr = 1;               ///< real keys, floored at 1
+
+  /// The keys row i may see: [0, keys(i)) (all Tk unless causal).
+  Index keys(Index i) const {
+    if (!causal) return Tk;
+    const Index e = i + q_offset + 1;
+    return e < Tk ? e : Tk;
+  }
+  /// The keys any row of the block [i0, i0 + n) may see: [0, block_keys(i0, n)) (the products of a causal block
+  /// run over these columns only; the columns past them are never read).
+  Index block_keys(Index i0, Index n) const { return keys(i0 + n - 1); }
+  /// The real keys among the first nk, floored at 1 (nr unless causal).
+  S real_keys(Index nk) const {
+    if (!causal) return nr;
+    const S c = sum_of(t.mrow, nk);  // a sum of 0s and 1s: exact
+    return c < S(1) ? S(1) : c;
+  }
 
   /// K_h, V_h, |K_j|^2, the gate's key term, the mask row and bias, and with the packed product K_h^T and V_h
   /// packed as the B of the block products (for backward also K_h and V_h^T).
@@ -277,7 +305,7 @@ public:
                      S* ctx) {
     Buffers f = buffers(n, mp);
     load_q(i0, n, f, false);
-    experts(n, f, mp.e1_clamped);
+    experts(i0, n, f, mp.e1_clamped);
     normalise(i0, n, f, rs, false);
     gate_and_mix(i0, n, f, mp, gate);
     softmax(i0, n, f, rs, false);
@@ -291,10 +319,15 @@ public:
       pm = pd;
     }
     const Index Dh = hp->Dh;
-    if constexpr (packed_core<S>())
-      ops::packed::gemm_whole_b<S>(n, Dh, Tk, {pm, Tk, 1}, t.pV, ctx + i0 * ld, ld, false, t.Ap);
-    else
-      small_product<S>(n, Dh, Tk, {pm, Tk, 1}, {t.Vh, Dh, 1}, ctx + i0 * ld, ld, false, t.Ap, t.Bpan);
+    const Index kb = block_keys(i0, n);  // causal: Pd is 0 past the block's visible keys
+    if constexpr (packed_core<S>()) {
+      if (kb < Tk && Tk <= ops::packed::kKcMax)
+        ops::packed::gemm_whole_b_rows<S>(n, Dh, kb, {pm, Tk, 1}, t.pV, Tk, ctx + i0 * ld, ld, false, t.Ap);
+      else
+        ops::packed::gemm_whole_b<S>(n, Dh, Tk, {pm, Tk, 1}, t.pV, ctx + i0 * ld, ld, false, t.Ap);
+    } else {
+      small_product<S>(n, Dh, kb, {pm, Tk, 1}, {t.Vh, Dh, 1}, ctx + i0 * ld, ld, false, t.Ap, t.Bpan);
+    }
   }
 
   /// After the pair's last forward block with an oracle: the w_k partials sum_j (sum_i dl_ij) K_j of both parts.
@@ -343,7 +376,7 @@ public:
     } else {  // recompute: the same code on the same block shapes as forward
       f = buffers(n, mp);
       load_q(i0, n, f, true);
-      experts(n, f, reinterpret_cast<std::uint8_t*>(t.CL));
+      experts(i0, n, f, reinterpret_cast<std::uint8_t*>(t.CL));
       normalise(i0, n, f, rs, true);
       gate_and_mix(i0, n, f, mp, nullptr);
       softmax(i0, n, f, rs, true);
@@ -360,11 +393,17 @@ public:
     S* G1 = bp.AM;
     S* r0 = bp.r0;
     copy_rows(dctx + i0 * ld, ld, n, Dh, bp.Db);
+    // causal: the products run over the block's visible keys [0, kb) (P and the gradients are 0 past them)
+    const Index kb = block_keys(i0, n);
     // ctx_h = Pd V_h, Pd = P .* drop  ->  dPd = dctx V_h^T
-    if constexpr (packed_core<S>())
-      pk::gemm_whole_b<S>(n, Tk, Dh, {bp.Db, Dh, 1}, t.pVt, dP, Tk, false, t.Ap);
-    else
-      small_product<S>(n, Tk, Dh, {bp.Db, Dh, 1}, pk::View<S>{t.Vh, Dh, 1}.t(), dP, Tk, false, t.Ap, t.Bpan);
+    if constexpr (packed_core<S>()) {
+      if (kb == Tk)
+        pk::gemm_whole_b<S>(n, Tk, Dh, {bp.Db, Dh, 1}, t.pVt, dP, Tk, false, t.Ap);
+      else
+        pk::gemm_whole_b_cols<S>(n, kb, Dh, {bp.Db, Dh, 1}, t.pVt, Tk, dP, Tk, false, t.Ap);
+    } else {
+      small_product<S>(n, kb, Dh, {bp.Db, Dh, 1}, pk::View<S>{t.Vh, Dh, 1}.t(), dP, Tk, false, t.Ap, t.Bpan);
+    }
     const S* pd = P;
     if (dropout_on) {  // the counter-based mask, drawn again
       dropout_mask(i0, n, X);
@@ -376,15 +415,17 @@ public:
     }
     // ctx = Pd V  ->  dV += Pd^T dctx   (packed: dV_h^T += dctx^T Pd, Pd read along its rows)
     if constexpr (packed_core<S>())
-      pk::gemm_stream_b<S>(Dh, Tk, n, pk::View<S>{bp.Db, Dh, 1}.t(), {pd, Tk, 1}, t.dVh, Tk, true, t.Ap, t.Bpan);
+      pk::gemm_stream_b<S>(Dh, kb, n, pk::View<S>{bp.Db, Dh, 1}.t(), {pd, Tk, 1}, t.dVh, Tk, true, t.Ap, t.Bpan);
     else
-      small_product<S>(Tk, Dh, n, pk::View<S>{pd, Tk, 1}.t(), {bp.Db, Dh, 1}, t.dVh, Dh, true, t.Ap, t.Bpan);
+      small_product<S>(kb, Dh, n, pk::View<S>{pd, Tk, 1}.t(), {bp.Db, Dh, 1}, t.dVh, Dh, true, t.Ap, t.Bpan);
     // P = softmax(S) over the real keys  ->  dS = P .* (dP - rowsum(P .* dP))   (in dP)
     for (Index r = 0; r < n; ++r) {
+      const Index nk = keys(i0 + r);  // causal: P = 0 past the visible keys, and so is dS
       const S* p = P + r * Tk;
       S* g = dP + r * Tk;
-      const S s = dot(p, g, Tk);
-      for (Index j = 0; j < Tk; ++j) g[j] = p[j] * (g[j] - s);
+      const S s = dot(p, g, nk);
+      for (Index j = 0; j < nk; ++j) g[j] = p[j] * (g[j] - s);
+      std::fill(g + nk, g + Tk, S(0));
     }
     // S = (1 - alpha_mix) E0~ + alpha_mix E1~, alpha_mix constant  ->  g0, g1
     for (Index k = 0; k < nt; ++k) {
@@ -403,12 +444,15 @@ public:
       for (Index r = 0; r < n; ++r) {
         S* g = Gm + r * Tk;
         const S* en = En + r * Tk;
-        for (Index j = 0; j < Tk; ++j) g[j] *= m[j];  // only real keys carry gradient
-        const S mean = sum_of(g, Tk) / nr;             // mean_m(g)
-        const S ge = dot(g, en, Tk);                   // sum_j g_j E~_j
-        const S coef = fl[r] ? S(0) : ge / (nr * sg[r]);  // the sigma path (none below the floor)
+        const Index nk = keys(i0 + r);  // causal: the statistics were over the visible keys [0, nk)
+        const S nrr = real_keys(nk);
+        for (Index j = 0; j < nk; ++j) g[j] *= m[j];  // only real keys carry gradient
+        const S mean = sum_of(g, nk) / nrr;            // mean_m(g)
+        const S ge = dot(g, en, nk);                   // sum_j g_j E~_j
+        const S coef = fl[r] ? S(0) : ge / (nrr * sg[r]);  // the sigma path (none below the floor)
         const S inv_s = S(1) / (sg[r] + S(DeaConstants::norm_eps));
-        for (Index j = 0; j < Tk; ++j) g[j] = ((g[j] - mean) * inv_s - en[j] * coef) * m[j];
+        for (Index j = 0; j < nk; ++j) g[j] = ((g[j] - mean) * inv_s - en[j] * coef) * m[j];
+        std::fill(g + nk, g + Tk, S(0));  // invisible keys: no gradient
       }
     }
     // E1 = min(0, E1raw): no gradient where the clamp was active; the experts' scale factors go into the
@@ -428,10 +472,14 @@ public:
       r0[r] = sum_of(g, Tk);
       for (Index j = 0; j < Tk; ++j) cs[j] += g[j];
     }
-    if constexpr (packed_core<S>())
-      pk::gemm_whole_b<S>(2 * n, Dh, Tk, {G0, Tk, 1}, t.pK, bp.dQb, Dh, false, t.Ap);
-    else
-      small_product<S>(2 * n, Dh, Tk, {G0, Tk, 1}, {t.Kh, Dh, 1}, bp.dQb, Dh, false, t.Ap, t.Bpan);
+    if constexpr (packed_core<S>()) {
+      if (kb < Tk && Tk <= pk::kKcMax)
+        pk::gemm_whole_b_rows<S>(2 * n, Dh, kb, {G0, Tk, 1}, t.pK, Tk, bp.dQb, Dh, false, t.Ap);
+      else
+        pk::gemm_whole_b<S>(2 * n, Dh, Tk, {G0, Tk, 1}, t.pK, bp.dQb, Dh, false, t.Ap);
+    } else {
+      small_product<S>(2 * n, Dh, kb, {G0, Tk, 1}, {t.Kh, Dh, 1}, bp.dQb, Dh, false, t.Ap, t.Bpan);
+    }
     for (Index r = 0; r < n; ++r) {
       const S* rr = bp.Rb + r * Dh;
       S* dr = bp.dRb + r * Dh;
@@ -439,9 +487,9 @@ public:
       for (Index d = 0; d < Dh; ++d) dr[d] -= c * rr[d];
     }
     if constexpr (packed_core<S>())  // dK_h^T += [Qb; Rb]^T [g0'; g1']
-      pk::gemm_stream_b<S>(Dh, Tk, 2 * n, pk::View<S>{bp.Qb, Dh, 1}.t(), {G0, Tk, 1}, t.dKh, Tk, true, t.Ap, t.Bpan);
+      pk::gemm_stream_b<S>(Dh, kb, 2 * n, pk::View<S>{bp.Qb, Dh, 1}.t(), {G0, Tk, 1}, t.dKh, Tk, true, t.Ap, t.Bpan);
     else
-      small_product<S>(Tk, Dh, 2 * n, pk::View<S>{G0, Tk, 1}.t(), {bp.Qb, Dh, 1}, t.dKh, Dh, true, t.Ap, t.Bpan);
+      small_product<S>(kb, Dh, 2 * n, pk::View<S>{G0, Tk, 1}.t(), {bp.Qb, Dh, 1}, t.dKh, Dh, true, t.Ap, t.Bpan);
     // R = Q W_rel^T  ->  dQ += dR W_rel, dW_rel += dR^T Q
     small_product<S>(n, Dh, Dh, {bp.dRb, Dh, 1}, {hp->W_rel, Dh, 1}, bp.dQb, Dh, true, t.Ap, t.Bpan);
     small_product<S>(Dh, Dh, n, pk::View<S>{bp.dRb, Dh, 1}.t(), {bp.Qb, Dh, 1}, dWr, Dh, true, t.Ap, t.Bpan);
@@ -507,43 +555,51 @@ private:
 
   /// E0 = Q K^T / sqrt(Dh), E1 = min(0, (2 R.K - |R|^2 - |K|^2) / Dh); cl (when given): 1 where the clamp is active.
   /// (The scale factors are applied after the products, so forward and backward run the same operations.)
-  void experts(Index n, const Buffers& f, std::uint8_t* cl) {
+  void experts(Index i0, Index n, const Buffers& f, std::uint8_t* cl) {
     const Index Dh = hp->Dh;
     const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh);
+    const Index kb = block_keys(i0, n);
     if (f.E1 == f.E0 + n * Tk && f.Rb == f.Qb + n * Dh) {  // both in one product: [E0; E1] = [Qb; Rb] K_h^T
-      product_kt(2 * n, f.Qb, f.E0);
+      product_kt(2 * n, kb, f.Qb, f.E0);
     } else {
-      product_kt(n, f.Qb, f.E0);
-      product_kt(n, f.Rb, f.E1);
+      product_kt(n, kb, f.Qb, f.E0);
+      product_kt(n, kb, f.Rb, f.E1);
     }
     for (Index k = 0; k < n * Tk; ++k) f.E0[k] *= inv_sqrt;
     for (Index r = 0; r < n; ++r) {  // one pass per row (plain loops, vectorised)
+      const Index nk = keys(i0 + r);
       S* e1 = f.E1 + r * Tk;
       const S* rrow = f.Rb + r * Dh;
       const S rr = dot(rrow, rrow, Dh);
       const S* knp = t.kn;
       if (cl) {
         std::uint8_t* c = cl + r * Tk;
-        for (Index j = 0; j < Tk; ++j) {
+        for (Index j = 0; j < nk; ++j) {
           const S v = (e1[j] * S(2) - rr - knp[j]) * inv_dh;
           c[j] = v > S(0) ? 1 : 0;
           e1[j] = v < S(0) ? v : S(0);
         }
+        std::fill(c + nk, c + Tk, std::uint8_t(0));  // causal: the keys past the row's last visible one
       } else {
-        for (Index j = 0; j < Tk; ++j) {
+        for (Index j = 0; j < nk; ++j) {
           const S v = (e1[j] * S(2) - rr - knp[j]) * inv_dh;
           e1[j] = v < S(0) ? v : S(0);
         }
       }
+      std::fill(e1 + nk, e1 + Tk, S(0));
     }
   }
-  /// C [rows, Tk] = A [rows, Dh] K_h^T.
-  void product_kt(Index rows, const S* A, S* C) {
+  /// C [rows, 0:kb] = A [rows, Dh] K_h[0:kb]^T (row stride Tk; kb = Tk unless causal).
+  void product_kt(Index rows, Index kb, const S* A, S* C) {
     const Index Dh = hp->Dh;
-    if constexpr (packed_core<S>())
-      ops::packed::gemm_whole_b<S>(rows, Tk, Dh, {A, Dh, 1}, t.pKt, C, Tk, false, t.Ap);
-    else
-      small_product<S>(rows, Tk, Dh, {A, Dh, 1}, ops::packed::View<S>{t.Kh, Dh, 1}.t(), C, Tk, false, t.Ap, t.Bpan);
+    if constexpr (packed_core<S>()) {
+      if (kb == Tk)
+        ops::packed::gemm_whole_b<S>(rows, Tk, Dh, {A, Dh, 1}, t.pKt, C, Tk, false, t.Ap);
+      else
+        ops::packed::gemm_whole_b_cols<S>(rows, kb, Dh, {A, Dh, 1}, t.pKt, Tk, C, Tk, false, t.Ap);
+    } else {
+      small_product<S>(rows, kb, Dh, {A, Dh, 1}, ops::packed::View<S>{t.Kh, Dh, 1}.t(), C, Tk, false, t.Ap, t.Bpan);
+    }
   }
 
   /// Per-query normalisation over the real keys, in place. Forward computes mu and sigma (saved where rs has room,
@@ -557,23 +613,26 @@ private:
       std::uint8_t* flp = e == 0 ? rs.floor0 : rs.floor1;
       for (Index r = 0; r < n; ++r) {
         S* a = E + r * Tk;
+        const Index nk = keys(i0 + r);  // causal: the visible keys [0, nk)
+        const S nrr = real_keys(nk);
         S mu, sg;
         if (saved) {
           mu = mup[i0 + r];
           sg = sgp[i0 + r];
         } else {
-          mu = dot(a, m, Tk) / nr;  // the mean over the real keys
+          mu = dot(a, m, nk) / nrr;  // the mean over the real (visible) keys
         }
-        for (Index j = 0; j < Tk; ++j) a[j] = (a[j] - mu) * m[j];  // E - mu at real keys, 0 at padded keys
+        for (Index j = 0; j < nk; ++j) a[j] = (a[j] - mu) * m[j];  // E - mu at real keys, 0 at padded keys
+        std::fill(a + nk, a + Tk, S(0));                          // and 0 at the invisible keys
         if (!saved) {
-          const S var = dot(a, a, Tk) / nr;  // biased variance
+          const S var = dot(a, a, nk) / nrr;  // biased variance
           sg = std::sqrt(var > S(DeaConstants::var_floor) ? var : S(DeaConstants::var_floor));
           if (mup) mup[i0 + r] = mu;
           if (sgp) sgp[i0 + r] = sg;
           if (flp) flp[i0 + r] = var < S(DeaConstants::var_floor) ? 1 : 0;
         }
         const S inv = S(1) / (sg + S(DeaConstants::norm_eps));  // one division per row, then products
-        for (Index j = 0; j < Tk; ++j) a[j] *= inv;
+        for (Index j = 0; j < nk; ++j) a[j] *= inv;
       }
     }
   }
@@ -585,32 +644,53 @@ private:
     const S* wg = hp->w_gate;
     const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = hp->c_gate;
     for (Index r = 0; r < n; ++r) {  // logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c
+      const Index nk = keys(i0 + r);
       const S lq = dot(f.Qb + r * Dh, wg, Dh);
       const S* e0 = f.E0 + r * Tk;
       const S* e1 = f.E1 + r * Tk;
       S* l = f.L + r * Tk;
-      for (Index j = 0; j < Tk; ++j) l[j] = (((w0 * e0[j] + w1 * e1[j]) + lq) + t.lk[j]) + cg;
+      for (Index j = 0; j < nk; ++j) l[j] = (((w0 * e0[j] + w1 * e1[j]) + lq) + t.lk[j]) + cg;
+      std::fill(l + nk, l + Tk, S(0));  // causal: invisible cells hold 0 (logit, alpha-hat, alpha_mix)
     }
-    if (gate) {  // X = d alpha-hat / d logit: sigmoid' inside the +-10 clip and below the 0.95 cap, else 0
-      S* xp = t.X;
-      const S* lp = f.L;
-      for (Index k = 0; k < nt; ++k) xp[k] = -lp[k];
-      exp_in_place(xp, nt);
-      for (Index k = 0; k < nt; ++k) {
-        const S x = S(1) / (S(1) + xp[k]), l = lp[k];
-        xp[k] = (l < -clip || l > clip || x > amax) ? S(0) : x * (S(1) - x);
+    // Causal blocks run the element-wise steps row by row over the visible keys (the exponentials of the other
+    // blocks run over the whole block at once: their bits are those of the non-causal reference).
+    auto rows = [&](auto&& fn) {  // fn(first cell, cells) over the block's visible cells
+      if (!causal) {
+        fn(Index(0), nt);
+      } else {
+        for (Index r = 0; r < n; ++r) fn(r * Tk, keys(i0 + r));
       }
+    };
+    if (gate) {  // X = d alpha-hat / d logit: sigmoid' inside the +-10 clip and below the 0.95 cap, else 0
+      rows([&](Index k0, Index m) {
+        S* xp = t.X + k0;
+        const S* lp = f.L + k0;
+        for (Index k = 0; k < m; ++k) xp[k] = -lp[k];
+        exp_in_place(xp, m);
+        for (Index k = 0; k < m; ++k) {
+          const S x = S(1) / (S(1) + xp[k]), l = lp[k];
+          xp[k] = (l < -clip || l > clip || x > amax) ? S(0) : x * (S(1) - x);
+        }
+      });
+      if (causal)
+        for (Index r = 0; r < n; ++r) std::fill(t.X + r * Tk + keys(i0 + r), t.X + (r + 1) * Tk, S(0));
     }
     // alpha_hat = min(0.95, sigmoid(clip(logit, -10, 10)))
-    for (Index k = 0; k < nt; ++k) {
-      const S l = f.L[k];
-      f.A[k] = -(l < -clip ? -clip : (l > clip ? clip : l));
-    }
-    exp_in_place(f.A, nt);
-    for (Index k = 0; k < nt; ++k) {
-      const S a = S(1) / (S(1) + f.A[k]);
-      f.A[k] = a < amax ? a : amax;
-    }
+    rows([&](Index k0, Index m) {
+      S* ap = f.A + k0;
+      const S* lp = f.L + k0;
+      for (Index k = 0; k < m; ++k) {
+        const S l = lp[k];
+        ap[k] = -(l < -clip ? -clip : (l > clip ? clip : l));
+      }
+      exp_in_place(ap, m);
+      for (Index k = 0; k < m; ++k) {
+        const S a = S(1) / (S(1) + ap[k]);
+        ap[k] = a < amax ? a : amax;
+      }
+    });
+    if (causal)
+      for (Index r = 0; r < n; ++r) std::fill(f.A + r * Tk + keys(i0 + r), f.A + (r + 1) * Tk, S(0));
     // alpha_mix: the detached alpha-hat (or the frozen copy), with an oracle gamma a_eff + (1 - gamma) alpha-hat
     const bool oracle = in && in->has_oracle();
     const bool frozen = in && in->has_frozen_alpha_hat();
@@ -624,11 +704,13 @@ private:
     S* a = t.a;
     for (Index r = 0; r < n; ++r) {
       const Index i = i0 + r;
+      const Index nk = keys(i);
       const S* am = f.A + r * Tk;
       S* mix = f.M + r * Tk;
       const S* fz = frozen ? in->frozen_alpha_hat().ptr() + (((b * H + h) * Tq) + i) * Tk : nullptr;
       if (!oracle) {
-        std::copy(fz, fz + Tk, mix);
+        std::copy(fz, fz + nk, mix);
+        std::fill(mix + nk, mix + Tk, S(0));
         continue;
       }
       const S* orc = in->oracle_row(b, h, i);
@@ -638,14 +720,17 @@ private:
         has[j] = o == o ? km[j] : S(0);
         a[j] = std::isnan(o) ? S(0) : (o < 0 ? S(0) : (o > amax ? amax : o));
       }
+      // causal: a label on an invisible cell is ignored (the cell counts as unlabelled, as a padded key does)
+      std::fill(has + nk, has + Tk, S(0));
       if (oref)
         for (Index j = 0; j < Tk; ++j) oref[j] = has[j] != S(0) ? a[j] : std::numeric_limits<S>::quiet_NaN();
       if (gate) gate_row(r, i, f, mp, *gate);
-      for (Index j = 0; j < Tk; ++j) {
+      for (Index j = 0; j < nk; ++j) {
         const S det = fz ? fz[j] : am[j];
         const S a_eff = has[j] != S(0) ? a[j] : det;
         mix[j] = gamma * a_eff + (S(1) - gamma) * det;
       }
+      std::fill(mix + nk, mix + Tk, S(0));
     }
   }
 
@@ -659,10 +744,20 @@ private:
     S* g_reg = mp.g_reg ? mp.g_reg + r * Tk : t.g_reg;  // the reference kernel keeps them per cell
     S* g_spot = mp.g_spot ? mp.g_spot + r * Tk : t.g_spot;
     const bool keep = mp.g_reg != nullptr;
-    const std::int64_t tgt = in->has_targets() ? in->target(b, h, i) : -1;
-    const Index tk = detail::gate_loss_row<S>(Tk, e0, e1, am, t.a, t.has, t.mrow, !in->has_targets(), tgt, *hp->gate,
+    // causal: the row's loss runs over its visible keys [0, nk) (a target past them is inactive: its cell is
+    // unlabelled); the maps' invisible cells read NaN, as a pair that is not valid
+    const Index nk = keys(i);
+    std::int64_t tgt = in->has_targets() ? in->target(b, h, i) : -1;
+    if (tgt >= nk) tgt = -1;
+    const Index tk = detail::gate_loss_row<S>(nk, e0, e1, am, t.a, t.has, t.mrow, !in->has_targets(), tgt, *hp->gate,
                                               *gate.sums, g_reg, g_spot, mp.beta ? mp.beta + r * Tk : nullptr,
                                               mp.w ? mp.w + r * Tk : nullptr, mp.d_b ? mp.d_b + r * Tk : nullptr);
+    if (mp.beta && nk < Tk) {
+      const S nan = std::numeric_limits<S>::quiet_NaN();
+      std::fill(mp.beta + r * Tk + nk, mp.beta + (r + 1) * Tk, nan);
+      std::fill(mp.w + r * Tk + nk, mp.w + (r + 1) * Tk, nan);
+      std::fill(mp.d_b + r * Tk + nk, mp.d_b + (r + 1) * Tk, nan);
+    }
     gate.target[i] = tk;
     const S* dsig = t.X + r * Tk;
     const S* qrow = f.Qb + r * Dh;
@@ -716,30 +811,32 @@ private:
     }
     const S* kb = t.kbias;
     for (Index r = 0; r < n; ++r) {  // per row: vectorised (see ops/softmax.hpp); masked keys exactly 0
+      const Index nk = keys(i0 + r);  // causal: the visible keys [0, nk); P = 0 past them
       S* p = f.P + r * Tk;
       const S* sc = f.Sc + r * Tk;
-      for (Index j = 0; j < Tk; ++j) p[j] = sc[j] + kb[j];
+      for (Index j = 0; j < nk; ++j) p[j] = sc[j] + kb[j];
       S shift;
       if (saved) {
         shift = rs.shift[i0 + r];
       } else {
-        const S mx = max_of(p, Tk);
-        shift = mx == -std::numeric_limits<S>::infinity() ? S(0) : mx;
+        const S mx = max_of(p, nk);
+        shift = mx == -std::numeric_limits<S>::infinity() ? S(0) : mx;  // no visible real key: P = 0
       }
-      for (Index j = 0; j < Tk; ++j) p[j] -= shift;
-      exp_in_place(p, Tk);
-      ops::flush_exp_underflow(p, Tk);
+      for (Index j = 0; j < nk; ++j) p[j] -= shift;
+      exp_in_place(p, nk);
+      ops::flush_exp_underflow(p, nk);
       S z;
       if (saved) {
         z = rs.sum[i0 + r];
       } else {
-        z = sum_of(p, Tk);
+        z = sum_of(p, nk);
         z = z > S(0) ? z : S(1);
         if (rs.shift) rs.shift[i0 + r] = shift;
         if (rs.sum) rs.sum[i0 + r] = z;
       }
       const S zinv = S(1) / z;
-      for (Index j = 0; j < Tk; ++j) p[j] *= zinv;
+      for (Index j = 0; j < nk; ++j) p[j] *= zinv;
+      std::fill(p + nk, p + Tk, S(0));
     }
   }
 
