@@ -477,7 +477,7 @@ if(TARGET dea_cli)
     add_test(NAME lm_train_${name}
              COMMAND ${CMAKE_COMMAND} -DDEA=$<TARGET_FILE:dea_cli> -DTEXT=${dea_lm_corpus}
                      -DWORK=${CMAKE_CURRENT_BINARY_DIR}/lm_train_${name} -DARCH=${arch} -DROUTE_TABLES=${tables}
-                     -P ${CMAKE_CURRENT_SOURCE_DIR}/lm_train.cmake)
+                     -DPYTHON=$<$<BOOL:${Python3_Interpreter_FOUND}>:${Python3_EXECUTABLE}> -P ${CMAKE_CURRENT_SOURCE_DIR}/lm_train.cmake)
     set_tests_properties(lm_train_${name} PROPERTIES PASS_REGULAR_EXPRESSION "resume bit-exact" TIMEOUT 600)
   endforeach()
   set(dea_lm_flags train --model lm --data_source text --text ${dea_lm_corpus} --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_lm_bad)

@@ -1,12 +1,13 @@
 # `dea train --model lm` end to end (run by ctest as lm_train_<arch>):
-#   cmake -DDEA=<dea program> -DTEXT=<corpus> -DWORK=<scratch dir> -DARCH=<flag,value,...> [-DROUTE_TABLES=1]
+#   cmake -DDEA=<dea program> -DTEXT=<corpus> -DWORK=<scratch dir> -DARCH=<flag,value,...> [-DROUTE_TABLES=1 [-DPYTHON=python3]]
 #         -P lm_train.cmake
 # A run of 40 steps on the corpus must lower the training loss (each of the last five logged steps below the
 # first step's) and end with a finite validation NLL; dea eval on its checkpoint must give the run's last
 # evaluation exactly. A run of 20 steps resumed to 40 must end with a byte-identical checkpoint (parameters, AdamW
 # state, route tables) and an identical log apart from the measured speed (steps_per_s). With ROUTE_TABLES the
 # checkpoint must hold layer 0's and layer 1's TR-MoE route table. dea generate from the checkpoint must give the
-# same text twice (greedy, and sampled with one seed), starting with the prompt.
+# same text twice (greedy, and sampled with one seed), starting with the prompt. With PYTHON a checkpoint whose route
+# table names an expert beyond E must be refused by dea generate (exit 2, the tensor named).
 cmake_minimum_required(VERSION 3.16)
 foreach(v DEA TEXT WORK ARCH)
   if(NOT DEFINED ${v})
@@ -99,6 +100,23 @@ if(NOT g1 STREQUAL g2 OR NOT s1 STREQUAL s2)
 endif()
 if(NOT g1 MATCHES "^The keeper" OR NOT s1 MATCHES "^The keeper")
   message(FATAL_ERROR "generate: the output does not start with the prompt: '${g1}', '${s1}'")
+endif()
+# a route table that names an expert beyond E is refused on load (exit 2, the tensor named)
+if(ROUTE_TABLES AND PYTHON)
+  file(REMOVE_RECURSE ${WORK}/badtable)
+  file(COPY ${WORK}/straight/ DESTINATION ${WORK}/badtable)
+  execute_process(COMMAND ${PYTHON} -c "import json,struct,sys;p=sys.argv[1];b=bytearray(open(p,'rb').read());\
+n=struct.unpack('<Q',b[:8])[0];h=json.loads(bytes(b[8:8+n]));o=8+n+h['layers.1.mlp.engine.route_table']['data_offsets'][0];\
+b[o:o+8]=struct.pack('<q',9);open(p,'wb').write(b)" ${WORK}/badtable/checkpoint.safetensors RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "could not write the bad route table")
+  endif()
+  execute_process(COMMAND ${DEA} generate --ckpt ${WORK}/badtable --prompt x RESULT_VARIABLE rc ERROR_VARIABLE err
+                  OUTPUT_QUIET)
+  if(NOT rc EQUAL 2 OR NOT err MATCHES "layers\\.1\\.mlp\\.engine\\.route_table")
+    message(FATAL_ERROR "generate with a bad route table: expected exit status 2 naming the table, got ${rc}: ${err}")
+  endif()
+  message(STATUS "a bad route table is refused: ${err}")
 endif()
 message(STATUS "lm train: loss step 1 ${first}, steps 36-40 ${tail_list}; val nll ${nll} perplexity ${ppl}; resume "
                "bit-exact; greedy: '${g1}'")
