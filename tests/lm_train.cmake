@@ -1,13 +1,14 @@
 # `dea train --model lm` end to end (run by ctest as lm_train_<arch>):
-#   cmake -DDEA=<dea program> -DTEXT=<corpus> -DWORK=<scratch dir> -DARCH=<flag,value,...> [-DROUTE_TABLES=1 [-DPYTHON=python3]]
-#         -P lm_train.cmake
-# A run of 40 steps on the corpus must lower the training loss (each of the last five logged steps below the
-# first step's) and end with a finite validation NLL; dea eval on its checkpoint must give the run's last
-# evaluation exactly. A run of 20 steps resumed to 40 must end with a byte-identical checkpoint (parameters, AdamW
-# state, route tables) and an identical log apart from the measured speed (steps_per_s). With ROUTE_TABLES the
-# checkpoint must hold layer 0's and layer 1's TR-MoE route table. dea generate from the checkpoint must give the
-# same text twice (greedy, and sampled with one seed), starting with the prompt. With PYTHON a checkpoint whose route
-# table names an expert beyond E must be refused by dea generate (exit 2, the tensor named).
+#   cmake -DDEA=<dea program> -DTEXT=<corpus> -DWORK=<scratch dir> -DARCH=<flag,value,...>
+#         [-DROUTE_TABLES=1 [-DPYTHON=python3]] -P lm_train.cmake
+# A run of 40 steps on the corpus must lower the training loss (each of the last five logged steps below the first
+# step's) and end with a finite validation NLL; dea eval on its checkpoint must give the run's last evaluation
+# exactly. A run of 20 steps resumed to 40 must end with a byte-identical checkpoint (parameters, AdamW state, route
+# tables) and an identical log apart from the measured speed (steps_per_s), and the same 40 steps on one thread must
+# give the same checkpoint bytes. With ROUTE_TABLES the checkpoint must hold layer 0's and layer 1's TR-MoE route
+# table. dea generate from the checkpoint must give the same text twice (greedy, and sampled with one seed),
+# starting with the prompt. With PYTHON a checkpoint whose route table names an expert beyond E must be refused by
+# dea generate (exit 2, the tensor named).
 cmake_minimum_required(VERSION 3.16)
 foreach(v DEA TEXT WORK ARCH)
   if(NOT DEFINED ${v})
@@ -69,6 +70,13 @@ execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/straight/check
                         ${WORK}/resumed/checkpoint.safetensors RESULT_VARIABLE differ)
 if(NOT differ EQUAL 0)
   message(FATAL_ERROR "the checkpoint of 20 steps resumed to 40 differs from that of 40 steps straight")
+endif()
+# and the result does not depend on the thread count (the straight run uses the library default)
+dea_run(one_thread_out ${common} --steps 40 --threads 1 --out_dir ${WORK}/one_thread)
+execute_process(COMMAND ${CMAKE_COMMAND} -E compare_files ${WORK}/straight/checkpoint.safetensors
+                        ${WORK}/one_thread/checkpoint.safetensors RESULT_VARIABLE differ)
+if(NOT differ EQUAL 0)
+  message(FATAL_ERROR "the checkpoint of the run on one thread differs from that on the default threads")
 endif()
 foreach(run straight resumed)
   file(READ ${WORK}/${run}/train_log.jsonl l)
