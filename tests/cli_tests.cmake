@@ -459,3 +459,50 @@ if(TARGET dea_cli)
                  interop ${dea_lm_golden}/${name}.safetensors --compare --float)
   endforeach()
 endif()
+
+# dea train --model lm and dea generate (train/lm.hpp, examples/dea/generate.cpp): end to end on a small corpus
+# (tests/lm_train.cmake: the loss falls, dea eval gives the run's last NLL, 20 steps resumed to 40 are bit-exact,
+# generate is repeatable) for grouped-query attention with the TR-MoE MLP (shared expert, its route tables in the
+# checkpoint) and for token-routed attention v2 with the dense SwiGLU; then bad command lines (exit 2, the flag
+# named): the encoder's and the DEA oracle's flags refused with --model lm and the LM's without it, a corpus too
+# short for one window, generate without its required flags or with a directory that holds no run.
+if(TARGET dea_cli)
+  set(dea_lm_corpus ${CMAKE_CURRENT_SOURCE_DIR}/data/lm/tiny_corpus.txt)
+  # ARCH: the run's architecture flags, comma-separated
+  foreach(c "gqa_trmoe;--attention,gqa,--kv_heads,2,--mlp,tr_moe,--experts,4,--top_k,2,--shared_expert;1"
+            "trmha2_swiglu;--attention,tr_mha_v2,--mlp,swiglu;0")
+    list(GET c 0 name)
+    list(GET c 1 arch)
+    list(GET c 2 tables)
+    add_test(NAME lm_train_${name}
+             COMMAND ${CMAKE_COMMAND} -DDEA=$<TARGET_FILE:dea_cli> -DTEXT=${dea_lm_corpus}
+                     -DWORK=${CMAKE_CURRENT_BINARY_DIR}/lm_train_${name} -DARCH=${arch} -DROUTE_TABLES=${tables}
+                     -DPYTHON=$<$<BOOL:${Python3_Interpreter_FOUND}>:${Python3_EXECUTABLE}> -P ${CMAKE_CURRENT_SOURCE_DIR}/lm_train.cmake)
+    set_tests_properties(lm_train_${name} PROPERTIES PASS_REGULAR_EXPRESSION "resume bit-exact" TIMEOUT 600)
+  endforeach()
+  set(dea_lm_flags train --model lm --data_source text --text ${dea_lm_corpus} --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_lm_bad)
+  dea_cli_test(lm_rejects_oracle dea_cli 2 "--oracle does not apply to --model lm" ${dea_lm_flags} --oracle x.jsonl)
+  dea_cli_test(lm_rejects_dropout dea_cli 2 "--dropout does not apply to --model lm" ${dea_lm_flags} --dropout 0.2)
+  dea_cli_test(lm_rejects_quick dea_cli 2 "--quick does not apply to --model lm" ${dea_lm_flags} --quick)
+  dea_cli_test(lm_rejects_plot_dir dea_cli 2 "--plot_dir does not apply to --model lm" ${dea_lm_flags} --plot_dir p)
+  dea_cli_test(lm_needs_text dea_cli 2 "--model lm trains on a text corpus: it needs --data_source text" train
+               --model lm --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_lm_bad)
+  dea_cli_test(lm_rejects_top_k_above_experts dea_cli 2 "--top_k \\(4\\) cannot exceed --experts \\(2\\)"
+               ${dea_lm_flags} --mlp tr_moe --experts 2 --top_k 4)
+  dea_cli_test(lm_rejects_bad_experts dea_cli 2 "--experts: expected 1, 2, 4, 8 or 16, got 3" ${dea_lm_flags}
+               --mlp tr_moe --experts 3 --d_ff 96)
+  dea_cli_test(lm_rejects_bad_attention dea_cli 2 "--attention: expected 'mha', 'gqa', 'tr_mha' or 'tr_mha_v2', got 'dea'" ${dea_lm_flags} --attention dea)
+  dea_cli_test(encoder_rejects_lm_flags dea_cli 2 "--attention applies to --model lm only, but --model is 'encoder'"
+               train --attention mha --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_lm_bad)
+  dea_cli_sh(lm_rejects_short_corpus dea_cli 2 "needs at least --max_len \\+ 1 = 65 bytes"
+             "printf 'too short' > ${CMAKE_CURRENT_BINARY_DIR}/cli_lm_short.txt && \"$0\" train --model lm \
+--data_source text --text ${CMAKE_CURRENT_BINARY_DIR}/cli_lm_short.txt --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_lm_bad")
+  dea_cli_test(generate_help dea_cli 0 "usage: dea generate --ckpt DIR --prompt TEXT.*--temperature T.*--top_k K"
+               generate --help)
+  dea_cli_test(generate_needs_ckpt dea_cli 2 "--ckpt DIR is required" generate --prompt hi)
+  dea_cli_test(generate_needs_prompt dea_cli 2 "--prompt TEXT is required" generate --ckpt d)
+  dea_cli_test(generate_rejects_bad_temperature dea_cli 2 "--temperature: expected a number" generate --ckpt d
+               --prompt hi --temperature -1)
+  dea_cli_test(generate_rejects_missing_run dea_cli 2 "--ckpt '/nonexistent/lm_run': .*config.json"
+               generate --ckpt /nonexistent/lm_run --prompt hi)
+endif()

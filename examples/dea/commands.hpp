@@ -10,3 +10,4 @@ int dea_interop(int argc, char** argv);
 int dea_export_c(int argc, char** argv);
 int dea_tokenize(int argc, char** argv);
 int dea_oracle(int argc, char** argv);
+int dea_generate(int argc, char** argv);

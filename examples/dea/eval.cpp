@@ -17,6 +17,7 @@
 #include <dea/train/dea_bert.hpp>
 #include <dea/train/encoder.hpp>
 #include <dea/train/flags.hpp>
+#include <dea/train/lm.hpp>
 
 #include <fmt/core.h>
 
@@ -43,8 +44,10 @@ int dea_eval(int argc, char** argv) {
   fs.text("plot_dir", plot_dir, "DIR", "where alpha_hist_<split>.svg goes (default: --ckpt)");
   fs.toggle("no-plots", no_plots, "write no plot");
   enc::Split split = enc::Split::test;
+  bool split_given = false;
   try {
     const auto p = fs.parse(std::vector<std::string>(argv + 1, argv + argc));
+    split_given = p.flags.count("split") > 0;
     if (p.help) {
       fmt::print("{}", fs.help());
       return 0;
@@ -65,6 +68,24 @@ int dea_eval(int argc, char** argv) {
     if (threads > 0) set_num_threads(threads);
     dea_cli::ParisProbe probe;
     const std::string model = train::read_config(train::config_path(dir))->model;
+    if (model == "lm") {  // the language model: NLL and perplexity on its validation split (train/lm.hpp)
+      if (split_given && split != enc::Split::val) {
+        fmt::print(stderr, "dea eval: --split {}: a --model lm run has a validation split only (--split val)\n",
+                   enc::split_name(split));
+        return 2;
+      }
+      train::lm_run::LoadedRun<S> run = train::lm_run::load_run<S>(dir);
+      const train::lm_run::LmData data = train::detail::with_context(
+          train::config_path(dir) + ": ", [&] { return train::lm_run::build_data(*run.cfg); });
+      const train::lm_run::EvalResult r =
+          train::lm_run::evaluate(*run.model, data, (*run.cfg)->batch_size, (*run.cfg)->max_len);
+      nlohmann::json j = train::lm_run::to_json(r);
+      j["step"] = run.step;
+      const std::string out = (std::filesystem::path(dir) / "eval_val.json").string();
+      write_file_atomic(out, j.dump(2) + "\n");
+      fmt::print("{}\nwritten to {}\n", j.dump(2), out);
+      return 0;
+    }
     const enc::EvalResult r =
         model == "dea_bert"
             ? train::dea_bert::evaluate_checkpoint<S>(

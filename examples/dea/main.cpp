@@ -30,8 +30,9 @@ struct Command {
 };
 
 const Command kCommands[] = {
-    {"train", dea_train, "train the Dual-Expert encoder (the reference's train.py): checkpoints, log, plots"},
+    {"train", dea_train, "train the Dual-Expert encoder (the reference's train.py) or --model lm: checkpoints, log"},
     {"eval", dea_eval, "evaluate a run's checkpoint on a split (the reference's eval.py)"},
+    {"generate", dea_generate, "text from a --model lm run's checkpoint (greedy or sampled, KV-cached)"},
     {"visualize", dea_visualize, "the reference's attention pictures (visualize.py) as SVG files"},
     {"interop", dea_interop, "run a golden case of the reference: write the results, compare them"},
     {"export-c", dea_export_c, "write a safetensors file as a C++ header (weights compiled in)"},

@@ -27,10 +27,12 @@
 #include <dea/train/dea_bert.hpp>
 #include <dea/train/encoder.hpp>
 #include <dea/train/flags.hpp>
+#include <dea/train/lm.hpp>
 
 #include <fmt/core.h>
 
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <new>
 #include <optional>
@@ -84,6 +86,43 @@ int run_dea_bert(const train::ValidConfig& cfg, const train::encoder::RunData& d
   return 0;
 }
 
+/// The --model lm part of dea train (train/lm.hpp), once the configuration is checked: the corpus (a file of the
+/// command line that cannot be used is 2, a resumed run's is 1), then the run.
+int run_lm(const train::ValidConfig& cfg, bool overwrite) {
+  using S = float;
+  namespace lr = train::lm_run;
+  std::optional<lr::LmData> data;
+  try {
+    if (cfg->resume)
+      check(std::filesystem::exists(train::checkpoint_path(cfg->out_dir)), "no checkpoint at ",
+            train::checkpoint_path(cfg->out_dir));
+    data.emplace(lr::build_data(cfg));
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "dea train: out of memory reading --text '{}'\n", cfg->text);
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dea train: {}{}\n", cfg->resume ? "--resume: " : "", e.what());
+    return cfg->resume ? 1 : 2;
+  }
+  try {
+    lr::TrainOptions opts;
+    opts.data = &*data;
+    opts.overwrite = overwrite;
+    const lr::TrainResult r = lr::run_training<S>(cfg, opts);
+    if (r.last_eval) fmt::print("final val: {}\n", lr::to_json(*r.last_eval).dump());
+    fmt::print("checkpoint: {}\n", train::checkpoint_path(cfg->out_dir));
+  } catch (const std::bad_alloc&) {
+    fmt::print(stderr, "dea train: out of memory (--d_model {} --d_ff {} --n_layers {} --batch_size {} --max_len {}): "
+                       "choose smaller sizes\n",
+               cfg->d_model, cfg->d_ff, cfg->n_layers, cfg->batch_size, cfg->max_len);
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "dea train: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace train_cmd
 
 int dea_train(int argc, char** argv) {
@@ -98,7 +137,10 @@ int dea_train(int argc, char** argv) {
                   "config.json, tokenizer.txt, train_log.jsonl, plots); ends with the Paris probe. With --model\n"
                   "dea_bert --hf_model DIR it fine-tunes the reference's DualExpertBert from a local Hugging Face\n"
                   "BERT directory instead (defaults lr_main 2e-5, batch_size 32, max_len 64; sizes, dropout and\n"
-                  "WordPiece vocabulary from DIR; the run directory holds bert_config.json and vocab.txt).");
+                  "WordPiece vocabulary from DIR; the run directory holds bert_config.json and vocab.txt). With\n"
+                  "--model lm --data_source text --text FILE it trains the byte-level decoder language model\n"
+                  "(--attention, --mlp, --shared_expert, --kv_heads, --experts, --top_k; last 5% of the bytes\n"
+                  "validate, NLL and perplexity); dea generate decodes from its checkpoint.");
   train::add_config_flags(fs, given);
   fs.text("plot_dir", plot_dir, "DIR", "where the plots go (default: --out_dir)");
   fs.toggle("no-plots", no_plots, "write no plots");
@@ -138,6 +180,8 @@ int dea_train(int argc, char** argv) {
     }
   } else {
     try {
+      // --model lm: the flags that do not apply are named before any other check of their values
+      if (given.model == "lm") train::check_flag_scope(given, p.flags);
       // --model dea_bert: the encoder's flags refused, the reference's hf defaults, DIR's config.json read
       const train::ValidConfig checked = given.model == "dea_bert" ? train::dea_bert::fresh_config(given, p.flags)
                                                                    : given;  // validated here, once
@@ -153,6 +197,11 @@ int dea_train(int argc, char** argv) {
     return bad_line(e.what());
   }
   const train::TrainConfig& c = *cfg;
+  if (c.model == "lm") {
+    if (!dump_pairs.empty()) return bad_line("--dump_pairs does not apply to --model lm (it has no D_alpha pairs)");
+    if (!plot_dir.empty()) return bad_line("--plot_dir does not apply to --model lm (its run writes no plots)");
+    return train_cmd::run_lm(*cfg, overwrite);
+  }
   if (!dump_pairs.empty()) {
     if (c.data_source != "dalpha")
       return bad_line("--dump_pairs: --data_source " + c.data_source + " has no (q_text, k_text) pairs");

@@ -119,6 +119,12 @@ public:
   const TrMoeMlp<S>* tr_moe(Index l) const {
     return std::get_if<TrMoeMlp<S>>(&blocks_.at(static_cast<std::size_t>(l)).mlp);
   }
+  /// The token-routed attention of layer l (its telemetry), or nullptr when the attention type is not tr_mha /
+  /// tr_mha_v2.
+  const TrAttn* token_routed(Index l) const {
+    const Block& blk = blocks_.at(static_cast<std::size_t>(l));
+    return blk.tr ? &*blk.tr : nullptr;
+  }
   Index hidden_size() const { return D_; }
   Index vocab_size() const { return V_; }
   Index num_kv_heads() const { return cfg_.kv_heads(); }

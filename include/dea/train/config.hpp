@@ -84,6 +84,13 @@ struct TrainConfig {
   /// config.json when a run starts; a run rebuilt from config.json must find the same data. Empty: not recorded
   /// (a configuration from code, or a run imported from the reference). Not a flag.
   std::string data_hash;
+  // --model lm (the decoder-only byte-level language model, train/lm.hpp)
+  std::string attention = "gqa";       ///< lm: mha | gqa | tr_mha | tr_mha_v2
+  std::string mlp = "swiglu";          ///< lm: swiglu (dense) | tr_moe (the TR-MoE MLP)
+  bool shared_expert = false;          ///< lm, mlp tr_moe: add the shared expert
+  Index kv_heads = 0;                  ///< lm, attention gqa: KV heads (0 = max(1, n_heads / 4))
+  Index experts = 4;                   ///< lm, mlp tr_moe: E (1, 2, 4, 8 or 16)
+  Index top_k = 1;                     ///< lm, mlp tr_moe: k (1, 2 or 4, at most E)
 };
 
 /// The --quick preset of the reference (applied to every field not given explicitly).
@@ -224,7 +231,27 @@ inline void validate(const TrainConfig& c) {
     ::dea::detail::raise(::dea::detail::concat("--", flag, " '", v, "': ",
                                                hint.empty() ? "expected " + expected + "'" : hint));
   };
-  one_of("model", c.model, {"encoder", "dea_bert"});
+  one_of("model", c.model, {"encoder", "dea_bert", "lm"});
+  one_of("attention", c.attention, {"mha", "gqa", "tr_mha", "tr_mha_v2"});
+  one_of("mlp", c.mlp, {"swiglu", "tr_moe"});
+  in("kv_heads", c.kv_heads, 0, ConfigLimits::max_d_model);
+  in("experts", c.experts, 1, 16);
+  in("top_k", c.top_k, 1, 4);
+  if (c.model == "lm") {
+    check(c.data_source == "text", "--model lm trains on a text corpus: it needs --data_source text --text FILE, but "
+          "--data_source is '", c.data_source, "'");
+    check(c.n_layers > 0, "--n_layers: --model lm needs at least one layer");
+    check(c.kv_heads == 0 || c.n_heads % c.kv_heads == 0, "--kv_heads ", c.kv_heads, " must divide --n_heads ",
+          c.n_heads);
+    check((c.d_model / c.n_heads) % 2 == 0, "--d_model / --n_heads (the head width, ", c.d_model / c.n_heads,
+          ") must be even for --model lm (rotary position embeddings)");
+    check(c.experts == 1 || c.experts == 2 || c.experts == 4 || c.experts == 8 || c.experts == 16,
+          "--experts: expected 1, 2, 4, 8 or 16, got ", c.experts);
+    check(c.top_k == 1 || c.top_k == 2 || c.top_k == 4, "--top_k: expected 1, 2 or 4, got ", c.top_k);
+    check(c.top_k <= c.experts, "--top_k (", c.top_k, ") cannot exceed --experts (", c.experts, ")");
+    check(c.mlp != "tr_moe" || c.d_ff % c.experts == 0, "--d_ff (", c.d_ff, ") must be a multiple of --experts (",
+          c.experts, ") with --mlp tr_moe (each expert is d_ff / experts wide)");
+  }
   one_of("data_source", c.data_source, {"dalpha", "text"});
   one_of("dalpha_source", c.dalpha_source, {"synthetic", "files"});
   one_of("tokenizer", c.tokenizer, {"simple", "wordpiece"});
@@ -319,10 +346,10 @@ private:
 /// Declares the configuration's flags on `fs`, stored into `c` (the defaults shown are c's values now).
 inline void add_config_flags(cli::FlagSet& fs, TrainConfig& c) {
   using cli::kNoMax;
-  fs.choice("model", c.model, {"encoder", "dea_bert"},
-            "the Dual-Expert encoder (sizes from the flags below), or DualExpertBert fine-tuned from --hf_model "
+  fs.choice("model", c.model, {"encoder", "dea_bert", "lm"},
+            "the Dual-Expert encoder (sizes from the flags below), DualExpertBert fine-tuned from --hf_model "
             "(sizes, tokenizer and weights from the directory; the reference's hf defaults: lr_main 2e-5, "
-            "batch_size 32, max_len 64)");
+            "batch_size 32, max_len 64), or the byte-level decoder language model (lm: --data_source text)");
   fs.text("hf_model", c.hf_model, "DIR",
           "--model dea_bert: a Hugging Face BERT directory (config.json, model.safetensors, vocab.txt)", true,
           "a directory path");
@@ -385,6 +412,13 @@ inline void add_config_flags(cli::FlagSet& fs, TrainConfig& c) {
   fs.integer("eval_batches", c.eval_batches, 1, kNoMax, "at most this many validation batches per evaluation");
   fs.integer("threads", c.threads, 0, cli::kMaxThreads, "OpenMP threads (0 = the library default)");
   fs.toggle("resume", c.resume, "continue the run in --out_dir from its checkpoint (bit for bit)");
+  fs.choice("attention", c.attention, {"mha", "gqa", "tr_mha", "tr_mha_v2"},
+            "--model lm: causal attention (multi-head, grouped-query, token-routed v1 / v2)");
+  fs.choice("mlp", c.mlp, {"swiglu", "tr_moe"}, "--model lm: the dense SwiGLU MLP, or the TR-MoE MLP");
+  fs.toggle("shared_expert", c.shared_expert, "--model lm --mlp tr_moe: add the shared (always active) expert");
+  fs.integer("kv_heads", c.kv_heads, 0, kNoMax, "--model lm --attention gqa: KV heads (0 = max(1, n_heads / 4))");
+  fs.integer("experts", c.experts, 1, 16, "--model lm --mlp tr_moe: experts (1, 2, 4, 8 or 16)");
+  fs.integer("top_k", c.top_k, 1, 4, "--model lm --mlp tr_moe: experts per token (1, 2 or 4, at most --experts)");
 }
 
 /// The result of parsing a command line: the configuration and the flags given explicitly.
@@ -445,7 +479,18 @@ inline void check_flag_scope(const TrainConfig& c, const std::set<std::string>& 
                             : "the sizes come from --hf_model's config.json";
       check(!given.count(flag), "--", flag, " applies to --model encoder only: with --model dea_bert ", why);
     }
-  if (c.data_source == "text") return;
+  if (c.model == "lm") {
+    for (const char* f : {"quick", "dropout", "lr_gate", "gamma_steps", "oracle", "oracle_fallback", "n_per_source",
+                          "dalpha_source", "babi", "clutrr", "conceptnet", "capitals", "synthetic_fallback",
+                          "tokenizer", "vocab", "text_alpha", "n_docs", "supervise_layers", "no_isolation_check"})
+      check(!given.count(f), "--", f, " does not apply to --model lm (the byte-level decoder language model has no "
+            "Dual-Expert gate, oracle, dropout or word tokenizer; its flags are the sizes, --attention, --mlp, "
+            "--shared_expert, --kv_heads, --experts, --top_k, the lr / steps / log flags and --text)");
+  } else {
+    for (const char* f : {"attention", "mlp", "shared_expert", "kv_heads", "experts", "top_k"})
+      check(!given.count(f), "--", f, " applies to --model lm only, but --model is '", c.model, "'");
+  }
+  if (c.model == "lm" || c.data_source == "text") return;
   for (const char* f : {"text_alpha", "n_docs"})
     check(!given.count(f), "--", f, " applies to --data_source text only, but --data_source is '", c.data_source, "'");
 }
@@ -493,6 +538,14 @@ inline nlohmann::json to_json(const TrainConfig& c) {
   j["n_docs"] = c.n_docs;
   j["no_isolation_check"] = c.no_isolation_check;
   j["data_hash"] = c.data_hash;
+  if (c.model == "lm") {
+    j["attention"] = c.attention;
+    j["mlp"] = c.mlp;
+    j["shared_expert"] = c.shared_expert;
+    j["kv_heads"] = c.kv_heads;
+    j["experts"] = c.experts;
+    j["top_k"] = c.top_k;
+  }
   return j;
 }
 
@@ -590,6 +643,14 @@ inline ValidConfig config_from_json(const nlohmann::json& j, const std::string& 
   get("n_docs", c.n_docs);
   get("no_isolation_check", c.no_isolation_check);
   get("data_hash", c.data_hash);
+  if (c.model == "lm") {
+    get("attention", c.attention);
+    get("mlp", c.mlp);
+    get("shared_expert", c.shared_expert);
+    get("kv_heads", c.kv_heads);
+    get("experts", c.experts);
+    get("top_k", c.top_k);
+  }
   auto it = j.find("supervise_layers");
   if (it != j.end() && !it->is_null()) {
     if (!it->is_array()) wrong("supervise_layers", *it, "null or an array of layer indices");

@@ -124,9 +124,12 @@ struct has_positional_table<M, std::void_t<decltype(std::declval<M&>().positiona
 /// Loads checkpoint.safetensors of `dir` into `model` (and `opt` when given). Returns the step stored (0 for a
 /// checkpoint exported from the reference, which has no "train.step"). Everything is validated first; any
 /// problem is a dea::Error naming the file. `seed` (when given) is checked against the stored Rng state.
+/// `extra_tensors`: names (prefixes) of the model's other tensors in the file, which the caller loads itself (the
+/// TR-MoE route tables of an LM run).
 template <class Model>
 std::int64_t load_checkpoint(const std::string& dir, Model& model, optim::AdamW<typename Model::Scalar>* opt,
-                                    std::optional<std::uint64_t> seed = std::nullopt) {
+                                    std::optional<std::uint64_t> seed = std::nullopt,
+                                    const std::vector<std::string>& extra_tensors = {}) {
   using Scalar = typename Model::Scalar;
   const std::string path = checkpoint_path(dir);
   const io::SafeTensors st = io::SafeTensors::load(path);
@@ -191,6 +194,7 @@ std::int64_t load_checkpoint(const std::string& dir, Model& model, optim::AdamW<
   // All or nothing: load_parameters and load_state each check everything before they change anything; when
   // the optimiser state is refused after the parameters were loaded, the parameters are put back.
   std::vector<std::string> ignore = {"optim.", "train.", "mlm_head.weight"};
+  ignore.insert(ignore.end(), extra_tensors.begin(), extra_tensors.end());
   if (!pe_name.empty()) ignore.push_back(pe_name);
   std::vector<Vec<Scalar>> saved;
   for (const Param<Scalar>* p : model.parameters()) saved.push_back(p->value);

@@ -1,0 +1,421 @@
+// dea/train/lm.hpp: training the decoder-only language model (lm::DecoderLM, lm/model.hpp) on a local text corpus:
+// `dea train --model lm --data_source text --text FILE`. The run directory is the trainer's (run_dir.hpp:
+// config.json, checkpoint.safetensors written atomically, train_log.jsonl) and the console shows the trainer's
+// progress line; there is no tokenizer file, the tokenizer being the byte tokenizer (data/byte_tokenizer.hpp).
+//
+// Data. The corpus file is read as bytes and encoded one id per byte (vocabulary 256). The byte stream is split
+// at floor(0.95 n): the first part trains, the last 5% is the validation split (the reference's 95/5 tail split).
+// With T = max_len, a training window is T + 1 consecutive bytes w; the model sees input_ids = w[:-1] and the
+// PRE-SHIFTED labels = w[1:] (lm/loss.hpp drops the last position, so each window scores T - 1 predictions).
+// Row b of the batch of step s starts at the b-th draw Rng(stream_seed(seed, kOrderStream, s)).below(n_train - T),
+// so a step's batch depends on (seed, step) alone. Validation uses fixed windows starting at 0, T - 1, 2(T - 1),
+// ... (every validation byte after the first is scored exactly once); NLL is the mean cross-entropy in nats per
+// scored byte over the windows evaluated, perplexity exp(NLL). Periodic evaluations take the first eval_batches
+// batches of batch_size windows; the last evaluation of the run also.
+//
+// Model. DecoderConfig from the flags: hidden_size d_model, num_attention_heads n_heads, num_hidden_layers n_layers,
+// intermediate_size d_ff, vocab_size 256, attention_type --attention (gqa with --kv_heads, 0 = H / 4), mlp_type
+// dense_deterministic (--mlp swiglu) or tr_hash_engine (--mlp tr_moe: --experts, --top_k, --shared_expert,
+// routing modulo_cyclic), tied embeddings, the initialisation of §5 from Rng(seed). The optimiser is the trainer's
+// AdamW (lr_main, weight_decay, grad_clip; every LM parameter is in the main group) at a constant learning rate.
+//
+// Checkpoint. The parameters under the reference names, the AdamW state, train.step and train.rng_state (as every
+// run), and per TR-MoE layer l its route table "layers.{l}.mlp.engine.route_table" [k, V] (I64, the framework's
+// buffer), installed again on load. A run resumed from the checkpoint of step k continues bit for bit as the
+// uninterrupted run.
+//
+// Log (train_log.jsonl). A training line every log_every steps (and at steps 1 and the last): step, loss (the
+// cross-entropy of the step's batch), grad_norm (before clipping), lr, n_tokens (scored predictions), steps_per_s,
+// and per layer `layers`: [{layer, tr_moe_expert_share: [...]} (TR-MoE), tr_mha_gate, tr_mha_route_entropy, ...
+// (token-routed attention telemetry)]. An evaluation line: event "eval", split "val", step, nll, perplexity,
+// n_tokens, n_windows.
+#pragma once
+
+#include "../core/error.hpp"
+#include "../core/files.hpp"
+#include "../core/parallel.hpp"
+#include "../core/rng.hpp"
+#include "../core/tensor.hpp"
+#include "../data/byte_tokenizer.hpp"
+#include "../data/dalpha.hpp"
+#include "../io/safetensors.hpp"
+#include "../lm/config.hpp"
+#include "../lm/model.hpp"
+#include "../optim/adamw.hpp"
+#include "config.hpp"
+#include "run_dir.hpp"
+#include "seeds.hpp"
+#include "trainer.hpp"
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dea::train::lm_run {
+
+template <class S>
+using Model = ::dea::lm::DecoderLM<S>;
+
+/// The validation split is the last kValPercent percent of the byte stream.
+constexpr std::int64_t kValPercent = 5;
+
+/// The decoder configuration of a run (see the file comment).
+inline ::dea::lm::DecoderConfig decoder_config(const TrainConfig& c) {
+  ::dea::lm::DecoderConfig m;
+  m.hidden_size = c.d_model;
+  m.num_hidden_layers = c.n_layers;
+  m.num_attention_heads = c.n_heads;
+  m.num_key_value_heads = c.kv_heads > 0 ? c.kv_heads : -1;
+  m.attention_type = c.attention;
+  m.intermediate_size = c.d_ff;
+  m.vocab_size = data::ByteTokenizer::vocab_size();
+  m.mlp_type = c.mlp == "tr_moe" ? "tr_hash_engine" : "dense_deterministic";
+  m.num_experts = c.experts;
+  m.top_k = c.top_k;
+  m.shared_expert = c.shared_expert;
+  m.routing_strategy = "modulo_cyclic";
+  m.tie_word_embeddings = true;
+  return m;
+}
+
+/// The byte streams of a run: training and validation split, and the fingerprint of the corpus.
+struct LmData {
+  std::vector<std::int64_t> train, val;
+  std::string hash;
+};
+
+/// Reads and splits the corpus of `vc` (dea::Error naming --text on a missing file, a split too short for one
+/// window of max_len + 1 bytes, or data other than the run's data_hash).
+inline LmData build_data(const ValidConfig& vc) {
+  const TrainConfig& c = vc;
+  check(c.model == "lm", "lm_run::build_data: --model is '", c.model, "'");
+  const std::string raw = ::dea::train::detail::with_context("--text '" + c.text + "': ", [&] { return read_file(c.text); });
+  const std::vector<std::int64_t> ids = data::ByteTokenizer::encode(raw);
+  const std::size_t n = ids.size(), n_val = n * kValPercent / 100, n_train = n - n_val;
+  const std::size_t need = static_cast<std::size_t>(c.max_len) + 1;
+  check(n_train >= need && n_val >= need, "--text '", c.text, "': ", n, " bytes give a training split of ", n_train,
+        " and a validation split (the last 5%) of ", n_val, " bytes; each needs at least --max_len + 1 = ", need,
+        " bytes (a longer corpus, or a smaller --max_len)");
+  LmData d;
+  d.train.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n_train));
+  d.val.assign(ids.begin() + static_cast<std::ptrdiff_t>(n_train), ids.end());
+  data::Fingerprint fp;
+  fp.add("lm-bytes");
+  fp.add(raw);
+  d.hash = fp.hex();
+  check(c.data_hash.empty() || c.data_hash == d.hash, "--text '", c.text, "': the corpus (fingerprint ", d.hash,
+        ") is not the run's (data_hash ", c.data_hash, "): the file has changed since the run started");
+  return d;
+}
+
+/// A batch: input_ids and pre-shifted labels, both [B, T].
+struct LmBatch {
+  Tensor<std::int64_t> ids, labels;
+};
+
+/// The windows starting at `starts` of `stream`: ids = w[:-1], labels = w[1:], w = stream[start .. start + T].
+inline LmBatch windows(const std::vector<std::int64_t>& stream, const std::vector<std::size_t>& starts, Index T) {
+  const Index B = static_cast<Index>(starts.size());
+  LmBatch b{Tensor<std::int64_t>({B, T}), Tensor<std::int64_t>({B, T})};
+  for (Index r = 0; r < B; ++r)
+    for (Index t = 0; t < T; ++t) {
+      const std::size_t p = starts[static_cast<std::size_t>(r)] + static_cast<std::size_t>(t);
+      b.ids[r * T + t] = stream[p];
+      b.labels[r * T + t] = stream[p + 1];
+    }
+  return b;
+}
+
+/// The training batch of step `step` (1-based; see the file comment).
+inline LmBatch train_batch(const LmData& d, Index batch_size, Index T, std::uint64_t seed, std::int64_t step) {
+  Rng rng(stream_seed(seed, kOrderStream, static_cast<std::uint64_t>(step)));
+  const std::uint64_t range = static_cast<std::uint64_t>(d.train.size()) - static_cast<std::uint64_t>(T);
+  std::vector<std::size_t> starts(static_cast<std::size_t>(batch_size));
+  for (auto& s : starts) s = static_cast<std::size_t>(rng.below(range));
+  return windows(d.train, starts, T);
+}
+
+/// The validation windows' starts: 0, T - 1, 2 (T - 1), ... while the window fits.
+inline std::vector<std::size_t> val_starts(const LmData& d, Index T) {
+  std::vector<std::size_t> s;
+  const std::size_t stride = static_cast<std::size_t>(T - 1);
+  for (std::size_t p = 0; p + static_cast<std::size_t>(T) < d.val.size(); p += stride) s.push_back(p);
+  return s;
+}
+
+struct EvalResult {
+  double nll = 0, perplexity = 0;
+  std::int64_t n_tokens = 0, n_windows = 0;
+};
+
+inline nlohmann::json to_json(const EvalResult& r) {
+  nlohmann::json j;
+  j["split"] = "val";
+  j["nll"] = json_number(r.nll);
+  j["perplexity"] = json_number(r.perplexity);
+  j["n_tokens"] = r.n_tokens;
+  j["n_windows"] = r.n_windows;
+  return j;
+}
+
+/// NLL and perplexity of `model` on the validation windows, at most `max_batches` batches (0 = all).
+template <class S>
+EvalResult evaluate(Model<S>& model, const LmData& d, Index batch_size, Index T, std::size_t max_batches = 0) {
+  const std::vector<std::size_t> all = val_starts(d, T);
+  std::size_t n = all.size();
+  if (max_batches) n = std::min(n, max_batches * static_cast<std::size_t>(batch_size));
+  double sum = 0;
+  std::int64_t count = 0;
+  typename Model<S>::Cache cache;
+  for (std::size_t i = 0; i < n; i += static_cast<std::size_t>(batch_size)) {
+    const std::vector<std::size_t> starts(all.begin() + static_cast<std::ptrdiff_t>(i),
+                                          all.begin() + static_cast<std::ptrdiff_t>(std::min(n, i + static_cast<std::size_t>(batch_size))));
+    const LmBatch b = windows(d.val, starts, T);
+    const Mat<S> logits = model.forward(b.ids, cache);
+    const auto r = Model<S>::loss(logits, b.labels, {}, false);
+    sum += static_cast<double>(r.ce) * static_cast<double>(r.count);
+    count += r.count;
+  }
+  EvalResult e;
+  e.n_windows = static_cast<std::int64_t>(n);
+  e.n_tokens = count;
+  e.nll = count ? sum / static_cast<double>(count) : std::nan("");
+  e.perplexity = std::exp(e.nll);
+  return e;
+}
+
+/// The checkpoint name of layer l's route table.
+inline std::string route_table_name(Index l) { return fmt::format("layers.{}.mlp.engine.route_table", l); }
+
+/// Writes checkpoint.safetensors (atomically): the trainer's contents and the route tables.
+template <class S>
+void save_checkpoint(const std::string& dir, Model<S>& model, const optim::AdamW<S>* opt, std::int64_t step,
+                     std::uint64_t seed) {
+  std::filesystem::create_directories(dir);
+  io::SafeTensors st(checkpoint_path(dir));
+  io::put_parameters(st, model.parameters(), io::DType::F32);
+  if (opt)
+    for (const auto& kv : opt->state("optim.")) st.put("optim." + kv.first.substr(6), kv.second, io::DType::F32);
+  st.put("train.step", Tensor<std::int64_t>(Shape{}, step), io::DType::I64);
+  Tensor<std::int64_t> rs({4});
+  const auto s = checkpoint_rng_state(seed, step);
+  for (int i = 0; i < 4; ++i) std::memcpy(&rs[i], &s[static_cast<std::size_t>(i)], sizeof(std::uint64_t));
+  st.put("train.rng_state", rs, io::DType::I64);
+  for (Index l = 0; l < model.num_layers(); ++l)
+    if (const auto* moe = model.tr_moe(l)) {
+      const std::vector<std::int64_t> buf = moe->route_table_buffer();
+      Tensor<std::int64_t> t({moe->top_k(), moe->vocab_size()});
+      std::copy(buf.begin(), buf.end(), t.ptr());
+      st.put(route_table_name(l), t, io::DType::I64);
+    }
+  st.set_metadata({{"format", "dea-lm-checkpoint"}, {"step", std::to_string(step)}});
+  st.save(checkpoint_path(dir));
+}
+
+/// Loads checkpoint.safetensors of `dir` into `model` (and `opt`): the trainer's load_checkpoint, then every TR-MoE
+/// layer's route table (a missing or invalid one is a dea::Error naming the file and the tensor). Returns the step.
+template <class S>
+std::int64_t load_checkpoint(const std::string& dir, Model<S>& model, optim::AdamW<S>* opt, std::uint64_t seed) {
+  std::vector<std::string> tables;
+  for (Index l = 0; l < model.num_layers(); ++l)
+    if (model.tr_moe(l)) tables.push_back(route_table_name(l));
+  const std::int64_t step = ::dea::train::load_checkpoint(dir, model, opt, seed, tables);
+  if (tables.empty()) return step;
+  const std::string path = checkpoint_path(dir);
+  const io::SafeTensors st = io::SafeTensors::load(path);
+  for (Index l = 0; l < model.num_layers(); ++l)
+    if (auto* moe = model.tr_moe(l)) {
+      const std::string name = route_table_name(l);
+      check(st.has(name), path, ": the TR-MoE route table '", name, "' is missing");
+      ::dea::train::detail::with_context(path + ": '" + name + "': ", [&] {
+        moe->load_route_table(st.get<std::int64_t>(name));
+        return 0;
+      });
+    }
+  return step;
+}
+
+/// The model of a configuration, its weights drawn from Rng(seed).
+template <class S>
+std::unique_ptr<Model<S>> build_model(const TrainConfig& c) {
+  Rng rng(c.seed);
+  return std::make_unique<Model<S>>(decoder_config(c), rng);
+}
+
+/// The optimiser: the trainer's AdamW groups (every LM parameter is "main").
+template <class S>
+optim::AdamW<S> make_optimizer(Model<S>& model, const TrainConfig& c) {
+  optim::GroupConfig gm = optim::main_group_defaults(), gg = optim::gate_group_defaults();
+  gm.lr = c.lr_main;
+  gm.weight_decay = c.weight_decay;
+  gm.max_grad_norm = c.grad_clip;
+  gg.max_grad_norm = c.grad_clip;
+  return optim::build_optimizer(model.parameters(), gm, gg);
+}
+
+/// Per-layer telemetry of the last forward: TR-MoE expert shares, token-routed attention statistics.
+template <class S>
+nlohmann::json layer_telemetry(const Model<S>& model) {
+  nlohmann::json out = nlohmann::json::array();
+  for (Index l = 0; l < model.num_layers(); ++l) {
+    nlohmann::json j;
+    j["layer"] = l;
+    if (const auto* moe = model.tr_moe(l)) j["tr_moe_expert_share"] = moe->telemetry().expert_share;
+    if (const auto* tr = model.token_routed(l))
+      for (const auto& kv : tr->telemetry().items()) j[kv.first] = json_number(kv.second);
+    if (j.size() > 1) out.push_back(std::move(j));
+  }
+  return out;
+}
+
+struct TrainOptions {
+  bool verbose = true;
+  bool overwrite = false;
+  const LmData* data = nullptr;  ///< built beforehand (nullptr: built here)
+};
+
+struct TrainResult {
+  std::int64_t start_step = 0, last_step = 0;
+  double last_loss = 0;
+  std::optional<EvalResult> last_eval;
+};
+
+/// The run (see the file comment). With cfg.resume the checkpoint in cfg.out_dir is loaded and the run continues.
+/// Throws dea::Error on bad input and NonFiniteError on a non-finite loss or gradient (the last good checkpoint
+/// is kept).
+template <class S>
+TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
+  const TrainConfig& cfg = vcfg;
+  check(cfg.model == "lm", "lm_run::run_training: --model is '", cfg.model, "'");
+  if (!cfg.resume) check_fresh_run_dir(cfg.out_dir, o.overwrite);
+  if (cfg.threads > 0) set_num_threads(cfg.threads);
+  std::optional<LmData> built;
+  if (!o.data) built.emplace(build_data(vcfg));
+  const LmData& d = o.data ? *o.data : *built;
+  TrainConfig saved_cfg = cfg;
+  saved_cfg.data_hash = d.hash;
+  const std::unique_ptr<Model<S>> model_ptr = build_model<S>(cfg);
+  Model<S>& model = *model_ptr;
+  optim::AdamW<S> opt = make_optimizer(model, cfg);
+  if (!cfg.resume) remove_run_files(cfg.out_dir);
+  TrainResult res;
+  std::int64_t step0 = 0;
+  if (cfg.resume) {
+    step0 = load_checkpoint(cfg.out_dir, model, &opt, cfg.seed);
+    check(step0 <= cfg.steps, "--resume: the checkpoint is at step ", step0, ", beyond --steps ", cfg.steps);
+  }
+  res.start_step = step0;
+  std::size_t n_params = 0;
+  for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
+  const Index T = cfg.max_len;
+  if (o.verbose)
+    fmt::print("data: {} train / {} val bytes ({} validation windows of {}), vocab 256 (bytes), DecoderLM {:.3f}M "
+               "parameters (D={} H={} kv={} L={} d_ff={} attention {} mlp {}{}), {} steps, batch {}{}\n",
+               d.train.size(), d.val.size(), val_starts(d, T).size(), T + 1, static_cast<double>(n_params) / 1e6,
+               cfg.d_model, cfg.n_heads, model.num_kv_heads(), cfg.n_layers, cfg.d_ff, cfg.attention, cfg.mlp,
+               cfg.mlp == "tr_moe" ? fmt::format(" E={} k={}{}", cfg.experts, cfg.top_k,
+                                                 cfg.shared_expert ? " +shared" : "")
+                                   : std::string(),
+               cfg.steps, cfg.batch_size, step0 ? fmt::format(", resumed at step {}", step0) : std::string());
+
+  TrainLog log(cfg.out_dir, step0);
+  ProgressLine progress(o.verbose);
+  auto eval_and_checkpoint = [&](std::int64_t step) {
+    const EvalResult er = evaluate(model, d, cfg.batch_size, T, static_cast<std::size_t>(cfg.eval_batches));
+    if (o.verbose) {
+      progress.finish_line();
+      fmt::print("[eval step {}] val: nll {:.4f}  perplexity {:.3f}  ({} bytes scored, {} windows)\n", step, er.nll,
+                 er.perplexity, er.n_tokens, er.n_windows);
+    }
+    nlohmann::json j = to_json(er);
+    j["step"] = step;
+    j["event"] = "eval";
+    log.write(j);
+    res.last_eval = er;
+    write_config(config_path(cfg.out_dir), saved_cfg);
+    save_checkpoint(cfg.out_dir, model, &opt, step, cfg.seed);
+  };
+
+  typename Model<S>::Cache cache;
+  std::int64_t done = 0;
+  const auto t_loop = std::chrono::steady_clock::now();
+  for (std::int64_t step = step0 + 1; step <= cfg.steps; ++step) {
+    const LmBatch b = train_batch(d, cfg.batch_size, T, cfg.seed, step);
+    opt.zero_grad();
+    const auto r = model.forward_backward(b.ids, b.labels, cache);
+    const double loss = static_cast<double>(r.loss);
+    if (!std::isfinite(loss)) {
+      progress.finish_line();
+      throw NonFiniteError(fmt::format("dea: non-finite loss at step {} ({}); stopping. The last good checkpoint in "
+                                       "{} is kept.", step, loss, cfg.out_dir));
+    }
+    const optim::GradNorms norms = opt.clip_grad_norms();
+    if (!norms.all_finite()) {
+      progress.finish_line();
+      throw NonFiniteError(fmt::format("dea: non-finite gradient norm at step {}; stopping. The last good checkpoint "
+                                       "in {} is kept.", step, cfg.out_dir));
+    }
+    opt.step();
+    ++done;
+    res.last_step = step;
+    res.last_loss = loss;
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
+    const double rate = static_cast<double>(done) / std::max(el, 1e-9);
+    const bool log_now = step % cfg.log_every == 0 || step == 1 || step == cfg.steps;
+    if (log_now) {
+      nlohmann::json j;
+      j["step"] = step;
+      j["loss"] = json_number(loss);
+      j["grad_norm"] = json_number(norms.norm.count("main") ? norms.norm.at("main") : 0.0);
+      j["lr"] = cfg.lr_main;
+      j["n_tokens"] = r.count;
+      j["layers"] = layer_telemetry(model);
+      j["steps_per_s"] = rate;
+      log.write(j);
+    }
+    progress.show(fmt::format("step {:>6}/{}  loss {:.4f}  |g| {:.3f}  {:.2f} it/s  ETA {}", step, cfg.steps, loss,
+                              norms.norm.count("main") ? norms.norm.at("main") : 0.0, rate,
+                              format_duration(static_cast<double>(cfg.steps - step) / rate)),
+                  log_now || step == step0 + 1);
+    if (step % cfg.eval_every == 0 || step == cfg.steps) eval_and_checkpoint(step);
+  }
+  if (done == 0 && !cfg.resume) eval_and_checkpoint(step0);
+  if (o.verbose) {
+    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
+    fmt::print("done: {} steps in {:.1f} s\n", done, el);
+  }
+  return res;
+}
+
+/// A trained LM run read back from its directory.
+template <class S>
+struct LoadedRun {
+  std::optional<ValidConfig> cfg;
+  std::unique_ptr<Model<S>> model;
+  std::int64_t step = 0;
+};
+
+/// Loads the LM run in `dir`: config.json (a run of another --model is refused), the model and its checkpoint
+/// with the route tables (dea::Error naming the file on any problem). The corpus is not read.
+template <class S>
+LoadedRun<S> load_run(const std::string& dir) {
+  LoadedRun<S> run;
+  run.cfg.emplace(read_config(config_path(dir)));
+  check((*run.cfg)->model == "lm", config_path(dir), ": the run is a --model ", (*run.cfg)->model,
+        " run, not a language model (--model lm)");
+  run.model = build_model<S>(*run.cfg);
+  run.step = load_checkpoint<S>(dir, *run.model, nullptr, (*run.cfg)->seed);
+  return run;
+}
+
+}  // namespace dea::train::lm_run
