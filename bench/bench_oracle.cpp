@@ -10,8 +10,8 @@
 //             alone ([CLS] t [SEP], about --tokens / 2 tokens each)
 // The texts are words of a synthetic vocabulary (one piece each), so tokenization is part of the time but
 // negligible. Two measurements per thread count:
-//   nli_only     phi of every pair, the pairs spread over the threads as NliOracle::score spreads them (one pair per
-//                forward, no padding, a cache per thread): what the PyTorch side (bench/torch_oracle.py) measures
+//   nli_only     phi of every pair as NliOracle::score computes it (the pairs, all of one length, in one forward on
+//                all threads with batch-invariant products): what the PyTorch side (bench/torch_oracle.py) measures
 //   full_oracle  NliOracle::score: phi, the two embeddings, sim, alpha
 // Each line: mode, threads, pairs, tokens, seconds (median of 3 rounds over --pairs pairs after --warmup pairs),
 // pairs/s, the matrix-product GFLOP/s of the NLI forward (2 · params-in-layers · tokens + attention), the same-run
@@ -135,33 +135,20 @@ int run(const std::vector<std::int64_t>& threads, int n_pairs, int warmup, int t
           (void)oracle.score(ps);
           return;
         }
-        // phi alone, as NliOracle::score computes it: one pair per forward (batch of one, no padding), the pairs
-        // spread over the threads, each thread reusing its own batch and cache
-        std::vector<text::Encoding> e;
-        for (const auto& p : ps) e.push_back(oracle.nli_encoding(p.premise, p.hypothesis));
-        std::vector<S> phi(e.size());
-        auto& model = oracle.nli();
-        const Index ent = oracle.entailment_index();
-        auto one = [&](Index i, bert::BertBatch<S>& b, typename bert::BertForSequenceClassification<S>::Cache& c) {
-          const text::Encoding& x = e[std::size_t(i)];
-          const Index T = Index(x.size());
-          b.input_ids = Tensor<std::int64_t>({1, T});
-          b.token_type_ids = Tensor<std::int64_t>({1, T});
-          std::copy(x.input_ids.begin(), x.input_ids.end(), b.input_ids.ptr());
-          std::copy(x.token_type_ids.begin(), x.token_type_ids.end(), b.token_type_ids.ptr());
-          phi[std::size_t(i)] = model.forward(b, nullptr, false, nullptr, c).logits(0, ent);
-        };
-#ifdef _OPENMP
-#pragma omp parallel num_threads(int(t)) if (t > 1)
-#endif
-        {
-          bert::BertBatch<S> b;
-          typename bert::BertForSequenceClassification<S>::Cache c;
-#ifdef _OPENMP
-#pragma omp for schedule(dynamic, 1)
-#endif
-          for (Index i = 0; i < Index(e.size()); ++i) one(i, b, c);
+        // phi alone, as NliOracle::score computes it: the pairs (all of one length) in one forward on all threads,
+        // with batch-invariant products
+        const ScopedBatchInvariantProducts invariant;
+        const Index n = Index(ps.size());
+        bert::BertBatch<S> b;
+        b.input_ids = Tensor<std::int64_t>({n, Index(tokens)});
+        b.token_type_ids = Tensor<std::int64_t>({n, Index(tokens)});
+        for (Index i = 0; i < n; ++i) {
+          const text::Encoding x = oracle.nli_encoding(ps[std::size_t(i)].premise, ps[std::size_t(i)].hypothesis);
+          std::copy(x.input_ids.begin(), x.input_ids.end(), b.input_ids.ptr() + i * Index(tokens));
+          std::copy(x.token_type_ids.begin(), x.token_type_ids.end(), b.token_type_ids.ptr() + i * Index(tokens));
         }
+        typename bert::BertForSequenceClassification<S>::Cache c;
+        (void)oracle.nli().forward(b, nullptr, false, nullptr, c).logits(0, oracle.entailment_index());
       };
       once(warm);
       std::vector<double> secs;
