@@ -463,14 +463,15 @@ endif()
 # dea train --model lm and dea generate (train/lm.hpp, examples/dea/generate.cpp): end to end on a small corpus
 # (tests/lm_train.cmake: the loss falls, dea eval gives the run's last NLL, 20 steps resumed to 40 are bit-exact,
 # generate is repeatable) for grouped-query attention with the TR-MoE MLP (shared expert, its route tables in the
-# checkpoint) and for token-routed attention v2 with the dense SwiGLU; then bad command lines (exit 2, the flag
+# checkpoint), for token-routed attention v2 with the dense SwiGLU and for causal Dual-Expert attention; then bad command lines (exit 2, the flag
 # named): the encoder's and the DEA oracle's flags refused with --model lm and the LM's without it, a corpus too
 # short for one window, generate without its required flags or with a directory that holds no run.
 if(TARGET dea_cli)
   set(dea_lm_corpus ${CMAKE_CURRENT_SOURCE_DIR}/data/lm/tiny_corpus.txt)
   # ARCH: the run's architecture flags, comma-separated
   foreach(c "gqa_trmoe;--attention,gqa,--kv_heads,2,--mlp,tr_moe,--experts,4,--top_k,2,--shared_expert;1"
-            "trmha2_swiglu;--attention,tr_mha_v2,--mlp,swiglu;0")
+            "trmha2_swiglu;--attention,tr_mha_v2,--mlp,swiglu;0"
+            "dea_swiglu;--attention,dea,--mlp,swiglu;0")
     list(GET c 0 name)
     list(GET c 1 arch)
     list(GET c 2 tables)
@@ -491,7 +492,7 @@ if(TARGET dea_cli)
                ${dea_lm_flags} --mlp tr_moe --experts 2 --top_k 4)
   dea_cli_test(lm_rejects_bad_experts dea_cli 2 "--experts: expected 1, 2, 4, 8 or 16, got 3" ${dea_lm_flags}
                --mlp tr_moe --experts 3 --d_ff 96)
-  dea_cli_test(lm_rejects_bad_attention dea_cli 2 "--attention: expected 'mha', 'gqa', 'tr_mha' or 'tr_mha_v2', got 'dea'" ${dea_lm_flags} --attention dea)
+  dea_cli_test(lm_rejects_bad_attention dea_cli 2 "--attention: expected 'mha', 'gqa', 'tr_mha', 'tr_mha_v2' or 'dea', got 'flash'" ${dea_lm_flags} --attention flash)
   dea_cli_test(encoder_rejects_lm_flags dea_cli 2 "--attention applies to --model lm only, but --model is 'encoder'"
                train --attention mha --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_lm_bad)
   dea_cli_sh(lm_rejects_short_corpus dea_cli 2 "needs at least --max_len \\+ 1 = 65 bytes"

@@ -225,6 +225,44 @@ TEST_CASE("lm gradcheck: every attention type, the head, smoothing, z-loss and i
     gradcheck_model(tiny_config("mha"), lo, true, &worst);
   }
   SECTION("labels with -100") { gradcheck_model(tiny_config("mqa", 16, 4), {}, true, &worst); }
+  SECTION("dea (causal Dual-Expert) + dense: every parameter but the gate's, which no loss trains") {
+    const OneThread one_thread;
+    const DecoderConfig c = tiny_config("dea", 8, 2);
+    Rng rng(7);
+    DecoderLM<double> m(c, rng);
+    randomise(m, rng);
+    const Index B = 2, T = 5;
+    const IdTensor ids = random_ids(B, T, c.vocab_size, rng), labels = random_ids(B, T, c.vocab_size, rng);
+    const Mat<double> R = testing::random_projection(B * T, c.vocab_size, 99);
+    typename DecoderLM<double>::Cache cache;
+    auto objective = [&](const Mat<double>& lg) { return DecoderLM<double>::loss(lg, labels, {}, false).loss + 0.05 * (lg.array() * R.array()).sum(); };
+    ParamList<double> checked, gate;
+    for (Param<double>* p : m.parameters())
+      (p->name.find("W_gate") != std::string::npos || p->name.find("c_gate") != std::string::npos ? gate : checked)
+          .push_back(p);
+    REQUIRE(gate.size() == 2 * std::size_t(c.num_hidden_layers));
+    // The task backward reads alpha-hat as a constant (gradient isolation), while a finite difference of the loss
+    // also moves alpha-hat through Q, K and the normalised experts. With W_gate = 0 alpha-hat = min(0.95,
+    // sigmoid(c_gate)) depends on no input, so the two agree; the layer's own tests (test_dea_causal) check the
+    // input-dependent gate with a frozen alpha-hat.
+    for (Param<double>* p : gate)
+      if (p->name.find("W_gate") != std::string::npos) p->value.setZero();
+    testing::GradCheck gc;
+    gc.add(checked);
+    auto rep = gc.run([&] { return objective(m.forward(ids, cache)); },
+                      [&] {
+                        m.zero_grad();
+                        const Mat<double> lg = m.forward(ids, cache);
+                        Mat<double> d = DecoderLM<double>::loss(lg, labels, {}, true).dlogits;
+                        d += 0.05 * R;
+                        m.backward(d, cache);
+                      });
+    INFO(rep.str());
+    CHECK(rep.ok);
+    worst = std::max(worst, rep.worst_rel_error);
+    for (const auto& t : rep.tensors) CHECK(t.max_abs_grad > 0);
+    for (Param<double>* p : gate) CHECK(p->grad.cwiseAbs().maxCoeff() == 0.0);  // isolation: the task never writes the gate
+  }
   SECTION("tr_mha_v2 + TR-MoE (E = 4, k = 2, balanced hash, shared expert)") {
     DecoderConfig c = tiny_config("tr_mha_v2", 8, 2);
     c.mlp_type = "tr_hash_engine";
@@ -384,7 +422,7 @@ TEST_CASE("lm attention: GQA / MQA / MHA equal a plain masked computation", "[lm
 
 TEST_CASE("lm decoding: forward_step equals the full forward, token by token and prompt then tokens", "[lm]") {
   const OneThread one_thread;
-  for (const char* attn : {"gqa", "mha", "mqa", "tr_mha_v2"}) {
+  for (const char* attn : {"gqa", "mha", "mqa", "tr_mha_v2", "dea"}) {
     DecoderConfig c = tiny_config(attn, 16, 4, 2);
     c.vocab_size = 23;
     Rng rng(5);
@@ -430,7 +468,7 @@ TEST_CASE("lm decoding: forward_step equals the full forward, token by token and
 // Thread-count invariance and accumulation
 
 TEST_CASE("lm threads: 1 and 2 threads give identical bits; gradients accumulate", "[lm]") {
-  for (const char* attn : {"gqa", "tr_mha_v2"}) {
+  for (const char* attn : {"gqa", "tr_mha_v2", "dea"}) {
     DecoderConfig c = tiny_config(attn, 32, 4, 2);
     c.vocab_size = 97;
     c.intermediate_size = 48;

@@ -4,7 +4,8 @@
 // config written for it reads the same here. Parsing from JSON lives in interop/lm_case.hpp; this header needs
 // Eigen only.
 //
-//   attention_type   "gqa" (default), "mha", "mqa", "tr_mha", "tr_mha_v2"
+//   attention_type   "gqa" (default), "mha", "mqa", "tr_mha", "tr_mha_v2", "dea" (causal Dual-Expert attention,
+//                    not a type of the reference: see docs/lm.md)
 //   mlp_type         "tr_hash_engine" (default, alias "tr_hash_moe": the TR-MoE MLP) or "dense_deterministic"
 //                    (alias "dense": the dense SwiGLU gate_proj / up_proj / down_proj)
 //   num_key_value_heads  <= 0: the default of the attention type (gqa: max(1, H / 4); mha, tr_mha, tr_mha_v2: H;
@@ -21,7 +22,7 @@
 namespace dea {
 namespace lm {
 
-enum class AttentionType { mha, gqa, mqa, tr_mha, tr_mha_v2 };
+enum class AttentionType { mha, gqa, mqa, tr_mha, tr_mha_v2, dea };
 enum class MlpType { dense, tr_hash_engine };
 
 inline const char* to_string(AttentionType a) {
@@ -30,19 +31,22 @@ inline const char* to_string(AttentionType a) {
     case AttentionType::gqa: return "gqa";
     case AttentionType::mqa: return "mqa";
     case AttentionType::tr_mha: return "tr_mha";
+    case AttentionType::dea: return "dea";
     default: return "tr_mha_v2";
   }
 }
 inline const char* to_string(MlpType m) { return m == MlpType::dense ? "dense_deterministic" : "tr_hash_engine"; }
 
-/// "mha", "gqa", "mqa", "tr_mha", "tr_mha_v2"; dea::Error naming the field otherwise.
+/// "mha", "gqa", "mqa", "tr_mha", "tr_mha_v2", "dea"; dea::Error naming the field otherwise.
 inline AttentionType parse_attention_type(const std::string& s) {
   if (s == "mha") return AttentionType::mha;
   if (s == "gqa") return AttentionType::gqa;
   if (s == "mqa") return AttentionType::mqa;
   if (s == "tr_mha") return AttentionType::tr_mha;
   if (s == "tr_mha_v2") return AttentionType::tr_mha_v2;
-  ::dea::detail::raise("DecoderConfig: attention_type: expected one of mha, gqa, mqa, tr_mha, tr_mha_v2, got '" + s + "'");
+  if (s == "dea") return AttentionType::dea;
+  ::dea::detail::raise("DecoderConfig: attention_type: expected one of mha, gqa, mqa, tr_mha, tr_mha_v2, dea, got '" + s +
+                       "'");
 }
 
 /// "dense_deterministic" / "dense" -> dense; "tr_hash_engine" / "tr_hash_moe" -> tr_hash_engine.

@@ -24,6 +24,7 @@
 #pragma once
 
 #include "../attention/inputs.hpp"
+#include "../attention/dual_expert.hpp"
 #include "../attention/token_routed.hpp"
 #include "../core/init.hpp"
 #include "../core/param.hpp"
@@ -55,6 +56,7 @@ public:
   using IdTensor = Tensor<std::int64_t>;
   using Attn = CausalSelfAttention<S>;
   using TrAttn = TokenRoutedAttention<S>;
+  using DeaAttn = DualExpertAttention<S>;
 
   // ---------------------------------------------------------------------------------------------------------
   // The MLP slot. Every MLP type has the interface
@@ -72,6 +74,7 @@ public:
     Vec<S> a_rstd;                    ///< [N]
     typename Attn::Cache attn;        ///< mha / gqa / mqa
     typename TrAttn::Cache tr;        ///< tr_mha / tr_mha_v2
+    typename DeaAttn::Cache dea;      ///< dea
     Mat<S> m_hat;                     ///< [N, D] post-attention RMSNorm
     Vec<S> m_rstd;                    ///< [N]
     MlpCache mlp;
@@ -95,10 +98,12 @@ public:
     Index length = 0;                                  ///< positions already decoded
     std::vector<typename Attn::KVCache> kv;            ///< per layer (mha / gqa / mqa)
     std::vector<typename TrAttn::KVCache> tr_kv;       ///< per layer (tr_mha / tr_mha_v2)
+    std::vector<typename DeaAttn::DecodeCache> dea_kv; ///< per layer (dea)
     void clear() {
       batch = length = 0;
       kv.clear();
       tr_kv.clear();
+      dea_kv.clear();
     }
   };
 
@@ -208,11 +213,14 @@ private:
     Param<S> in_norm, post_norm;
     std::optional<Attn> attn;
     std::optional<TrAttn> tr;
+    std::optional<DeaAttn> dea;
     MlpImpl mlp;
     Block(Param<S> a, Param<S> b, MlpImpl m) : in_norm(std::move(a)), post_norm(std::move(b)), mlp(std::move(m)) {}
   };
 
-  static ParamList<S> attn_params_(Block& blk) { return blk.attn ? blk.attn->parameters() : blk.tr->parameters(); }
+  static ParamList<S> attn_params_(Block& blk) {
+    return blk.attn ? blk.attn->parameters() : blk.tr ? blk.tr->parameters() : blk.dea->parameters();
+  }
 
   template <class C>
   static C& mlp_cache_(MlpCache& c) {
@@ -280,7 +288,14 @@ private:
       post_norm.value.setOnes();
       std::optional<Attn> attn;
       std::optional<TrAttn> tr;
-      if (attn_type_ == AttentionType::tr_mha || attn_type_ == AttentionType::tr_mha_v2) {
+      std::optional<DeaAttn> dea;
+      if (attn_type_ == AttentionType::dea) {
+        // causal Dual-Expert attention without biases, with its own initialisation (attention/dual_expert.hpp);
+        // no oracle: the gate has no loss and alpha-hat alone mixes the experts
+        typename DeaAttn::Options o;
+        o.bias = false;
+        dea.emplace(D_, cfg_.num_attention_heads, rng, o);
+      } else if (attn_type_ == AttentionType::tr_mha || attn_type_ == AttentionType::tr_mha_v2) {
         tr.emplace(D_, cfg_.num_attention_heads, rng, cfg_.token_routed_options(l));
       } else {
         CausalAttentionOptions o;
@@ -302,6 +317,7 @@ private:
       Block& blk = blocks_.back();
       blk.attn = std::move(attn);
       blk.tr = std::move(tr);
+      blk.dea = std::move(dea);
       prefix_names(attn_params_(blk), pre + "self_attn.");
       prefix_names(std::visit([](auto& m) { return m.parameters(); }, blk.mlp), pre + "mlp.");
     }
@@ -348,6 +364,8 @@ Mat<S> DecoderLM<S>::forward_impl_(Mat<S> h, const IdTensor& ids, Cache& c) {
   c.blocks.resize(static_cast<std::size_t>(L_));
   c.hidden[0] = std::move(h);                                                 // h_0
   const AttnInputs<S> in(B, T);
+  AttnInputs<S> causal_in(B, T);
+  causal_in.set_causal(true);
   Mat<S> a(N, D_);
   for (Index l = 0; l < L_; ++l) {
     Block& blk = blocks_[static_cast<std::size_t>(l)];
@@ -356,7 +374,9 @@ Mat<S> DecoderLM<S>::forward_impl_(Mat<S> h, const IdTensor& ids, Cache& c) {
     bc.a_hat.resize(N, D_);
     bc.a_rstd.resize(N);
     ops::rms_norm_forward<S>(hin, blk.in_norm.value.data(), eps, a, bc.a_hat, bc.a_rstd.data());  // a = RMSNorm_in(h)
-    Mat<S> hmid = blk.attn ? blk.attn->forward(a, B, bc.attn) : blk.tr->forward(a, ids, in, bc.tr);
+    Mat<S> hmid = blk.attn ? blk.attn->forward(a, B, bc.attn)
+                  : blk.tr ? blk.tr->forward(a, ids, in, bc.tr)
+                           : blk.dea->forward(a, causal_in, bc.dea);
     hmid += hin;                                                              // h = h + Attn(a)
     bc.m_hat.resize(N, D_);
     bc.m_rstd.resize(N);
@@ -393,7 +413,9 @@ Mat<S> DecoderLM<S>::backward(const Mat<S>& dlogits, Cache& c) {
     ops::rms_norm_backward<S>(dm, bc.m_hat, bc.m_rstd.data(), blk.post_norm.value.data(), blk.post_norm.grad.data(), tmp);
     dh += tmp;                                                                // dh_mid = dh_out + d(norm) path
     // h_mid = h_in + Attn(a), a = RMSNorm_in(h_in)
-    const Mat<S> da = blk.attn ? blk.attn->backward(dh, bc.attn) : blk.tr->backward(dh, bc.tr);
+    const Mat<S> da = blk.attn ? blk.attn->backward(dh, bc.attn)
+                      : blk.tr ? blk.tr->backward(dh, bc.tr)
+                               : blk.dea->backward(dh, bc.dea);
     ops::rms_norm_backward<S>(da, bc.a_hat, bc.a_rstd.data(), blk.in_norm.value.data(), blk.in_norm.grad.data(), tmp);
     dh += tmp;                                                                // dh_in = dh_mid + d(norm) path
   }
@@ -413,9 +435,11 @@ Mat<S> DecoderLM<S>::forward_step(const IdTensor& new_ids, DecodeState& st) {
     st.batch = B;
     st.kv.assign(static_cast<std::size_t>(L_), typename Attn::KVCache());
     st.tr_kv.assign(static_cast<std::size_t>(L_), typename TrAttn::KVCache());
+    st.dea_kv.assign(static_cast<std::size_t>(L_), typename DeaAttn::DecodeCache(B));
   }
   check(st.batch == B, "DecoderLM::forward_step: new_ids batch expected ", st.batch, " (the decode state's), got ", B);
-  check(st.kv.size() == static_cast<std::size_t>(L_) && st.tr_kv.size() == static_cast<std::size_t>(L_),
+  check(st.kv.size() == static_cast<std::size_t>(L_) && st.tr_kv.size() == static_cast<std::size_t>(L_) &&
+            st.dea_kv.size() == static_cast<std::size_t>(L_),
         "DecoderLM::forward_step: the decode state holds ", st.kv.size(), " layers, this model has ", L_,
         " (a state of another model?)");
   const S eps = static_cast<S>(cfg_.norm_eps);
@@ -426,8 +450,10 @@ Mat<S> DecoderLM<S>::forward_step(const IdTensor& new_ids, DecodeState& st) {
   for (Index l = 0; l < L_; ++l) {
     Block& blk = blocks_[static_cast<std::size_t>(l)];
     ops::rms_norm_forward<S>(h, blk.in_norm.value.data(), eps, a, hat, rs.data());        // a = RMSNorm_in(h)
-    h += blk.attn ? blk.attn->forward_cached(a, B, st.kv[static_cast<std::size_t>(l)])
-                  : blk.tr->forward_cached(a, B, new_ids, st.tr_kv[static_cast<std::size_t>(l)]);  // h += Attn(a)
+    const std::size_t li = static_cast<std::size_t>(l);
+    h += blk.attn ? blk.attn->forward_cached(a, B, st.kv[li])
+         : blk.tr ? blk.tr->forward_cached(a, B, new_ids, st.tr_kv[li])
+                  : blk.dea->forward_decode(a, st.dea_kv[li]);                             // h += Attn(a)
     ops::rms_norm_forward<S>(h, blk.post_norm.value.data(), eps, a, hat, rs.data());      // m = RMSNorm_post(h)
     MlpCache scratch;
     h += mlp_forward_(blk.mlp, a, new_ids.ptr(), scratch);                                 // h += MLP(m)

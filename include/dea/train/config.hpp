@@ -85,7 +85,7 @@ struct TrainConfig {
   /// (a configuration from code, or a run imported from the reference). Not a flag.
   std::string data_hash;
   // --model lm (the decoder-only byte-level language model, train/lm.hpp)
-  std::string attention = "gqa";       ///< lm: mha | gqa | tr_mha | tr_mha_v2
+  std::string attention = "gqa";       ///< lm: mha | gqa | tr_mha | tr_mha_v2 | dea
   std::string mlp = "swiglu";          ///< lm: swiglu (dense) | tr_moe (the TR-MoE MLP)
   bool shared_expert = false;          ///< lm, mlp tr_moe: add the shared expert
   Index kv_heads = 0;                  ///< lm, attention gqa: KV heads (0 = max(1, n_heads / 4))
@@ -232,7 +232,7 @@ inline void validate(const TrainConfig& c) {
                                                hint.empty() ? "expected " + expected + "'" : hint));
   };
   one_of("model", c.model, {"encoder", "dea_bert", "lm"});
-  one_of("attention", c.attention, {"mha", "gqa", "tr_mha", "tr_mha_v2"});
+  one_of("attention", c.attention, {"mha", "gqa", "tr_mha", "tr_mha_v2", "dea"});
   one_of("mlp", c.mlp, {"swiglu", "tr_moe"});
   in("kv_heads", c.kv_heads, 0, ConfigLimits::max_d_model);
   in("experts", c.experts, 1, 16);
@@ -412,8 +412,8 @@ inline void add_config_flags(cli::FlagSet& fs, TrainConfig& c) {
   fs.integer("eval_batches", c.eval_batches, 1, kNoMax, "at most this many validation batches per evaluation");
   fs.integer("threads", c.threads, 0, cli::kMaxThreads, "OpenMP threads (0 = the library default)");
   fs.toggle("resume", c.resume, "continue the run in --out_dir from its checkpoint (bit for bit)");
-  fs.choice("attention", c.attention, {"mha", "gqa", "tr_mha", "tr_mha_v2"},
-            "--model lm: causal attention (multi-head, grouped-query, token-routed v1 / v2)");
+  fs.choice("attention", c.attention, {"mha", "gqa", "tr_mha", "tr_mha_v2", "dea"},
+            "--model lm: causal attention (multi-head, grouped-query, token-routed v1 / v2, causal Dual-Expert)");
   fs.choice("mlp", c.mlp, {"swiglu", "tr_moe"}, "--model lm: the dense SwiGLU MLP, or the TR-MoE MLP");
   fs.toggle("shared_expert", c.shared_expert, "--model lm --mlp tr_moe: add the shared (always active) expert");
   fs.integer("kv_heads", c.kv_heads, 0, kNoMax, "--model lm --attention gqa: KV heads (0 = max(1, n_heads / 4))");
