@@ -139,41 +139,29 @@ int dea_interop(int argc, char** argv) {
                  use_float ? "1e-4 out.*, 1e-3 grad.*" : "1e-9", use_float ? "float" : "double", ok ? "PASS" : "FAIL");
       return ok ? 0 : 1;
     }
-    if (kind == "tr_mha_layer") {
-      const auto r = use_float ? interop::run_tr_mha_case<float>(case_path) : interop::run_tr_mha_case<double>(case_path);
+    // the kinds whose runner returns its own comparison: write --out, print the report, exit by its verdict
+    auto finish = [&](const auto& r, const std::string& relative) {
       if (!out_path.empty()) {
         r.computed.save(out_path);
         fmt::print("wrote {} tensors to {}\n", r.computed.size(), out_path);
       }
       if (!compare) return 0;
       fmt::print("{}", r.str());
-      fmt::print("{}: worst error / tolerance {:.3e} ({}): {}\n", case_path, r.worst_ratio, use_float ? "float" : "double",
-                 r.ok ? "PASS" : "FAIL");
+      fmt::print("{}: worst error / tolerance {:.3e}{} ({}): {}\n", case_path, r.worst_ratio, relative,
+                 use_float ? "float" : "double", r.ok ? "PASS" : "FAIL");
       return r.ok ? 0 : 1;
-    }
+    };
+    auto relative = [](double e) { return fmt::format(", worst relative error {:.3e}", e); };
+    if (kind == "tr_mha_layer")
+      return finish(use_float ? interop::run_tr_mha_case<float>(case_path) : interop::run_tr_mha_case<double>(case_path),
+                    "");
     if (kind == "tr_moe_mlp") {  // one TR-MoE MLP (golden/lm): 2e-6 x max(1, max|ref|), 1e-4 in float; routes exact
       const auto r = use_float ? interop::run_tr_moe_case<float>(case_path) : interop::run_tr_moe_case<double>(case_path);
-      if (!out_path.empty()) {
-        r.computed.save(out_path);
-        fmt::print("wrote {} tensors to {}\n", r.computed.size(), out_path);
-      }
-      if (!compare) return 0;
-      fmt::print("{}", r.str());
-      fmt::print("{}: worst error / tolerance {:.3e}, worst relative error {:.3e} ({}): {}\n", case_path, r.worst_ratio,
-                 r.worst_relative, use_float ? "float" : "double", r.ok ? "PASS" : "FAIL");
-      return r.ok ? 0 : 1;
+      return finish(r, relative(r.worst_relative));
     }
     if (kind == "lm_model") {  // the decoder LM with its loss (golden/lm/FORMAT.md; tolerance 2e-6, float 1e-4)
       const auto r = use_float ? interop::run_lm_case<float>(case_path) : interop::run_lm_case<double>(case_path);
-      if (!out_path.empty()) {
-        r.computed.save(out_path);
-        fmt::print("wrote {} tensors to {}\n", r.computed.size(), out_path);
-      }
-      if (!compare) return 0;
-      fmt::print("{}", r.str());
-      fmt::print("{}: worst error / tolerance {:.3e}, worst relative error {:.3e} ({}): {}\n", case_path, r.worst_ratio,
-                 r.worst_rel_error, use_float ? "float" : "double", r.ok ? "PASS" : "FAIL");
-      return r.ok ? 0 : 1;
+      return finish(r, relative(r.worst_rel_error));
     }
     io::SafeTensors got;
     if (kind == "dea_layer") {

@@ -201,25 +201,15 @@ inline std::string route_table_name(Index l) { return fmt::format("layers.{}.mlp
 template <class S>
 void save_checkpoint(const std::string& dir, Model<S>& model, const optim::AdamW<S>* opt, std::int64_t step,
                      std::uint64_t seed) {
-  std::filesystem::create_directories(dir);
-  io::SafeTensors st(checkpoint_path(dir));
-  io::put_parameters(st, model.parameters(), io::DType::F32);
-  if (opt)
-    for (const auto& kv : opt->state("optim.")) st.put("optim." + kv.first.substr(6), kv.second, io::DType::F32);
-  st.put("train.step", Tensor<std::int64_t>(Shape{}, step), io::DType::I64);
-  Tensor<std::int64_t> rs({4});
-  const auto s = checkpoint_rng_state(seed, step);
-  for (int i = 0; i < 4; ++i) std::memcpy(&rs[i], &s[static_cast<std::size_t>(i)], sizeof(std::uint64_t));
-  st.put("train.rng_state", rs, io::DType::I64);
-  for (Index l = 0; l < model.num_layers(); ++l)
-    if (const auto* moe = model.tr_moe(l)) {
-      const std::vector<std::int64_t> buf = moe->route_table_buffer();
-      Tensor<std::int64_t> t({moe->top_k(), moe->vocab_size()});
-      std::copy(buf.begin(), buf.end(), t.ptr());
-      st.put(route_table_name(l), t, io::DType::I64);
-    }
-  st.set_metadata({{"format", "dea-lm-checkpoint"}, {"step", std::to_string(step)}});
-  st.save(checkpoint_path(dir));
+  train::save_checkpoint(dir, model, opt, step, seed, [&](io::SafeTensors& st) {
+    for (Index l = 0; l < model.num_layers(); ++l)
+      if (const auto* moe = model.tr_moe(l)) {
+        const std::vector<std::int64_t> buf = moe->route_table_buffer();
+        Tensor<std::int64_t> t({moe->top_k(), moe->vocab_size()});
+        std::copy(buf.begin(), buf.end(), t.ptr());
+        st.put(route_table_name(l), t, io::DType::I64);
+      }
+  }, "dea-lm-checkpoint");
 }
 
 /// Loads checkpoint.safetensors of `dir` into `model` (and `opt`): the trainer's load_checkpoint, then every TR-MoE

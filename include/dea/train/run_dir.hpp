@@ -34,6 +34,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -96,10 +97,13 @@ inline std::array<std::uint64_t, 4> checkpoint_rng_state(std::uint64_t seed, std
 }
 
 /// Writes checkpoint.safetensors of `dir` (atomically): the parameters, the optimiser state (when given), the
-/// step and the Rng state check of `seed`.
+/// step and the Rng state check of `seed`, then what `extra` adds (a model family's buffers), under the metadata
+/// format `format`.
 template <class Model>
 void save_checkpoint(const std::string& dir, Model& model, const optim::AdamW<typename Model::Scalar>* opt,
-                     std::int64_t step, std::uint64_t seed) {
+                     std::int64_t step, std::uint64_t seed,
+                     const std::function<void(io::SafeTensors&)>& extra = nullptr,
+                     const std::string& format = "dea-train-checkpoint") {
   std::filesystem::create_directories(dir);
   io::SafeTensors st(checkpoint_path(dir));
   io::put_parameters(st, model.parameters(), io::DType::F32);
@@ -110,7 +114,8 @@ void save_checkpoint(const std::string& dir, Model& model, const optim::AdamW<ty
   const auto s = checkpoint_rng_state(seed, step);
   for (int i = 0; i < 4; ++i) std::memcpy(&rs[i], &s[static_cast<std::size_t>(i)], sizeof(std::uint64_t));
   st.put("train.rng_state", rs, io::DType::I64);
-  st.set_metadata({{"format", "dea-train-checkpoint"}, {"step", std::to_string(step)}});
+  if (extra) extra(st);
+  st.set_metadata({{"format", format}, {"step", std::to_string(step)}});
   st.save(checkpoint_path(dir));
 }
 
