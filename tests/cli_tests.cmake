@@ -46,6 +46,29 @@ if(TARGET tr_mha_demo)
                --threads abc --no-plots)
 endif()
 
+# lm_compare: bad flags and an unusable corpus or output directory exit 2 before any training
+if(TARGET lm_compare)
+  set(dea_lmc_text ${CMAKE_CURRENT_SOURCE_DIR}/data/lm/tiny_corpus.txt)
+  set(dea_lmc_out ${CMAKE_CURRENT_BINARY_DIR}/lm_compare_cli)
+  dea_cli_test(lm_compare_needs_text lm_compare 2 "--text FILE is required" --out ${dea_lmc_out})
+  dea_cli_test(lm_compare_text_missing lm_compare 2 "--text '[^']*no_such_corpus.txt': not a readable file"
+               --text ${CMAKE_CURRENT_BINARY_DIR}/no_such_corpus.txt --out ${dea_lmc_out})
+  dea_cli_test(lm_compare_one_seed lm_compare 2 "--seeds: the paired statistics need at least 2 seeds, got 1"
+               --text ${dea_lmc_text} --seeds 4 --out ${dea_lmc_out})
+  dea_cli_test(lm_compare_seed_twice lm_compare 2 "--seeds '1,2,1': seed 1 given twice"
+               --text ${dea_lmc_text} --seeds 1,2,1 --out ${dea_lmc_out})
+  dea_cli_test(lm_compare_bad_variant lm_compare 2 "--variants 'mha_dense,gpt': unknown variant 'gpt'"
+               --text ${dea_lmc_text} --variants mha_dense,gpt --out ${dea_lmc_out})
+  dea_cli_test(lm_compare_routed_too_wide lm_compare 2 "--routed \\(512\\) must be below --d_ff \\(512\\)"
+               --text ${dea_lmc_text} --routed 512 --out ${dea_lmc_out})
+  dea_cli_test(lm_compare_bad_steps lm_compare 2 "--steps: expected an integer in \\[1, 10000000\\], got '0'"
+               --text ${dea_lmc_text} --steps 0 --out ${dea_lmc_out})
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+    dea_cli_test(lm_compare_out_unwritable lm_compare 2 "--out '/proc/dea_lm_compare': cannot create the directory"
+                 --text ${dea_lmc_text} --out /proc/dea_lm_compare)
+  endif()
+endif()
+
 # laplacian_bench: strict lists and ranges (a range to 2^64 used to fill the memory), and where the results go is
 # checked before any training (the default protocol takes minutes: the 30 s limit catches a late check)
 if(TARGET laplacian_bench)
@@ -462,14 +485,14 @@ endif()
 
 # dea train --model lm and dea generate (train/lm.hpp, examples/dea/generate.cpp): end to end on a small corpus
 # (tests/lm_train.cmake: the loss falls, dea eval gives the run's last NLL, 20 steps resumed to 40 are bit-exact,
-# generate is repeatable) for grouped-query attention with the TR-MoE MLP (shared expert, its route tables in the
-# checkpoint), for token-routed attention v2 with the dense SwiGLU and for causal Dual-Expert attention; then bad command lines (exit 2, the flag
+# generate is repeatable) for grouped-query attention with the TR-MoE MLP (a shared expert of its own width, the
+# balanced-hash route tables in the checkpoint, label smoothing, a learning-rate warmup), for token-routed attention v2 with the dense SwiGLU and for causal Dual-Expert attention; then bad command lines (exit 2, the flag
 # named): the encoder's and the DEA oracle's flags refused with --model lm and the LM's without it, a corpus too
 # short for one window, generate without its required flags or with a directory that holds no run.
 if(TARGET dea_cli)
   set(dea_lm_corpus ${CMAKE_CURRENT_SOURCE_DIR}/data/lm/tiny_corpus.txt)
   # ARCH: the run's architecture flags, comma-separated
-  foreach(c "gqa_trmoe;--attention,gqa,--kv_heads,2,--mlp,tr_moe,--experts,4,--top_k,2,--shared_expert;1"
+  foreach(c "gqa_trmoe;--attention,gqa,--kv_heads,2,--mlp,tr_moe,--experts,4,--top_k,2,--shared_expert,--shared_d_ff,48,--routing,balanced_hash,--label_smoothing,0.1,--warmup_steps,5;1"
             "trmha2_swiglu;--attention,tr_mha_v2,--mlp,swiglu;0"
             "dea_swiglu;--attention,dea,--mlp,swiglu;0")
     list(GET c 0 name)
@@ -493,6 +516,20 @@ if(TARGET dea_cli)
   dea_cli_test(lm_rejects_bad_experts dea_cli 2 "--experts: expected 1, 2, 4, 8 or 16, got 3" ${dea_lm_flags}
                --mlp tr_moe --experts 3 --d_ff 96)
   dea_cli_test(lm_rejects_bad_attention dea_cli 2 "--attention: expected 'mha', 'gqa', 'tr_mha', 'tr_mha_v2' or 'dea', got 'flash'" ${dea_lm_flags} --attention flash)
+  dea_cli_test(lm_rejects_shared_d_ff_without_shared dea_cli 2
+               "--shared_d_ff 64 applies to --mlp tr_moe --shared_expert only" ${dea_lm_flags} --mlp tr_moe --shared_d_ff 64)
+  dea_cli_test(lm_rejects_routing_with_swiglu dea_cli 2 "--routing balanced_hash applies to --mlp tr_moe only"
+               ${dea_lm_flags} --routing balanced_hash)
+  dea_cli_test(lm_rejects_bad_routing dea_cli 2 "--routing: expected 'modulo_cyclic' or 'balanced_hash', got 'random'"
+               ${dea_lm_flags} --mlp tr_moe --routing random)
+  dea_cli_test(lm_rejects_label_smoothing_one dea_cli 2 "--label_smoothing: expected a number in \\[0, 1\\), got '1'"
+               ${dea_lm_flags} --label_smoothing 1)
+  dea_cli_test(lm_rejects_warmup_beyond_steps dea_cli 2 "--warmup_steps: expected 0 .. --steps \\(10\\), got 20"
+               ${dea_lm_flags} --steps 10 --warmup_steps 20)
+  dea_cli_test(lm_rejects_bad_lr_schedule dea_cli 2 "--lr_schedule: expected 'constant' or 'cosine', got 'linear'"
+               ${dea_lm_flags} --lr_schedule linear)
+  dea_cli_test(encoder_rejects_lm_schedule dea_cli 2 "--lr_schedule applies to --model lm only, but --model is 'encoder'"
+               train --lr_schedule cosine --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_lm_bad)
   dea_cli_test(encoder_rejects_lm_flags dea_cli 2 "--attention applies to --model lm only, but --model is 'encoder'"
                train --attention mha --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_lm_bad)
   dea_cli_sh(lm_rejects_short_corpus dea_cli 2 "needs at least --max_len \\+ 1 = 65 bytes"

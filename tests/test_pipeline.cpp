@@ -2,6 +2,7 @@
 // config JSON, training, checkpoints, bit-exact resume, corrupt files, the evaluation loop and the Paris probe of
 // `dea train` / `dea eval`, on a tiny configuration.
 #include <dea/train.hpp>
+#include <dea/train/lm.hpp>
 
 #include "../examples/dea/paris_probe.hpp"
 
@@ -584,6 +585,51 @@ TEST_CASE("flags: a FlagSet parses, refuses and documents every flag", "[pipelin
   const std::string h = fs.help();
   CHECK_THAT(h, Catch::Contains("--n N") && Catch::Contains("default 3, range [1, 10]") &&
                     Catch::Contains("range [0, 1)") && Catch::Contains("--sw"));
+}
+
+TEST_CASE("lm run: the learning-rate schedule and the decoder configuration of the flags", "[train][lm]") {
+  TrainConfig c;
+  c.model = "lm";
+  c.lr_main = 1e-3;
+  c.steps = 100;
+  c.warmup_steps = 10;
+  // constant: linear warmup to lr_main, then lr_main
+  CHECK(lm_run::lr_at(c, 1) == Approx(1e-4));
+  CHECK(lm_run::lr_at(c, 5) == Approx(5e-4));
+  CHECK(lm_run::lr_at(c, 10) == Approx(1e-3));
+  CHECK(lm_run::lr_at(c, 60) == 1e-3);
+  CHECK(lm_run::lr_at(c, 100) == 1e-3);
+  // cosine: from lr_main after the warmup down to 0.1 lr_main at the last step, halfway at 0.55 lr_main
+  c.lr_schedule = "cosine";
+  CHECK(lm_run::lr_at(c, 10) == Approx(1e-3));
+  CHECK(lm_run::lr_at(c, 55) == Approx(0.55e-3));
+  CHECK(lm_run::lr_at(c, 100) == Approx(1e-4));
+  double prev = lm_run::lr_at(c, 10);
+  for (std::int64_t s = 11; s <= 100; ++s) {
+    const double lr = lm_run::lr_at(c, s);
+    CHECK(lr <= prev);
+    prev = lr;
+  }
+  c.warmup_steps = 0;
+  CHECK(lm_run::lr_at(c, 1) < 1e-3);
+  CHECK(lm_run::lr_at(c, 1) > 0.999e-3);
+
+  // the TR-MoE flags reach the decoder's configuration
+  c.mlp = "tr_moe";
+  c.shared_expert = true;
+  c.shared_d_ff = 48;
+  c.d_ff = 32;
+  c.routing = "balanced_hash";
+  lm::DecoderConfig m = lm_run::decoder_config(c);
+  CHECK(m.mlp_type == "tr_hash_engine");
+  CHECK(m.shared_intermediate_size == 48);
+  CHECK(m.intermediate_size == 32);
+  CHECK(m.routing_strategy == "token_id_balanced_hash");
+  c.shared_d_ff = 0;
+  c.routing = "modulo_cyclic";
+  m = lm_run::decoder_config(c);
+  CHECK(m.shared_intermediate_size <= 0);
+  CHECK(m.routing_strategy == "modulo_cyclic");
 }
 
 }  // namespace test_pipeline

@@ -91,6 +91,11 @@ struct TrainConfig {
   Index kv_heads = 0;                  ///< lm, attention gqa: KV heads (0 = max(1, n_heads / 4))
   Index experts = 4;                   ///< lm, mlp tr_moe: E (1, 2, 4, 8 or 16)
   Index top_k = 1;                     ///< lm, mlp tr_moe: k (1, 2 or 4, at most E)
+  Index shared_d_ff = 0;               ///< lm, mlp tr_moe --shared_expert: the shared expert's width (0 = d_ff)
+  std::string routing = "modulo_cyclic";  ///< lm, mlp tr_moe: modulo_cyclic | balanced_hash (token_id_balanced_hash)
+  double label_smoothing = 0.0;        ///< lm: label smoothing of the training loss (evaluation NLL is plain)
+  std::string lr_schedule = "constant";  ///< lm: constant | cosine (linear warmup, cosine decay to 10% of lr_main)
+  std::int64_t warmup_steps = 0;       ///< lm: linear warmup steps of either schedule
 };
 
 /// The --quick preset of the reference (applied to every field not given explicitly).
@@ -237,6 +242,13 @@ inline void validate(const TrainConfig& c) {
   in("kv_heads", c.kv_heads, 0, ConfigLimits::max_d_model);
   in("experts", c.experts, 1, 16);
   in("top_k", c.top_k, 1, 4);
+  one_of("routing", c.routing, {"modulo_cyclic", "balanced_hash"});
+  one_of("lr_schedule", c.lr_schedule, {"constant", "cosine"});
+  in("shared_d_ff", c.shared_d_ff, 0, ConfigLimits::max_d_ff);
+  check(c.label_smoothing >= 0 && c.label_smoothing < 1, "--label_smoothing: expected a value in [0, 1), got ",
+        c.label_smoothing);
+  check(c.warmup_steps >= 0 && (c.warmup_steps == 0 || c.warmup_steps <= c.steps), "--warmup_steps: expected 0 .. "
+        "--steps (", c.steps, "), got ", c.warmup_steps);
   if (c.model == "lm") {
     check(c.data_source == "text", "--model lm trains on a text corpus: it needs --data_source text --text FILE, but "
           "--data_source is '", c.data_source, "'");
@@ -251,6 +263,10 @@ inline void validate(const TrainConfig& c) {
     check(c.top_k <= c.experts, "--top_k (", c.top_k, ") cannot exceed --experts (", c.experts, ")");
     check(c.mlp != "tr_moe" || c.d_ff % c.experts == 0, "--d_ff (", c.d_ff, ") must be a multiple of --experts (",
           c.experts, ") with --mlp tr_moe (each expert is d_ff / experts wide)");
+    check(c.shared_d_ff == 0 || (c.mlp == "tr_moe" && c.shared_expert), "--shared_d_ff ", c.shared_d_ff,
+          " applies to --mlp tr_moe --shared_expert only (the shared expert's width)");
+    check(c.routing == "modulo_cyclic" || c.mlp == "tr_moe", "--routing ", c.routing,
+          " applies to --mlp tr_moe only (the TR-MoE route table)");
   }
   one_of("data_source", c.data_source, {"dalpha", "text"});
   one_of("dalpha_source", c.dalpha_source, {"synthetic", "files"});
@@ -419,6 +435,15 @@ inline void add_config_flags(cli::FlagSet& fs, TrainConfig& c) {
   fs.integer("kv_heads", c.kv_heads, 0, kNoMax, "--model lm --attention gqa: KV heads (0 = max(1, n_heads / 4))");
   fs.integer("experts", c.experts, 1, 16, "--model lm --mlp tr_moe: experts (1, 2, 4, 8 or 16)");
   fs.integer("top_k", c.top_k, 1, 4, "--model lm --mlp tr_moe: experts per token (1, 2 or 4, at most --experts)");
+  fs.integer("shared_d_ff", c.shared_d_ff, 0, kNoMax,
+             "--model lm --mlp tr_moe --shared_expert: the shared expert's width (0 = --d_ff)");
+  fs.choice("routing", c.routing, {"modulo_cyclic", "balanced_hash"},
+            "--model lm --mlp tr_moe: the route table (the framework's modulo_cyclic or token_id_balanced_hash)");
+  fs.real("label_smoothing", c.label_smoothing, 0, 1, false, true,
+          "--model lm: label smoothing of the training loss (the validation NLL is always plain)", "EPS");
+  fs.choice("lr_schedule", c.lr_schedule, {"constant", "cosine"},
+            "--model lm: constant, or cosine decay to 10% of --lr_main at --steps (after --warmup_steps)");
+  fs.integer("warmup_steps", c.warmup_steps, 0, kNoMax, "--model lm: linear learning-rate warmup steps");
 }
 
 /// The result of parsing a command line: the configuration and the flags given explicitly.
@@ -485,9 +510,11 @@ inline void check_flag_scope(const TrainConfig& c, const std::set<std::string>& 
                           "tokenizer", "vocab", "text_alpha", "n_docs", "supervise_layers", "no_isolation_check"})
       check(!given.count(f), "--", f, " does not apply to --model lm (the byte-level decoder language model has no "
             "Dual-Expert gate, oracle, dropout or word tokenizer; its flags are the sizes, --attention, --mlp, "
-            "--shared_expert, --kv_heads, --experts, --top_k, the lr / steps / log flags and --text)");
+            "--shared_expert, --kv_heads, --experts, --top_k, --shared_d_ff, --routing, --label_smoothing, --lr_schedule, "
+            "--warmup_steps, the lr / steps / log flags and --text)");
   } else {
-    for (const char* f : {"attention", "mlp", "shared_expert", "kv_heads", "experts", "top_k"})
+    for (const char* f : {"attention", "mlp", "shared_expert", "kv_heads", "experts", "top_k", "shared_d_ff", "routing",
+                          "label_smoothing", "lr_schedule", "warmup_steps"})
       check(!given.count(f), "--", f, " applies to --model lm only, but --model is '", c.model, "'");
   }
   if (c.model == "lm" || c.data_source == "text") return;
@@ -545,6 +572,11 @@ inline nlohmann::json to_json(const TrainConfig& c) {
     j["kv_heads"] = c.kv_heads;
     j["experts"] = c.experts;
     j["top_k"] = c.top_k;
+    j["shared_d_ff"] = c.shared_d_ff;
+    j["routing"] = c.routing;
+    j["label_smoothing"] = c.label_smoothing;
+    j["lr_schedule"] = c.lr_schedule;
+    j["warmup_steps"] = c.warmup_steps;
   }
   return j;
 }
@@ -650,6 +682,11 @@ inline ValidConfig config_from_json(const nlohmann::json& j, const std::string& 
     get("kv_heads", c.kv_heads);
     get("experts", c.experts);
     get("top_k", c.top_k);
+    get("shared_d_ff", c.shared_d_ff);
+    get("routing", c.routing);
+    get("label_smoothing", c.label_smoothing);
+    get("lr_schedule", c.lr_schedule);
+    get("warmup_steps", c.warmup_steps);
   }
   auto it = j.find("supervise_layers");
   if (it != j.end() && !it->is_null()) {

@@ -16,8 +16,12 @@
 // Model. DecoderConfig from the flags: hidden_size d_model, num_attention_heads n_heads, num_hidden_layers n_layers,
 // intermediate_size d_ff, vocab_size 256, attention_type --attention (gqa with --kv_heads, 0 = H / 4), mlp_type
 // dense_deterministic (--mlp swiglu) or tr_hash_engine (--mlp tr_moe: --experts, --top_k, --shared_expert,
-// routing modulo_cyclic), tied embeddings, the initialisation of §5 from Rng(seed). The optimiser is the trainer's
-// AdamW (lr_main, weight_decay, grad_clip; every LM parameter is in the main group) at a constant learning rate.
+// --shared_d_ff: the shared expert's width, 0 = d_ff; --routing modulo_cyclic or balanced_hash), tied embeddings, the
+// initialisation of §5 from Rng(seed). The optimiser is the trainer's AdamW (lr_main, weight_decay, grad_clip; every
+// LM parameter is in the main group). The learning rate of step s (lr_at): a linear warmup lr_main * s / warmup_steps
+// over the first warmup_steps steps, then lr_main (--lr_schedule constant) or a cosine from lr_main down to
+// 0.1 lr_main at step `steps` (--lr_schedule cosine). --label_smoothing applies to the training loss; the validation
+// NLL is the plain cross-entropy.
 //
 // Checkpoint. The parameters under the reference names, the AdamW state, train.step and train.rng_state (as every
 // run), and per TR-MoE layer l its route table "layers.{l}.mlp.engine.route_table" [k, V] (I64, the framework's
@@ -83,7 +87,8 @@ inline ::dea::lm::DecoderConfig decoder_config(const TrainConfig& c) {
   m.num_experts = c.experts;
   m.top_k = c.top_k;
   m.shared_expert = c.shared_expert;
-  m.routing_strategy = "modulo_cyclic";
+  m.shared_intermediate_size = c.shared_d_ff > 0 ? c.shared_d_ff : -1;
+  m.routing_strategy = c.routing == "balanced_hash" ? "token_id_balanced_hash" : "modulo_cyclic";
   m.tie_word_embeddings = true;
   return m;
 }
@@ -242,6 +247,17 @@ std::unique_ptr<Model<S>> build_model(const TrainConfig& c) {
   return std::make_unique<Model<S>>(decoder_config(c), rng);
 }
 
+/// The learning rate of step `step` (1-based; see the file comment).
+inline double lr_at(const TrainConfig& c, std::int64_t step) {
+  const double base = c.lr_main;
+  if (c.warmup_steps > 0 && step <= c.warmup_steps)
+    return base * static_cast<double>(step) / static_cast<double>(c.warmup_steps);
+  if (c.lr_schedule != "cosine" || c.steps <= c.warmup_steps) return base;
+  const double progress = static_cast<double>(step - c.warmup_steps) / static_cast<double>(c.steps - c.warmup_steps);
+  constexpr double kFloor = 0.1, kPi = 3.14159265358979323846;
+  return base * (kFloor + (1 - kFloor) * 0.5 * (1 + std::cos(kPi * progress)));
+}
+
 /// The optimiser: the trainer's AdamW groups (every LM parameter is "main").
 template <class S>
 optim::AdamW<S> make_optimizer(Model<S>& model, const TrainConfig& c) {
@@ -277,6 +293,8 @@ struct TrainOptions {
 struct TrainResult {
   std::int64_t start_step = 0, last_step = 0;
   double last_loss = 0;
+  double step_seconds = 0;  ///< wall time of the training steps of this call (evaluations and checkpoints excluded)
+  std::int64_t step_tokens = 0;  ///< tokens the steps of this call processed (batch_size * max_len per step)
   std::optional<EvalResult> last_eval;
 };
 
@@ -340,9 +358,12 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
   std::int64_t done = 0;
   const auto t_loop = std::chrono::steady_clock::now();
   for (std::int64_t step = step0 + 1; step <= cfg.steps; ++step) {
+    const auto t_step = std::chrono::steady_clock::now();
     const LmBatch b = train_batch(d, cfg.batch_size, T, cfg.seed, step);
     opt.zero_grad();
-    const auto r = model.forward_backward(b.ids, b.labels, cache);
+    ::dea::lm::CausalLmLossOptions loss_opt;
+    loss_opt.label_smoothing = cfg.label_smoothing;
+    const auto r = model.forward_backward(b.ids, b.labels, cache, loss_opt);
     const double loss = static_cast<double>(r.loss);
     if (!std::isfinite(loss)) {
       progress.finish_line();
@@ -355,7 +376,11 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
       throw NonFiniteError(fmt::format("dea: non-finite gradient norm at step {}; stopping. The last good checkpoint "
                                        "in {} is kept.", step, cfg.out_dir));
     }
+    const double lr = lr_at(cfg, step);
+    opt.set_lr("main", lr);
     opt.step();
+    res.step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
+    res.step_tokens += static_cast<std::int64_t>(cfg.batch_size) * static_cast<std::int64_t>(T);
     ++done;
     res.last_step = step;
     res.last_loss = loss;
@@ -366,8 +391,9 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
       nlohmann::json j;
       j["step"] = step;
       j["loss"] = json_number(loss);
+      if (cfg.label_smoothing > 0) j["ce"] = json_number(static_cast<double>(r.ce));
       j["grad_norm"] = json_number(norms.norm.count("main") ? norms.norm.at("main") : 0.0);
-      j["lr"] = cfg.lr_main;
+      j["lr"] = lr;
       j["n_tokens"] = r.count;
       j["layers"] = layer_telemetry(model);
       j["steps_per_s"] = rate;
