@@ -52,8 +52,8 @@
 // --breakdown measures instead the step's parts alone at its shapes, one "lm_breakdown" line per (configuration,
 // threads): the layer's attention forward and backward (CausalSelfAttention or TokenRoutedAttention, whose four
 // projections are also timed as bare packed products: the rest is the attention core, qk-norm, RoPE and routing),
-// the MLP forward and backward (DenseSwiGLU or TrMoeMlp; for dense also its element-wise SwiGLU alone and a
-// row-wise version with Eigen's vectorised exp, with their largest relative difference), one RMSNorm of [B T, D],
+// the MLP forward and backward (DenseSwiGLU or TrMoeMlp; for dense also its element-wise SwiGLU alone), one
+// RMSNorm of [B T, D],
 // the tied head, the loss, clipping + AdamW and zero_grad on the whole model; the median of --breakdown_reps calls
 // after one warm-up call each, in ms (and GFLOP/s where there are products), and their sum over a step
 // (modelled_step_ms; residual adds and the embedding lookup are left out). Progress goes to stderr.
@@ -510,30 +510,6 @@ double time_ms(int reps, F&& f) {
   return median(t);
 }
 
-/// silu(g) .* u with Eigen's vectorised exp, row by row: the form proposed for ops/swiglu.hpp (here only to time it
-/// next to the library's scalar loop).
-void swiglu_forward_vec(const Mat<S>& g, const Mat<S>& u, Mat<S>& h) {
-  ops::for_row_blocks(g.rows(), [&](Index r0, Index nr) {
-    for (Index i = r0; i < r0 + nr; ++i)
-      h.row(i).array() = g.row(i).array() / (S(1) + (-g.row(i).array()).exp()) * u.row(i).array();
-  });
-}
-void swiglu_backward_vec(const Mat<S>& dh, const Mat<S>& g, const Mat<S>& u, Mat<S>& dg, Mat<S>& du) {
-  ops::for_row_blocks(g.rows(), [&](Index r0, Index nr) {
-    Eigen::Array<S, 1, Eigen::Dynamic> sg(g.cols());
-    for (Index i = r0; i < r0 + nr; ++i) {
-      const auto z = g.row(i).array();
-      sg = S(1) / (S(1) + (-z).exp());                                         // sigmoid(g)
-      du.row(i).array() = dh.row(i).array() * z * sg;
-      dg.row(i).array() = dh.row(i).array() * u.row(i).array() * sg * (S(1) + z * (S(1) - sg));
-    }
-  });
-}
-
-double max_rel_diff(const Mat<S>& a, const Mat<S>& b) {
-  const double scale = std::max<double>(double(b.cwiseAbs().maxCoeff()), 1e-30);
-  return double((a - b).cwiseAbs().maxCoeff()) / scale;
-}
 
 void run_breakdown(const std::string& name, const Options& opt) {
   const lm::DecoderConfig mcfg = decoder_config(name, opt);
@@ -610,15 +586,12 @@ void run_breakdown(const std::string& name, const Options& opt) {
       mlp_b = time_ms(reps, [&] { mlp.backward(dy, c); });
       put("mlp_forward", mlp_f, 6.0 * N * D * W);
       put("mlp_backward", mlp_b, 12.0 * N * D * W);
-      Mat<S> g(N, W), u(N, W), h(N, W), dh(N, W), dg(N, W), du(N, W), h2(N, W), dg2(N, W), du2(N, W);
+      Mat<S> g(N, W), u(N, W), h(N, W), dh(N, W), dg(N, W), du(N, W);
       init::normal(g, rng, 0, 1);
       init::normal(u, rng, 0, 1);
       init::normal(dh, rng, 0, 1);
       put("swiglu_forward_elementwise", time_ms(reps, [&] { ops::swiglu_forward(g, u, h); }));
       put("swiglu_backward_elementwise", time_ms(reps, [&] { ops::swiglu_backward(dh, g, u, dg, du); }));
-      put("swiglu_forward_vectorised_exp", time_ms(reps, [&] { swiglu_forward_vec(g, u, h2); }));
-      put("swiglu_backward_vectorised_exp", time_ms(reps, [&] { swiglu_backward_vec(dh, g, u, dg2, du2); }));
-      parts["swiglu_vectorised_max_rel_diff"] = std::max({max_rel_diff(h2, h), max_rel_diff(dg2, dg), max_rel_diff(du2, du)});
     } else {
       lm::TrMoeOptions o;
       o.num_experts = mcfg.num_experts;
