@@ -2,7 +2,8 @@
 // the forward against a reference written here from the formulas (double, query i sees keys j <= i), gate loss
 // included; finite-difference checks of every parameter and input (task path, gate path, no oracle); exact
 // isolation; invisible cells change nothing; thread-count independence; key masks and the first query; both
-// kernels; decoding against the full causal forward; bad input.
+// kernels; decoding against the full causal forward; bad input. The same for RoPE (Options::rope_theta), causal
+// and not, against a reference that rotates the key by the relative offset j - i only.
 #include <catch2/catch.hpp>
 #include <dea/attention/dual_expert.hpp>
 #include <dea/testing/gradcheck.hpp>
@@ -31,6 +32,8 @@ struct Case {
   DeaKernel kernel = DeaKernel::reference;
   Index block_q = 0;
   std::uint64_t seed = 31;
+  double rope = 0;      // Options::rope_theta
+  bool causal = true;   // false: bidirectional (the RoPE cases)
 };
 
 struct Inputs {
@@ -82,6 +85,7 @@ DEA make_layer(const Case& cs) {
   opt.dropout = cs.dropout;
   opt.kernel = cs.kernel;
   opt.block_q = cs.block_q;
+  opt.rope_theta = cs.rope;
   DEA layer(cs.D, cs.H, rng, opt);
   // non-zero biases and a less symmetric gate, so that every path carries signal
   for (Param<double>* p : layer.parameters())
@@ -92,7 +96,7 @@ DEA make_layer(const Case& cs) {
 
 AttnInputs<double> make_attn_inputs(const Case& cs, const Inputs& in) {
   AttnInputs<double> ai(cs.B, cs.T);
-  ai.set_causal(true);
+  ai.set_causal(cs.causal);
   if (cs.mask) ai.set_key_mask(in.km);
   if (cs.oracle) ai.set_oracle(in.oracle);
   if (cs.targets) ai.set_targets(in.target);
@@ -108,6 +112,20 @@ const Param<double>& param(DEA& layer, const std::string& name) {
 }
 
 // ---- the reference: causal Dual-Expert attention and its gate loss, written from the formulas, cell by cell
+
+/// RoPE written as a relative rotation: rho_d v for an offset d (any sign), the pairs (m, m + Dh/2) turned by
+/// d * theta^(-2m/Dh). The layer rotates q (and W_rel q) at i and k at j; rho_i^T rho_j = rho_{j-i}, so the experts
+/// must equal q.rho_{j-i}k / sqrt(Dh) and min(0, -|W_rel q - rho_{j-i}k|^2 / Dh).
+std::vector<double> rotate(const std::vector<double>& v, double d, double theta) {
+  const std::size_t half = v.size() / 2;
+  std::vector<double> out(v.size());
+  for (std::size_t m = 0; m < half; ++m) {
+    const double phi = d * std::pow(theta, -2.0 * double(m) / double(v.size()));
+    out[m] = v[m] * std::cos(phi) - v[m + half] * std::sin(phi);
+    out[m + half] = v[m + half] * std::cos(phi) + v[m] * std::sin(phi);
+  }
+  return out;
+}
 
 struct Reference {
   Mat<double> y;
@@ -144,10 +162,11 @@ Reference reference(DEA& layer, const Case& cs, const Inputs& in) {
   for (Index b = 0; b < B; ++b)
     for (Index h = 0; h < H; ++h)
       for (Index i = 0; i < T; ++i) {
-        // the keys the query may see: j <= i, real
+        // the keys the query may see: j <= i (j < T when not causal), real
+        const Index je = cs.causal ? i + 1 : T;
         std::vector<char> seen(T, 0);
         Index n = 0;
-        for (Index j = 0; j <= i; ++j) {
+        for (Index j = 0; j < je; ++j) {
           seen[j] = !cs.mask || in.km[b * T + j] != 0;
           n += seen[j];
         }
@@ -157,10 +176,13 @@ Reference reference(DEA& layer, const Case& cs, const Inputs& in) {
         for (Index a = 0; a < Dh; ++a)
           for (Index c = 0; c < Dh; ++c) r[a] += Wrel[(h * Dh + a) * Dh + c] * q[c];
         std::vector<double> e0(T, 0.0), e1(T, 0.0);
-        for (Index j = 0; j <= i; ++j) {
+        for (Index j = 0; j < je; ++j) {
           double qk = 0, rr = 0, kk = 0, rk = 0;
+          std::vector<double> kj(Dh);  // the experts' key: k_j, or with RoPE rho_{j-i} k_j
+          for (Index d = 0; d < Dh; ++d) kj[d] = K(b * T + j, h * Dh + d);
+          if (cs.rope > 0) kj = rotate(kj, double(j - i), cs.rope);
           for (Index d = 0; d < Dh; ++d) {
-            const double kd = K(b * T + j, h * Dh + d);
+            const double kd = kj[d];
             qk += q[d] * kd;
             rr += r[d] * r[d];
             kk += kd * kd;
@@ -186,7 +208,7 @@ Reference reference(DEA& layer, const Case& cs, const Inputs& in) {
         const std::vector<double> n0 = normalise(e0), n1 = normalise(e1);
         std::vector<double> ah(T, 0.0), mix(T, 0.0), a(T, 0.0), sc(T, 0.0);
         std::vector<char> has(T, 0);
-        for (Index j = 0; j <= i; ++j) {
+        for (Index j = 0; j < je; ++j) {  // the gate reads the unrotated q and k
           double logit = cg[h] + Wg[h * G + 2 * Dh] * n0[j] + Wg[h * G + 2 * Dh + 1] * n1[j];
           for (Index d = 0; d < Dh; ++d)
             logit += q[d] * Wg[h * G + d] + K(b * T + j, h * Dh + d) * Wg[h * G + Dh + d];
@@ -203,13 +225,13 @@ Reference reference(DEA& layer, const Case& cs, const Inputs& in) {
           sc[j] = (1 - mix[j]) * n0[j] + mix[j] * n1[j];
         }
         double mx = -std::numeric_limits<double>::infinity(), z = 0;
-        for (Index j = 0; j <= i; ++j)
+        for (Index j = 0; j < je; ++j)
           if (seen[j]) mx = std::max(mx, sc[j]);
         std::vector<double> p(T, 0.0);
-        for (Index j = 0; j <= i; ++j)
+        for (Index j = 0; j < je; ++j)
           if (seen[j]) z += (p[j] = std::exp(sc[j] - mx));
-        for (Index j = 0; j <= i; ++j) p[j] = seen[j] ? p[j] / z : 0.0;
-        for (Index j = 0; j <= i; ++j)
+        for (Index j = 0; j < je; ++j) p[j] = seen[j] ? p[j] / z : 0.0;
+        for (Index j = 0; j < je; ++j)
           for (Index d = 0; d < Dh; ++d) ctx(b * T + i, h * Dh + d) += p[j] * V(b * T + j, h * Dh + d);
         for (Index j = 0; j < T; ++j) {
           const std::size_t c = static_cast<std::size_t>(((b * H + h) * T + i) * T + j);
@@ -772,6 +794,348 @@ TEST_CASE("causal DEA: bad input to forward_decode is a dea::Error naming it", "
   REQUIRE_THROWS_WITH(wider.forward_decode(Mat<double>::Zero(2, 16), dc), Catch::Contains("cache"));
   // causal masking needs Tq == Tk (AttnInputs), so a causal cross-attention of different lengths cannot be built
   REQUIRE_THROWS_WITH(AttnInputs<double>(2, 3, 4).set_causal(true), Catch::Contains("Tq == Tk"));
+}
+
+// ---- RoPE (Options::rope_theta): theta 20 on head width 4 turns both pairs by a visible angle per position
+
+TEST_CASE("DEA with RoPE: forward, maps and gate loss match the reference (key rotated by j - i only)",
+          "[dea][rope]") {
+  std::vector<std::pair<std::string, Case>> cases;
+  Case c0;
+  c0.rope = 20;
+  cases.push_back({"causal, no oracle", c0});
+  Case c1 = c0;
+  c1.oracle = c1.targets = c1.mask = true;
+  cases.push_back({"causal, oracle + targets, key mask", c1});
+  Case c2 = c1;
+  c2.causal = false;
+  cases.push_back({"bidirectional, oracle + targets, key mask", c2});
+  Case c3 = c0;
+  c3.causal = false;
+  c3.T = 11;
+  c3.block_q = 4;
+  c3.out_proj = false;
+  cases.push_back({"bidirectional, blocks of 4 rows, no out_proj", c3});
+  Case c4 = c1;
+  c4.T = 11;
+  c4.block_q = 4;
+  c4.gamma = 1.0;
+  c4.targets = false;
+  cases.push_back({"causal, blocks of 4 rows, oracle winner, gamma 1", c4});
+  for (auto& [name, base] : cases) {
+    for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
+      Case cs = base;
+      cs.kernel = kernel;
+      SECTION(name + (kernel == DeaKernel::tiled ? " (tiled)" : " (reference)")) {
+        DEA layer = make_layer(cs);
+        const Inputs in = make_inputs(cs);
+        AttnInputs<double> ai = make_attn_inputs(cs, in);
+        const Reference ref = reference(layer, cs, in);
+        DEA::Cache c;
+        const Mat<double> y = layer.forward(in.x, ai, c);
+        REQUIRE(y.allFinite());
+        CHECK(max_rel(y, ref.y) <= 1e-12);
+        CHECK(c.loss_gate == Approx(ref.loss_gate).epsilon(1e-12).margin(1e-14));
+        if (cs.oracle) CHECK(c.stats.n_decision_pairs == ref.n_pairs);
+        ai.set_keep_maps(true);
+        DEA::Cache m;
+        layer.forward(in.x, ai, m);
+        CHECK(max_rel(std::vector<double>(m.e0n.begin(), m.e0n.end()), ref.e0n) <= 1e-12);
+        CHECK(max_rel(std::vector<double>(m.e1n.begin(), m.e1n.end()), ref.e1n) <= 1e-12);
+        CHECK(max_rel(std::vector<double>(m.alpha_hat.begin(), m.alpha_hat.end()), ref.alpha_hat) <= 1e-12);
+        CHECK(max_rel(std::vector<double>(m.attn.begin(), m.attn.end()), ref.attn) <= 1e-12);
+        // the rotation matters: the same layer without it computes something else
+        Case off = cs;
+        off.rope = 0;
+        DEA plain = make_layer(off);
+        DEA::Cache cp;
+        CHECK(max_rel(plain.forward(in.x, make_attn_inputs(off, in), cp), y) > 1e-3);
+      }
+    }
+  }
+}
+
+TEST_CASE("DEA with RoPE: task-path gradients match finite differences, causal and bidirectional",
+          "[dea][rope][gradcheck]") {
+  std::vector<std::pair<std::string, Case>> cases;
+  Case c0;
+  c0.rope = 20;
+  cases.push_back({"causal, no oracle (language modelling)", c0});
+  Case c1 = c0;
+  c1.oracle = c1.targets = c1.mask = true;
+  cases.push_back({"causal, oracle + targets, key mask", c1});
+  Case c2 = c0;
+  c2.dropout = 0.3;
+  c2.mask = true;
+  cases.push_back({"causal, dropout 0.3 (fixed mask), key mask", c2});
+  Case c3 = c1;
+  c3.kernel = DeaKernel::tiled;
+  c3.block_q = 4;
+  c3.T = 9;
+  cases.push_back({"causal, tiled kernel, blocks of 4", c3});
+  Case c4 = c1;
+  c4.causal = false;
+  cases.push_back({"bidirectional, oracle + targets, key mask", c4});
+  Case c5 = c0;
+  c5.causal = false;
+  c5.kernel = DeaKernel::tiled;
+  c5.block_q = 4;
+  c5.T = 9;
+  c5.out_proj = false;
+  c5.bias = false;
+  c5.dropout = 0.2;
+  cases.push_back({"bidirectional, tiled, blocks of 4, no out_proj, no bias, dropout 0.2", c5});
+  for (auto& [name, cs] : cases) {
+    SECTION(name) {
+      auto rep = check_task_path(cs);
+      WARN("RoPE task path, " << name << ": worst relative error " << rep.worst_rel_error);
+      INFO(rep.str());
+      REQUIRE(rep.ok);
+      REQUIRE(rep.worst_rel_error <= 1e-6);
+    }
+  }
+}
+
+TEST_CASE("DEA with RoPE: gate-loss gradients match finite differences", "[dea][rope][gradcheck]") {
+  for (int variant = 0; variant < 4; ++variant) {
+    Case cs;
+    cs.rope = 20;
+    cs.oracle = cs.mask = true;
+    cs.targets = variant % 2 == 0;
+    cs.causal = variant < 2;
+    cs.kernel = variant == 3 ? DeaKernel::tiled : DeaKernel::reference;
+    cs.seed = 60 + static_cast<std::uint64_t>(variant);
+    SECTION("variant " + std::to_string(variant)) {
+      auto rep = check_gate_path(cs);
+      WARN("RoPE gate variant " << variant << ": worst relative error " << rep.worst_rel_error);
+      INFO(rep.str());
+      REQUIRE(rep.ok);
+      REQUIRE(rep.worst_rel_error <= 1e-6);
+      REQUIRE(rep.tensors[0].max_abs_grad > 1e-6);
+    }
+  }
+}
+
+TEST_CASE("DEA with RoPE: isolation is exact, later positions change nothing, the tiled kernel agrees",
+          "[dea][rope]") {
+  for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
+    Case cs;
+    cs.rope = 20;
+    cs.oracle = cs.targets = cs.mask = true;
+    cs.kernel = kernel;
+    DEA layer = make_layer(cs);
+    const Inputs in = make_inputs(cs);
+    REQUIRE(layer.verify_gradient_isolation(in.x, make_attn_inputs(cs, in)).ok);
+    // causal: rewriting the last position leaves every earlier row the same bits
+    DEA::Cache c1, c2;
+    const AttnInputs<double> ai = make_attn_inputs(cs, in);
+    const Mat<double> y1 = layer.forward(in.x, ai, c1);
+    Inputs moved = in;
+    for (Index b = 0; b < cs.B; ++b) moved.x.row(b * cs.T + cs.T - 1).array() += 0.7;
+    const Mat<double> y2 = layer.forward(moved.x, ai, c2);
+    for (Index b = 0; b < cs.B; ++b)
+      for (Index i = 0; i + 1 < cs.T; ++i)
+        for (Index d = 0; d < cs.D; ++d) REQUIRE(y1(b * cs.T + i, d) == y2(b * cs.T + i, d));
+  }
+  for (const bool causal : {true, false}) {
+    Case cs;
+    cs.rope = 20;
+    cs.causal = causal;
+    cs.T = 13;
+    cs.oracle = cs.targets = cs.mask = true;
+    cs.block_q = 5;
+    auto run = [&](DeaKernel kernel) {
+      Case k = cs;
+      k.kernel = kernel;
+      DEA layer = make_layer(k);
+      Inputs in = make_inputs(k);
+      AttnInputs<double> ai = make_attn_inputs(k, in);
+      Rng drop(3);
+      ai.set_training(true, &drop);
+      DEA::Cache c;
+      layer.zero_grad();
+      std::vector<double> all = flat(layer.forward(in.x, ai, c));
+      const std::vector<double> dx = flat(layer.backward(testing::random_projection(k.B * k.T, k.D, 9), c));
+      layer.backward_gate(c);
+      all.insert(all.end(), dx.begin(), dx.end());
+      for (Param<double>* p : layer.parameters()) all.insert(all.end(), p->grad.data(), p->grad.data() + p->numel());
+      all.push_back(c.loss_gate);
+      return all;
+    };
+    CHECK(max_rel(run(DeaKernel::tiled), run(DeaKernel::reference)) <= 1e-11);
+  }
+}
+
+TEST_CASE("DEA with RoPE: cross-attention of the same positions equals self-attention", "[dea][rope]") {
+  Case cs;
+  cs.rope = 20;
+  cs.causal = false;
+  cs.oracle = cs.targets = cs.mask = true;
+  DEA layer = make_layer(cs);
+  const Inputs in = make_inputs(cs);
+  const AttnInputs<double> ai = make_attn_inputs(cs, in);
+  DEA::Cache cs1, cs2;
+  const Mat<double> R = testing::random_projection(cs.B * cs.T, cs.D, 10);
+  layer.zero_grad();
+  const Mat<double> y1 = layer.forward(in.x, ai, cs1);
+  const Mat<double> dx = layer.backward(R, cs1);
+  const Mat<double> y2 = layer.forward(in.x, in.x, in.x, ai, cs2);
+  const DEA::InputGrads g = layer.backward_inputs(R, cs2);
+  CHECK(max_rel(y2, y1) <= 1e-14);
+  CHECK(max_rel(Mat<double>(g.dq + g.dk + g.dv), dx) <= 1e-13);
+}
+
+TEMPLATE_TEST_CASE("DEA with RoPE: results are bitwise identical for 1 and 2 threads", "[dea][rope][threads]", float,
+                   double) {
+  using L = DualExpertAttention<TestType>;
+  const Index B = 3, T = 40, H = 4, D = 32;
+  for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled})
+    for (const bool causal : {true, false}) {
+      Rng rng(5);
+      typename L::Options opt;
+      opt.kernel = kernel;
+      opt.block_q = 16;
+      opt.rope_theta = 10000;
+      L layer(D, H, rng, opt);
+      Mat<TestType> x(B * T, D);
+      init::normal(x, rng, 0, 1);
+      Tensor<TestType> oracle({B, T, T}, std::numeric_limits<TestType>::quiet_NaN());
+      for (Index b = 0; b < B; ++b)
+        for (Index i = 1; i < T; ++i)
+          for (Index j = 0; j < T; j += 3) oracle[(b * T + i) * T + j] = TestType(rng.uniform(0, 0.95));
+      Tensor<std::uint8_t> km({B, T}, 1);
+      for (Index j = 36; j < T; ++j) km[T + j] = 0;
+      AttnInputs<TestType> in(B, T);
+      in.set_oracle(oracle).set_key_mask(km).set_gamma_mix(TestType(0.5)).set_causal(causal);
+      Mat<TestType> dy(B * T, D);
+      init::normal(dy, rng, 0, 1);
+      auto run = [&](int threads) {
+        set_num_threads(threads);
+        typename L::Cache c;
+        layer.zero_grad();
+        Mat<TestType> y = layer.forward(x, in, c);
+        Mat<TestType> dx = layer.backward(dy, c);
+        layer.backward_gate(c);
+        std::vector<TestType> all(y.data(), y.data() + y.size());
+        all.insert(all.end(), dx.data(), dx.data() + dx.size());
+        for (Param<TestType>* p : layer.parameters()) all.insert(all.end(), p->grad.data(), p->grad.data() + p->numel());
+        all.push_back(c.loss_gate);
+        typename L::DecodeCache dc(B);  // decoding: a prompt, then single positions
+        for (Index t0 = 0; t0 < T;) {
+          const Index tn = t0 == 0 ? 7 : 1;
+          Mat<TestType> xn(B * tn, D);
+          for (Index b = 0; b < B; ++b) xn.middleRows(b * tn, tn) = x.middleRows(b * T + t0, tn);
+          const Mat<TestType> yn = layer.forward_decode(xn, dc);
+          all.insert(all.end(), yn.data(), yn.data() + yn.size());
+          t0 += tn;
+        }
+        return all;
+      };
+      const auto one = run(1);
+      const auto two = run(2);
+      set_num_threads(2);
+      REQUIRE(same_bits(one, two));
+    }
+}
+
+TEST_CASE("DEA with RoPE: incremental decoding equals the rows of the full causal forward", "[dea][rope][decode]") {
+  const Index B = 2, T = 23, D = 16, H = 2;
+  for (const bool out_proj : {true, false})
+    for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
+      Case cs;
+      cs.B = B;
+      cs.T = T;
+      cs.D = D;
+      cs.H = H;
+      cs.rope = 20;
+      cs.out_proj = out_proj;
+      cs.kernel = kernel;
+      cs.block_q = 8;
+      DEA layer = make_layer(cs);
+      const Inputs in = make_inputs(cs);
+      DEA::Cache c;
+      const Mat<double> full = layer.forward(in.x, make_attn_inputs(cs, in), c);
+      REQUIRE(max_rel(full, reference(layer, cs, in).y) <= 1e-12);
+      const std::vector<Index> chunks = {9, 1, 1, 1, 1, 1, 1, 1, 1, 1, 5};
+      DEA::DecodeCache dc(B);
+      Mat<double> dec(B * T, D);
+      Index pos = 0;
+      for (const Index tn : chunks) {
+        Mat<double> xn(B * tn, D);
+        for (Index b = 0; b < B; ++b) xn.middleRows(b * tn, tn) = in.x.middleRows(b * T + pos, tn);
+        const Mat<double> yn = layer.forward_decode(xn, dc);
+        for (Index b = 0; b < B; ++b) dec.middleRows(b * T + pos, tn) = yn.middleRows(b * tn, tn);
+        pos += tn;
+        REQUIRE(dc.length() == pos);
+      }
+      const double diff = (dec - full).cwiseAbs().maxCoeff();
+      WARN("RoPE decode vs full causal forward (double, out_proj " << out_proj << "): max |difference| " << diff);
+      REQUIRE(diff <= 1e-12 * (1.0 + full.cwiseAbs().maxCoeff()));
+      // the cache holds the rotated keys: rho_j (x_j W_k^T + b_k) of every head
+      Mat<double> K = c.K;
+      ops::RopeTable<double> tab(D / H, 20.0);
+      tab.reserve(T);
+      for (Index b = 0; b < B; ++b)
+        for (Index h = 0; h < H; ++h) ops::rope_forward(tab, 0, K.block(b * T, h * (D / H), T, D / H));
+      for (Index b = 0; b < B; ++b)
+        REQUIRE((dc.K.middleRows(b * dc.cap, T) - K.middleRows(b * T, T)).cwiseAbs().maxCoeff() <= 1e-12);
+      dc.clear();
+      REQUIRE(max_rel(layer.forward_decode(in.x, dc), full) <= 1e-12);
+    }
+}
+
+TEST_CASE("DEA with RoPE: decoding in float agrees with the full forward", "[dea][rope][decode]") {
+  using L = DualExpertAttention<float>;
+  const Index B = 2, T = 70, D = 32, H = 4;
+  Rng rng(12);
+  L::Options opt;
+  opt.rope_theta = 10000;
+  L layer(D, H, rng, opt);
+  Mat<float> x(B * T, D);
+  init::normal(x, rng, 0, 1);
+  AttnInputs<float> in(B, T);
+  in.set_causal(true);
+  L::Cache c;
+  const Mat<float> full = layer.forward(x, in, c);
+  L::DecodeCache dc(B);
+  Mat<float> dec(B * T, D);
+  for (Index t = 0; t < T; ++t) {
+    Mat<float> xn(B, D);
+    for (Index b = 0; b < B; ++b) xn.row(b) = x.row(b * T + t);
+    const Mat<float> yn = layer.forward_decode(xn, dc);
+    for (Index b = 0; b < B; ++b) dec.row(b * T + t) = yn.row(b);
+  }
+  const float diff = (dec - full).cwiseAbs().maxCoeff();
+  WARN("RoPE decode vs full causal forward (float, one token at a time): max |difference| " << diff);
+  REQUIRE(diff <= 1e-5f * (1.0f + full.cwiseAbs().maxCoeff()));
+}
+
+TEST_CASE("DEA with RoPE: bad options and uses are a dea::Error naming rope_theta", "[dea][rope][errors]") {
+  Rng rng(3);
+  DEA::Options opt;
+  opt.rope_theta = 10000;
+  REQUIRE_THROWS_WITH(DEA(6, 2, rng, opt), Catch::Contains("rope_theta") && Catch::Contains("even head width") &&
+                                               Catch::Contains("got 3"));
+  for (const double bad : {-1.0, kNaN, std::numeric_limits<double>::infinity()}) {
+    DEA::Options o;
+    o.rope_theta = bad;
+    REQUIRE_THROWS_WITH(DEA(8, 2, rng, o), Catch::Contains("rope_theta must be finite and >= 0"));
+  }
+  DEA layer(8, 2, rng, opt);
+  // cross-attention of different lengths: query row i and key row i are not one position
+  Mat<double> q = Mat<double>::Ones(2 * 3, 8), kv = Mat<double>::Ones(2 * 4, 8);
+  DEA::Cache c;
+  REQUIRE_THROWS_WITH(layer.forward(q, kv, kv, AttnInputs<double>(2, 3, 4), c),
+                      Catch::Contains("rope_theta") && Catch::Contains("Tq == Tk") && Catch::Contains("Tq = 3"));
+  // a decode cache filled by a layer without RoPE (unrotated keys) is refused, and the other way round
+  DEA plain(8, 2, rng);
+  DEA::DecodeCache dc(2);
+  plain.forward_decode(Mat<double>::Zero(2, 8), dc);
+  REQUIRE_THROWS_WITH(layer.forward_decode(Mat<double>::Zero(2, 8), dc), Catch::Contains("rope_theta"));
+  dc.clear();  // a cleared cache serves any layer
+  layer.forward_decode(Mat<double>::Zero(2, 8), dc);
+  REQUIRE_THROWS_WITH(plain.forward_decode(Mat<double>::Zero(2, 8), dc), Catch::Contains("rope_theta"));
+  REQUIRE(dc.length() == 1);
 }
 
 }  // namespace test_dea_causal

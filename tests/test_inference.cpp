@@ -259,6 +259,15 @@ TEST_CASE("InferenceModel: bad bindings, sizes and inputs are errors that name t
   REQUIRE_THROWS_WITH(m.set_workspace(misaligned, nn::InferenceModel<float>::workspace_size(cfg, 1, 3), 1, 3),
                       Catch::Contains("must be aligned"));
 
+  // a model whose attention has RoPE: the inference kernel has none, so binding it is refused
+  nn::TransformerModel<float> rope_model(mc, rng, [&](Index l) {
+    auto o = nn::default_attention_options<DualExpertAttention<float>>(mc.dropout, l, mc.n_layers);
+    o.rope_theta = 10000;
+    return o;
+  });
+  nn::InferenceModel<float> r(cfg);
+  REQUIRE_THROWS_WITH(r.bind_parameters(rope_model), Catch::Contains("layer 0") && Catch::Contains("rope_theta"));
+
   using Fixed = nn::InferenceModel<float, 4, 4, 2>;
   REQUIRE_THROWS_WITH(Fixed(cfg), Catch::Contains("n_heads: expected the compile-time 4, got 2"));
   using FixedLayers = nn::InferenceModel<float, 2, 8, 3>;

@@ -464,6 +464,44 @@ TEST_CASE("lm decoding: forward_step equals the full forward, token by token and
   }
 }
 
+TEST_CASE("lm dea: the attention rotates its experts' queries and keys with the config's rope_theta", "[lm]") {
+  const OneThread one_thread;
+  DecoderConfig c = tiny_config("dea", 16, 4);
+  c.vocab_size = 23;
+  const Index B = 2, T = 9;
+  Rng id_rng(3);
+  const IdTensor ids = random_ids(B, T, c.vocab_size, id_rng);
+  auto logits = [&](double theta, double* dec_err) {  // dec_err: the worst |decoded - full|
+    DecoderConfig ct = c;
+    ct.rope_theta = theta;
+    Rng rng(5);
+    DecoderLM<double> m(ct, rng);  // (the init draws do not depend on theta)
+    randomise(m, rng, 0.2);
+    typename DecoderLM<double>::Cache cache;
+    const Mat<double> full = m.forward(ids, cache);
+    if (dec_err) {  // one token at a time against the full forward
+      typename DecoderLM<double>::DecodeState st;
+      for (Index t = 0; t < T; ++t) {
+        IdTensor s({B, 1});
+        for (Index b = 0; b < B; ++b) s[b] = ids[b * T + t];
+        const Mat<double> lg = m.forward_step(s, st);
+        for (Index b = 0; b < B; ++b)
+          *dec_err = std::max(*dec_err, (lg.row(b) - full.row(b * T + t)).cwiseAbs().maxCoeff());
+      }
+    }
+    return full;
+  };
+  double e1e4 = 0, e20 = 0;
+  const Mat<double> a = logits(10000.0, &e1e4), b = logits(20.0, &e20);
+  CHECK(e1e4 < 1e-12);
+  CHECK(e20 < 1e-12);
+  for (Index s = 0; s < B; ++s) {
+    // position 0 is rotated by the identity; every later position sees the keys at other angles
+    CHECK((a.row(s * T) - b.row(s * T)).cwiseAbs().maxCoeff() <= 1e-12);
+    for (Index t = 1; t < T; ++t) CHECK((a.row(s * T + t) - b.row(s * T + t)).cwiseAbs().maxCoeff() > 1e-6);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Thread-count invariance and accumulation
 

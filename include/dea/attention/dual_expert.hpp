@@ -28,6 +28,11 @@
 //    a padded key). Both kernels run it; every map holds 0 at an invisible cell (beta / w / d_b / oracle_ref NaN),
 //    and invisible cells add nothing to any value or gradient. Query 0 sees one key: its E~ is 0 (std 0), never
 //    NaN. forward_decode runs new positions against cached keys (incremental decoding, docs/dea_causal.md).
+//  - RoPE (Options::rope_theta > 0, docs/dea_causal.md): query row i and key row j are positions i and j (Tq == Tk;
+//    forward_decode: cache.length() + r). With rho_p the rotate-half rotation of position p (ops/rope.hpp), both
+//    experts read rotated vectors, E0 = (rho_i q).(rho_j k) / sqrt(Dh) and E1 = min(0, -|rho_i W_rel q - rho_j k|^2
+//    / Dh): each depends on the positions through j - i only. The gate reads the unrotated q and k. Both kernels
+//    and forward_decode run it; rope_theta = 0 (the default) is the layer without it, to the bit.
 #pragma once
 
 #include "../core/param.hpp"
@@ -58,6 +63,10 @@ public:
     /// Queries per block (0 = automatic: the block's seven [block_q, Tk] buffers in about 4 MiB, between 32 and 64
     /// rows). The block boundaries depend only on this and Tq, never on the thread count.
     Index block_q = 0;
+    /// Rotary position embedding of the experts' queries and keys, theta of ops::RopeTable (frequencies
+    /// theta^(-2m/Dh)); 0 = none (the default). Needs an even head width d_model / n_heads, and Tq == Tk
+    /// (self-attention, or cross-attention whose query and key rows are the same positions).
+    double rope_theta = 0;
   };
   /// The cache of a forward (dual_expert/kernel.hpp): the reference kernel's maps (e0n, e1n, logit, alpha_hat,
   /// alpha_mix, scores, attn, drop, e1_clamped, dlogit_gate, beta, w, d_b, g_reg, g_spot, oracle_ref), the tiled
@@ -72,12 +81,13 @@ public:
 
   /// The state of incremental causal decoding (forward_decode): the projected keys and values (K = x W_k^T + b_k,
   /// V = x W_v^T + b_v, bias included) of the positions decoded so far, for B sequences. The gate's key pieces
-  /// (K_j.w_k, |K_j|^2) are formed from K. Every key is real (no key mask). Storage grows by doubling.
+  /// (K_j.w_k, |K_j|^2) are formed from K. With RoPE, K holds the rotated keys rho_j K_j and Kw the gate's key terms
+  /// K_j.w_k of the unrotated ones. Every key is real (no key mask). Storage grows by doubling.
   struct DecodeCache {
     explicit DecodeCache(Index batch = 1) : B(batch) {
       check(batch > 0, "DualExpertAttention::DecodeCache: batch must be positive, got ", batch);
     }
-    /// Forgets the cached positions (the storage is kept).
+    /// Forgets the cached positions (the storage is kept; the next call may come from another layer).
     void clear() { len = 0; }
     Index batch() const { return B; }
     /// Positions cached per sequence.
@@ -85,6 +95,9 @@ public:
 
     Index B = 1, len = 0, cap = 0;  ///< sequences, cached positions, rows of storage per sequence
     Mat<S> K, V;                    ///< [B*cap, D]: position t of sequence b at row b*cap + t
+    double rope_theta = 0;          ///< the rope_theta of the layer that filled it
+    AlignedVec<S> Kw;               ///< RoPE: K_j.w_k of head h's unrotated key, [B, H, cap]
+    ops::RopeTable<S> rope;         ///< RoPE: the table of positions [0, len)
     // scratch of a call, kept between calls
     Mat<S> Q, Kn, Vn, R, ctx;
     AlignedVec<S> scratch;
@@ -119,8 +132,9 @@ public:
   /// Incremental causal decoding (inference: no oracle, no dropout, no key mask): x_new [B*Tn, D] holds Tn new
   /// positions of each of the cache's B sequences (row b*Tn + r). Position r of the call is position
   /// cache.length() + r of its sequence and sees every cached key and the new ones up to itself, exactly as row
-  /// cache.length() + r of a causal forward over the whole sequence. Appends the new keys and values to the
-  /// cache and returns the output [B*Tn, D]. Cost per new position: O(T D) (T = positions seen), no [T, T] map.
+  /// cache.length() + r of a causal forward over the whole sequence (with RoPE: rotated at that position). Appends
+  /// the new keys and values to the cache and returns the output [B*Tn, D]. Cost per new position: O(T D)
+  /// (T = positions seen), no [T, T] map.
   Mat<S> forward_decode(const Mat<S>& x_new, DecodeCache& cache) const;
 
   /// Task backward of a self-attention forward: adds into the gradients of W_q, W_k, W_v, W_o and W_rel (never

@@ -66,7 +66,7 @@ struct DecoderConfig {
   std::string attention_type = "gqa";
   Index intermediate_size = 2048;      ///< dense SwiGLU width I (TR-MoE: the total routed width)
   Index vocab_size = 32000;            ///< V
-  double rope_theta = 10000.0;
+  double rope_theta = 10000.0;         ///< RoPE of every attention type (dea: on its experts' queries and keys)
   bool use_qk_norm = true;
   double norm_eps = 1e-6;              ///< every RMSNorm (blocks, final, qk-norm)
   bool tie_word_embeddings = true;     ///< logits = h Emb^T (no lm_head tensor)

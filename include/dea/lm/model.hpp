@@ -4,7 +4,8 @@
 //   h_0 = Emb[t]                                            ids t [B, S] -> [N, D], N = B*S rows (b*S + s)
 //   for l in 0..L-1 (pre-norm blocks):
 //     a = RMSNorm_in,l(h);    h = h + Attn_l(a, t)          mha | gqa | mqa (CausalSelfAttention), tr_mha |
-//                                                            tr_mha_v2 (TokenRoutedAttention, layer_idx = l, ids t)
+//                                                            tr_mha_v2 (TokenRoutedAttention, layer_idx = l, ids t),
+//                                                            dea (causal DualExpertAttention, RoPE on its experts)
 //     m = RMSNorm_post,l(h);  h = h + MLP_l(m, t)           dense SwiGLU (TR-MoE: the MLP slot below)
 //   h_f = RMSNorm_final(h);   logits = h_f Emb^T (tied) or h_f W_lm^T (untied)   [N, V]
 // RMSNorm: y = gamma .* x / sqrt(mean(x^2) + norm_eps); no embedding scale, no soft-cap, no dropout.
@@ -291,9 +292,12 @@ private:
       std::optional<DeaAttn> dea;
       if (attn_type_ == AttentionType::dea) {
         // causal Dual-Expert attention without biases, with its own initialisation (attention/dual_expert.hpp);
-        // no oracle: the gate has no loss and alpha-hat alone mixes the experts
+        // no oracle: the gate has no loss and alpha-hat alone mixes the experts. RoPE with the other types' theta
+        // on both experts (E0 reads rho_i q . rho_j k, E1 rho_i W_rel q - rho_j k: relative positions only); the
+        // gate reads the unrotated q and k (docs/dea_causal.md)
         typename DeaAttn::Options o;
         o.bias = false;
+        o.rope_theta = cfg_.rope_theta;
         dea.emplace(D_, cfg_.num_attention_heads, rng, o);
       } else if (attn_type_ == AttentionType::tr_mha || attn_type_ == AttentionType::tr_mha_v2) {
         tr.emplace(D_, cfg_.num_attention_heads, rng, cfg_.token_routed_options(l));

@@ -198,8 +198,15 @@ public:
 
   /// Binds every parameter of a model with the reference's names (a TransformerModel<S, Attention>), without copying:
   /// the model must outlive this one, and a change of its parameters shows here.
+  /// A model whose attention has RoPE (DualExpertAttention's Options::rope_theta > 0) is refused: this kernel
+  /// has none, and would compute another function.
   template <class Model>
   void bind_parameters(Model& model) {
+    for (Index l = 0; l < model.n_layers(); ++l) {
+      const double theta = attention_rope_theta(model.layer(l).attention(), 0);
+      check(theta == 0, "InferenceModel::bind_parameters: layer ", l, "'s attention has rope_theta ", theta,
+            " (RoPE), which the inference kernel does not run");
+    }
     for (Param<S>* p : model.parameters())
       check(bind(p->name.c_str(), p->value.data(), p->numel()), "InferenceModel::bind_parameters: the model's '",
             p->name, "' is not a tensor of this model");
@@ -458,6 +465,16 @@ private:
       }
     }, par);
     ops::linear_forward_into<S>(ctx, ConstMatMap<S>(w[kWo], D, D), w[kBo], h);  // a = ctx W_o^T + b_o
+  }
+
+  /// The rope_theta of an attention's options, or 0 for an attention type without that option.
+  template <class A>
+  static auto attention_rope_theta(const A& a, int) -> decltype(static_cast<double>(a.options().rope_theta)) {
+    return static_cast<double>(a.options().rope_theta);
+  }
+  template <class A>
+  static double attention_rope_theta(const A&, long) {
+    return 0;
   }
 
   InferenceConfig cfg_;

@@ -84,8 +84,9 @@ struct Cache : ReferenceMaps<S>, TiledRows<S> {
   Index block_q = 0;                        ///< queries per block
   AttnInputs<S> in;           ///< the inputs of the forward (a shared copy: mask, oracle, targets, frozen hook)
   Mat<S> q_in, k_in, v_in;    ///< [B*Tq, D], [B*Tk, D], [B*Tk, D] (only q_in when self)
-  Mat<S> Q, K, V;             ///< projections (bias included)
-  Mat<S> R;                   ///< W_rel[h] Q_i per head, [B*Tq, D]
+  Mat<S> Q, K, V;             ///< projections (bias included; never rotated: the gate reads Q and K)
+  Mat<S> R;                   ///< W_rel[h] Q_i per head, [B*Tq, D] (with RoPE rotated: rho_i W_rel[h] Q_i)
+  ops::RopeTable<S> rope;     ///< RoPE: the cos / sin table of positions [0, Tq) (grown, never shrunk)
   Mat<S> ctx;                 ///< concatenated head outputs [B*Tq, D] (input of W_o)
   // [B, H, Tq]
   AlignedVec<S> sigma0, sigma1;             ///< sigma = sqrt(max(var, 1e-12)) of each row
@@ -114,6 +115,7 @@ struct LayerView {
   const S* c_gate = nullptr;  ///< [H]
   GateLossParams<S> gate;
   double dropout = 0;
+  double rope_theta = 0;      ///< > 0: RoPE on the experts' queries and keys (row_block.hpp)
 
   HeadParams<S> head(Index h) const {
     HeadParams<S> p;
@@ -161,6 +163,7 @@ Pair<S> cache_pair(const LayerView<S>& L, Cache<S>& c, Index bh, Index per, cons
   p.dropout_on = c.dropout_on;
   p.drop_seed = c.drop_seed;
   p.causal = c.in.causal();  // query i sees keys j <= i (Tq == Tk: q_offset 0)
+  p.rope = L.rope_theta > 0 ? &c.rope : nullptr;  // (query row i and key row i at position i: Tq == Tk)
   Scratch<S>::carve(&p.t, c.scratch.data() + thread_index() * per, c.block_q, c.Tk, L.Dh);
   return p;
 }
@@ -299,6 +302,10 @@ void forward_core(const LayerView<S>& L, Cache<S>& c) {
   c.sums.assign(static_cast<std::size_t>(B * H), GateLossSums<S>());
   c.R.resize(B * Tq, L.D);
   c.ctx.resize(B * Tq, L.D);
+  if (L.rope_theta > 0) {  // the table of this layer's head width and theta, for positions [0, Tq)
+    if (c.rope.head_dim() != L.Dh || c.rope.theta() != L.rope_theta) c.rope = ops::RopeTable<S>(L.Dh, L.rope_theta);
+    c.rope.reserve(Tq > Tk ? Tq : Tk);
+  }
   const Index per = reserve_scratch(c, L.Dh);
   const Index bq = c.block_q;
   const bool par = double(B * H) * double(Tq) * double(Tk) * double(4 * L.Dh + 20) > kParallelMinFlops;

@@ -28,6 +28,10 @@ DualExpertAttention<S, Heads, DHead>::DualExpertAttention(Index d_model, Index n
   check(DHead == Dynamic || DHead == Dh_, "DualExpertAttention: d_model / n_heads: expected the compile-time ",
         DHead, ", got ", Dh_);
   check(opt.dropout >= 0 && opt.dropout < 1, "DualExpertAttention: dropout must be in [0, 1), got ", opt.dropout);
+  check(opt.rope_theta >= 0 && std::isfinite(opt.rope_theta),
+        "DualExpertAttention: rope_theta must be finite and >= 0 (0: no RoPE), got ", opt.rope_theta);
+  check(opt.rope_theta == 0 || Dh_ % 2 == 0, "DualExpertAttention: rope_theta ", opt.rope_theta,
+        " (RoPE) needs an even head width d_model / n_heads (rotate-half pairs), got ", Dh_);
   const char* names[4] = {"W_q", "W_k", "W_v", "W_o"};
   // without out_proj W_o holds nothing (at bert-base size it would be 12 unused 768 x 768 matrices and their
   // gradients); reset_parameters still draws its initial values, so the other parameters get the same ones
@@ -85,6 +89,7 @@ detail::dex::LayerView<S> DualExpertAttention<S, Heads, DHead>::view() const {
   L.c_gate = c_gate_.value.data();
   L.gate = opt_.gate;
   L.dropout = static_cast<double>(opt_.dropout);
+  L.rope_theta = opt_.rope_theta;
   return L;
 }
 
@@ -139,6 +144,8 @@ void DualExpertAttention<S, Heads, DHead>::forward_impl(const Mat<S>& q_in, cons
     check_finite(v_in, "DualExpertAttention::forward: v_in");
   }
   check_finite(q_in, self ? "DualExpertAttention::forward: x" : "DualExpertAttention::forward: q_in");
+  check(opt_.rope_theta == 0 || Tq == Tk, "DualExpertAttention::forward: rope_theta ", opt_.rope_theta,
+        " (RoPE) needs Tq == Tk (query row i and key row i are position i), got Tq = ", Tq, " and Tk = ", Tk);
   const bool dropout_on = in.training() && opt_.dropout > 0;
   check(!dropout_on || in.rng() != nullptr, "DualExpertAttention::forward: training with dropout ", opt_.dropout,
         " needs an Rng (AttnInputs::set_training)");
@@ -186,12 +193,19 @@ Mat<S> DualExpertAttention<S, Heads, DHead>::forward_decode(const Mat<S>& x_new,
   check(dc.len == 0 || (dc.K.cols() == D && dc.K.rows() == B * dc.cap),
         "DualExpertAttention::forward_decode: cache: expected keys of ", D, " columns for ", B,
         " sequences (a cache of another layer shape?), got ", dc.K.rows(), " x ", dc.K.cols());
+  const bool rope = opt_.rope_theta > 0;
+  check(dc.len == 0 || dc.rope_theta == opt_.rope_theta, "DualExpertAttention::forward_decode: cache: filled by a "
+        "layer with rope_theta ", dc.rope_theta, ", this layer has rope_theta ", opt_.rope_theta);
+  check(dc.len == 0 || !rope || dc.Kw.size() == static_cast<std::size_t>(B * H * dc.cap),
+        "DualExpertAttention::forward_decode: cache: expected the gate's key terms of ", H, " heads (a cache of "
+        "another layer shape?)");
   check_finite(x_new, "DualExpertAttention::forward_decode: x_new");
   const Index Tn = x_new.rows() / B, P0 = dc.len, Tk = P0 + Tn;
   // Q = x W_q^T + b_q, K = x W_k^T + b_k, V = x W_v^T + b_v of the new positions [B*Tn, D]
   ops::linear_forward<S>(x_new, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, dc.Q);
   ops::linear_forward<S>(x_new, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, dc.Kn);
   ops::linear_forward<S>(x_new, weight_[2].mat(), opt_.bias ? bias_[2].value.data() : nullptr, dc.Vn);
+  dc.rope_theta = opt_.rope_theta;
   // append them: sequence b's rows [P0, Tk) of K, V (storage of cap rows per sequence, grown by doubling)
   if (Tk > dc.cap) {
     Index cap = dc.cap * 2;
@@ -204,7 +218,30 @@ Mat<S> DualExpertAttention<S, Heads, DHead>::forward_decode(const Mat<S>& x_new,
     }
     dc.K.swap(K);
     dc.V.swap(V);
+    if (rope) {
+      AlignedVec<S> Kw(static_cast<std::size_t>(B * H * cap));
+      for (Index bh = 0; bh < B * H && P0 > 0; ++bh)
+        std::copy(dc.Kw.data() + bh * dc.cap, dc.Kw.data() + bh * dc.cap + P0, Kw.data() + bh * cap);
+      dc.Kw.swap(Kw);
+    }
     dc.cap = cap;
+  }
+  if (rope && dc.Kw.size() != static_cast<std::size_t>(B * H * dc.cap))  // (only when empty: checked above)
+    dc.Kw.resize(static_cast<std::size_t>(B * H * dc.cap));
+  if (rope) {
+    // the new keys: their gate terms K_j.w_k (unrotated), then rho_j K_j at positions P0 .. Tk - 1 (the cache
+    // holds the experts' rotated keys); the queries are rotated by the kernel (q_offset = P0)
+    if (dc.rope.head_dim() != Dh || dc.rope.theta() != opt_.rope_theta)
+      dc.rope = ops::RopeTable<S>(Dh, opt_.rope_theta);
+    dc.rope.reserve(Tk);
+    for (Index b = 0; b < B; ++b)
+      for (Index h = 0; h < H; ++h) {
+        S* kn = dc.Kn.data() + b * Tn * D + h * Dh;
+        const S* wk = W_gate_.value.data() + h * (2 * Dh + 2) + Dh;
+        S* kw = dc.Kw.data() + (b * H + h) * dc.cap + P0;
+        for (Index r = 0; r < Tn; ++r) kw[r] = dex::dot(kn + r * D, wk, Dh);
+        dex::rope_rows(dc.rope, P0, kn, Tn, D, S(1));
+      }
   }
   for (Index b = 0; b < B; ++b) {
     dc.K.middleRows(b * dc.cap + P0, Tn) = dc.Kn.middleRows(b * Tn, Tn);
@@ -231,6 +268,11 @@ Mat<S> DualExpertAttention<S, Heads, DHead>::forward_decode(const Mat<S>& x_new,
     p.hp = &hp;
     p.causal = true;
     p.q_offset = P0;
+    if (rope) {  // the cached keys are rotated already; the gate's key terms come from the cache
+      p.rope = &dc.rope;
+      p.keys_rotated = true;
+      p.key_gate = dc.Kw.data() + bh * dc.cap;
+    }
     dex::Scratch<S>::carve(&p.t, dc.scratch.data() + dex::thread_index() * per, bq, Tk, Dh);
     std::fill(p.t.mrow, p.t.mrow + Tk, S(1));  // every key real
     std::fill(p.t.kbias, p.t.kbias + Tk, S(0));

@@ -11,6 +11,12 @@
 // Causal rows (Pair::causal) take every "over the real keys" over the keys [0, i + q_offset] they may see: the
 // statistics, the gate, the mixing, the softmax, the gate loss and their backward run over those keys only, the
 // block's products over the keys its last row may see, and every buffer holds 0 past a row's last visible key.
+// With rotary position embedding (Pair::rope; query row i at position p = i + q_offset, key j at position j,
+// rho_p the rotate-half rotation of ops/rope.hpp) the experts read rotated vectors and the gate the plain ones:
+//   E0 = (rho_p Q_i).(rho_j K_j) / sqrt(Dh)        E1 = min(0, -|rho_p R_i - rho_j K_j|^2 / Dh),  R_i = W_rel Q_i
+//   logit = Q_i.w_q + K_j.w_k + ...  (unrotated)
+// so both experts depend on the positions through j - p only (rho_p^T rho_j = rho_{j-p}). Backward takes the
+// gradients of the rotated vectors back through rho^T (the rotation is orthogonal).
 //
 // Four callers run it:
 //  - the reference kernel (kernel.hpp, maps kept): the block's [n, Tk] buffers are slices of the cache's
@@ -34,6 +40,7 @@
 #include "../../core/workspace.hpp"
 #include "../../ops/dropout.hpp"
 #include "../../ops/packed_gemm.hpp"
+#include "../../ops/rope.hpp"
 #include "../../ops/softmax.hpp"
 #include "../gate_loss.hpp"
 #include "../inputs.hpp"
@@ -223,6 +230,25 @@ void small_product(Index M, Index N, Index K, ops::packed::View<S> A, ops::packe
   }
 }
 
+/// Rotates the n rows of x [n, Dh] (row stride ldx), at positions pos0, pos0 + 1, ..., by sign * phi: the
+/// arithmetic of ops::rope_forward (sign 1) and ops::rope_backward (sign -1), without their checks (the caller
+/// reserved the table for the positions; nothing here may throw).
+template <class S>
+void rope_rows(const ops::RopeTable<S>& tab, Index pos0, S* x, Index n, Index ldx, S sign) {
+  const Index half = tab.head_dim() / 2;
+  for (Index r = 0; r < n; ++r) {
+    const S* c = tab.cos_row(pos0 + r);
+    const S* s = tab.sin_row(pos0 + r);
+    S* lo = x + r * ldx;
+    S* hi = lo + half;
+    for (Index i = 0; i < half; ++i) {
+      const S a = lo[i], b = hi[i], sn = sign * s[i];
+      lo[i] = a * c[i] - b * sn;
+      hi[i] = b * c[i] + a * sn;
+    }
+  }
+}
+
 /// One (b, h) pair: its inputs, its parameters, its scratch. Set up once per pair (setup), then run per block.
 template <class S>
 class Pair {
@@ -243,11 +269,20 @@ public:
   std::uint64_t drop_seed = 0;
   /// Causal rows: query row i sees the keys [0, i + q_offset] only (and of those the real ones). The layer's
   /// causal self-attention has q_offset = 0; incremental decoding runs new queries against cached keys with
-  /// q_offset = Tk - Tq. Every per-row step (statistics, gate, gate loss, softmax, their backward) runs over the
+  /// q_offset = Tk - Tq. (q_offset is also the position of query row 0 for rope, causal or not; key j is at
+  /// position j.) Every per-row step (statistics, gate, gate loss, softmax, their backward) runs over the
   /// visible keys; the cells past them hold 0 in every buffer (NaN in beta / w / d_b / oracle_ref), so they add
   /// nothing to any product or sum.
   bool causal = false;
   Index q_offset = 0;
+  /// Rotary position embedding of the experts' queries and keys (null: none; the table covers the positions
+  /// [0, max(Tk, q_offset + Tq))). Q and K hold the unrotated projections, which the gate reads; the experts read
+  /// rho Q, rho R and rho K (the file comment). R is saved rotated.
+  const ops::RopeTable<S>* rope = nullptr;
+  /// With rope: K already holds the rotated keys rho_j K_j (the decode cache) and key_gate [Tk] the gate's key
+  /// terms K_j.w_k of the unrotated keys. Forward only without an oracle (the gate loss reads the unrotated K).
+  bool keys_rotated = false;
+  const S* key_gate = nullptr;
   Scratch<S> t{};                     ///< the thread's scratch (Scratch::carve for block_q rows)
 
   bool any_real = false;  ///< the sequence has at least one real key
@@ -274,6 +309,7 @@ public:
   void setup(bool backward) {
     const Index Dh = hp->Dh;
     copy_rows(K, ld, Tk, Dh, t.Kh);
+    if (rope && !keys_rotated) rope_rows(*rope, 0, t.Kh, Tk, Dh, S(1));  // rho_j K_j (the experts' keys)
     copy_rows(V, ld, Tk, Dh, t.Vh);
     if constexpr (packed_core<S>()) {
       namespace pk = ops::packed;
@@ -288,8 +324,9 @@ public:
     const S* wk = hp->w_gate + Dh;
     for (Index j = 0; j < Tk; ++j) {
       const S* kj = t.Kh + j * Dh;
-      t.kn[j] = dot(kj, kj, Dh);  // |K_j|^2
-      t.lk[j] = dot(kj, wk, Dh);  // K_j.w_k
+      t.kn[j] = dot(kj, kj, Dh);  // |K_j|^2 (= |rho_j K_j|^2)
+      // K_j.w_k, of the unrotated key with rope
+      t.lk[j] = !rope ? dot(kj, wk, Dh) : keys_rotated ? key_gate[j] : dot(K + j * ld, wk, Dh);
     }
     if (key_row != t.mrow) std::copy(key_row, key_row + Tk, t.mrow);  // aligned copies for the vectorised loops
     if (key_bias != t.kbias) std::copy(key_bias, key_bias + Tk, t.kbias);
@@ -339,7 +376,7 @@ public:
       std::fill(out, out + Dh, S(0));
       for (Index j = 0; j < Tk; ++j) {
         const S cj = col[j];
-        const S* kj = t.Kh + j * Dh;
+        const S* kj = rope ? K + j * ld : t.Kh + j * Dh;  // the gate's (unrotated) key
         for (Index d = 0; d < Dh; ++d) out[d] += cj * kj[d];
       }
     }
@@ -490,6 +527,11 @@ public:
       pk::gemm_stream_b<S>(Dh, kb, 2 * n, pk::View<S>{bp.Qb, Dh, 1}.t(), {G0, Tk, 1}, t.dKh, Tk, true, t.Ap, t.Bpan);
     else
       small_product<S>(kb, Dh, 2 * n, pk::View<S>{G0, Tk, 1}.t(), {bp.Qb, Dh, 1}, t.dKh, Dh, true, t.Ap, t.Bpan);
+    if (rope) {  // the experts read rho_i Q_i and rho_i R_i: back through rho^T, and Qb the unrotated rows again
+      rope_rows(*rope, i0 + q_offset, bp.dQb, n, Dh, S(-1));
+      rope_rows(*rope, i0 + q_offset, bp.dRb, n, Dh, S(-1));
+      copy_rows(Q + i0 * ld, ld, n, Dh, bp.Qb);
+    }
     // R = Q W_rel^T  ->  dQ += dR W_rel, dW_rel += dR^T Q
     small_product<S>(n, Dh, Dh, {bp.dRb, Dh, 1}, {hp->W_rel, Dh, 1}, bp.dQb, Dh, true, t.Ap, t.Bpan);
     small_product<S>(Dh, Dh, n, pk::View<S>{bp.dRb, Dh, 1}.t(), {bp.Qb, Dh, 1}, dWr, Dh, true, t.Ap, t.Bpan);
@@ -511,6 +553,7 @@ public:
         dv[d] = packed_core<S>() ? t.dVh[d * Tk + j] : t.dVh[j * Dh + d];
       }
     }
+    if (rope) rope_rows(*rope, 0, dK, Tk, ld, S(-1));  // the experts read rho_j K_j: dK = rho_j^T d(rho_j K_j)
   }
 
 private:
@@ -539,7 +582,8 @@ private:
     for (Index r = 0; r < rows; ++r) std::copy(src + r * lds, src + r * lds + cols, dst + r * cols);
   }
 
-  /// Q rows of the block into Qb; R = Q W_rel^T into Rb (forward: computed and saved; backward: read back).
+  /// Q rows of the block into Qb; R = Q W_rel^T into Rb (forward: computed and saved; backward: read back). With
+  /// rope both are rotated to the rows' positions (rho_i Q_i, rho_i R_i; R saved rotated).
   void load_q(Index i0, Index n, Buffers& f, bool saved_r) {
     const Index Dh = hp->Dh;
     copy_rows(Q + i0 * ld, ld, n, Dh, f.Qb);
@@ -549,8 +593,10 @@ private:
     } else {
       small_product<S>(n, Dh, Dh, {f.Qb, Dh, 1}, ops::packed::View<S>{hp->W_rel, Dh, 1}.t(), f.Rb, Dh, false, t.Ap,
                        t.Bpan);
+      if (rope) rope_rows(*rope, i0 + q_offset, f.Rb, n, Dh, S(1));
       for (Index r = 0; r < n; ++r) std::copy(f.Rb + r * Dh, f.Rb + (r + 1) * Dh, Rg + r * ld);
     }
+    if (rope) rope_rows(*rope, i0 + q_offset, f.Qb, n, Dh, S(1));
   }
 
   /// E0 = Q K^T / sqrt(Dh), E1 = min(0, (2 R.K - |R|^2 - |K|^2) / Dh); cl (when given): 1 where the clamp is active.
@@ -645,7 +691,7 @@ private:
     const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = hp->c_gate;
     for (Index r = 0; r < n; ++r) {  // logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c
       const Index nk = keys(i0 + r);
-      const S lq = dot(f.Qb + r * Dh, wg, Dh);
+      const S lq = dot(rope ? Q + (i0 + r) * ld : f.Qb + r * Dh, wg, Dh);  // the gate's (unrotated) query
       const S* e0 = f.E0 + r * Tk;
       const S* e1 = f.E1 + r * Tk;
       S* l = f.L + r * Tk;
@@ -760,7 +806,7 @@ private:
     }
     gate.target[i] = tk;
     const S* dsig = t.X + r * Tk;
-    const S* qrow = f.Qb + r * Dh;
+    const S* qrow = rope ? Q + i * ld : f.Qb + r * Dh;  // the gate's (unrotated) query
     const S* has = t.has;
     for (int part = 0; part < 2; ++part) {
       S* gp = gate.part + part * (G + 1);
