@@ -23,6 +23,20 @@
 
 namespace dea::dist {
 
+/// True when this process was started by mpirun / mpiexec (Open MPI, MPICH or a PMIx launcher).
+inline bool launched_by_mpirun() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK"})
+    if (std::getenv(v)) return true;
+  return false;
+}
+
+/// The number of processes the launcher started (0 when not started by one, or when it does not say).
+inline int launcher_world_size() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
 /// What agree() returns: ok when no rank failed, else the lowest failing rank, its status and its message.
 struct Agreement {
   bool ok = true;
