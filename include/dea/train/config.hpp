@@ -67,6 +67,10 @@ struct TrainConfig {
   int threads = 0;                     ///< 0 = library default
   bool resume = false;
   std::int64_t eval_batches = 50;      ///< at most this many validation batches per periodic evaluation
+  /// Micro-batches per step (a power of two dividing batch_size): each one's gradient is computed alone and the M
+  /// gradients are summed in a fixed binary tree (dist/tree_sum.hpp), so that the step gives the same bits on any
+  /// number of ranks dividing M (`mpirun -np R dea train`). 1 = the whole batch at once.
+  std::int64_t micro_batches = 1;
   // D_alpha from local copies of the real data sets (dalpha_source files)
   std::string dalpha_source = "synthetic";  ///< synthetic | files
   std::string babi;                    ///< a bAbI directory (its qa16 / qa17 / qa18 *_train.txt files) or one task file
@@ -216,6 +220,11 @@ inline void validate(const TrainConfig& c) {
   in("n_per_source", c.n_per_source, 1, ConfigLimits::max_n_per_source);
   in("threads", c.threads, 0, ConfigLimits::max_threads);
   in("eval_batches", c.eval_batches, 1, std::numeric_limits<std::int64_t>::max());
+  in("micro_batches", c.micro_batches, 1, ConfigLimits::max_batch);
+  check((c.micro_batches & (c.micro_batches - 1)) == 0, "--micro_batches: expected a power of two (1, 2, 4, ...), got ",
+        c.micro_batches);
+  check(c.batch_size % c.micro_batches == 0, "--micro_batches ", c.micro_batches, " must divide --batch_size ",
+        c.batch_size, " (each micro-batch is batch_size / micro_batches examples)");
   real("dropout", c.dropout, 0, 0.999999, false);
   real("lr_main", c.lr_main, 0, 1e9, true);
   real("lr_gate", c.lr_gate, 0, 1e9, true);
@@ -426,6 +435,9 @@ inline void add_config_flags(cli::FlagSet& fs, TrainConfig& c) {
               else c.supervise_layers = detail::parse_layer_list(flag, v);
             });
   fs.integer("eval_batches", c.eval_batches, 1, kNoMax, "at most this many validation batches per evaluation");
+  fs.integer("micro_batches", c.micro_batches, 1, kNoMax,
+             "micro-batches per step, a power of two dividing --batch_size: their gradients are summed in a fixed "
+             "tree, so `mpirun -np R` gives the same bits for any R dividing it (docs/scale.md)");
   fs.integer("threads", c.threads, 0, cli::kMaxThreads, "OpenMP threads (0 = the library default)");
   fs.toggle("resume", c.resume, "continue the run in --out_dir from its checkpoint (bit for bit)");
   fs.choice("attention", c.attention, {"mha", "gqa", "tr_mha", "tr_mha_v2", "dea"},
@@ -552,6 +564,7 @@ inline nlohmann::json to_json(const TrainConfig& c) {
   j["threads"] = c.threads;
   j["resume"] = c.resume;
   j["eval_batches"] = c.eval_batches;
+  j["micro_batches"] = c.micro_batches;
   j["oracle_fallback"] = c.oracle_fallback;
   j["dalpha_source"] = c.dalpha_source;
   j["babi"] = c.babi;
@@ -656,6 +669,7 @@ inline ValidConfig config_from_json(const nlohmann::json& j, const std::string& 
   get("threads", c.threads);
   get("resume", c.resume);
   get("eval_batches", c.eval_batches);
+  get("micro_batches", c.micro_batches);
   get("oracle_fallback", c.oracle_fallback);
   get("dalpha_source", c.dalpha_source);
   get("babi", c.babi);

@@ -30,6 +30,8 @@
 #include "../data/mlm.hpp"
 #include "../data/run_tokenizer.hpp"
 #include "../data/tokenizer.hpp"
+#include "../dist/comm.hpp"
+#include "../dist/reducer.hpp"
 #include "../eval/metrics.hpp"
 #include "../io/jsonl.hpp"
 #include "../nn/transformer.hpp"
@@ -580,6 +582,9 @@ struct BasicTrainOptions {
   std::function<void(std::int64_t, double, double, Model&)> on_step;
   /// Called at the end of the run with the trained model and the run's data (e.g. a probe the program prints).
   std::function<void(Model&, const RunData&)> on_finish;
+  /// The ranks of a data-parallel run (dist/comm.hpp; nullptr: one process). Every rank runs the run with the same
+  /// configuration; rank 0 alone prints, logs, evaluates, plots and writes the run directory, and calls on_finish.
+  dist::Comm* comm = nullptr;
   /// The run's data, built beforehand by build_run_data for this configuration (a program that reports bad data
   /// files apart from failures of the run does so); nullptr: run_training builds it, its notices on stdout when
   /// verbose.
@@ -600,6 +605,7 @@ struct TrainResult {
   std::string isolation_skipped;
   double seconds = 0;
   double seconds_per_step = 0;
+  double comm_seconds = 0;  ///< of the steps, in the transport (allgathers of a data-parallel run)
   bool stopped_nonfinite = false;
   std::string message;
 };
@@ -614,47 +620,87 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
   using S = typename Model::Scalar;
   using Batch = nn::ModelBatch<S>;
   const TrainConfig& cfg = vcfg;
+  dist::SingleProcessComm single;
+  dist::Comm& comm = o.comm ? *o.comm : single;
+  const bool root = comm.rank() == 0, verbose = o.verbose && root;
+  const std::int64_t M = cfg.micro_batches;
+  check(M % comm.size() == 0, "--micro_batches ", M, ": must be a multiple of the ", comm.size(),
+        " ranks (each rank computes micro_batches / ranks micro-batches)");
   const bool fresh_dir = !cfg.resume && (o.write_log || o.checkpoint || o.evaluate);
-  if (fresh_dir) check_fresh_run_dir(cfg.out_dir, o.overwrite);
   if (cfg.threads > 0) set_num_threads(cfg.threads);
   const auto t_start = std::chrono::steady_clock::now();
   TrainResult res;
 
   std::optional<RunData> built;
-  if (!o.data) built.emplace(build_run_data(vcfg, o.verbose ? &std::cout : nullptr));
+  dist::together(comm, [&] {
+    if (fresh_dir) check_fresh_run_dir(cfg.out_dir, o.overwrite);
+    if (!o.data) built.emplace(build_run_data(vcfg, verbose ? &std::cout : nullptr));
+  });
   const RunData& d = o.data ? *o.data : *built;
   // config.json records the data's fingerprint, so that eval and --resume rebuild exactly this data
   TrainConfig saved_cfg = cfg;
   saved_cfg.data_hash = d.hash;
-  const std::unique_ptr<Model> model_ptr = family.build(d);
-  Model& model = *model_ptr;
-  optim::AdamW<S> opt = make_optimizer(model, cfg);
-  if (fresh_dir) remove_run_files(cfg.out_dir);  // --overwrite: only now that the new run's data and model exist
+  std::unique_ptr<Model> model_ptr;
+  std::optional<optim::AdamW<S>> opt_holder;
   std::int64_t step0 = 0;
-  if (cfg.resume) {
-    step0 = load_checkpoint(cfg.out_dir, model, &opt, cfg.seed);
-    check(step0 <= cfg.steps, "--resume: the checkpoint is at step ", step0, ", beyond --steps ", cfg.steps);
-  }
+  dist::together(comm, [&] {
+    model_ptr = family.build(d);
+    opt_holder.emplace(make_optimizer(*model_ptr, cfg));
+    // --overwrite: only now that the new run's data and model exist
+    if (fresh_dir && root) remove_run_files(cfg.out_dir);
+    if (cfg.resume) {
+      step0 = load_checkpoint(cfg.out_dir, *model_ptr, &*opt_holder, cfg.seed);
+      check(step0 <= cfg.steps, "--resume: the checkpoint is at step ", step0, ", beyond --steps ", cfg.steps);
+    }
+  });
+  Model& model = *model_ptr;
+  optim::AdamW<S>& opt = *opt_holder;
+  check_ranks_agree(comm, to_json(saved_cfg).dump(), cfg.resume, [&] { return model_state_hash(model, &opt); });
   res.start_step = step0;
 
   std::size_t n_params = 0;
   for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
-  if (o.verbose)
+  if (verbose)
     fmt::print("data: {} train / {} val / {} test ({}), vocab {} ({}), {} {:.2f}M parameters (D={} H={} L={} "
-               "d_ff={}), {} steps, batch {}, gamma_steps {}{}\n",
+               "d_ff={}), {} steps, batch {}{}, gamma_steps {}{}\n",
                d.size(Split::train), d.size(Split::val), d.size(Split::test), d.source, d.tok.vocab_size(), d.tok.kind(),
                family.name, static_cast<double>(n_params) / 1e6, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff,
-               cfg.steps, cfg.batch_size, cfg.gamma_steps, step0 ? fmt::format(", resumed at step {}", step0) : std::string());
+               cfg.steps, cfg.batch_size,
+               M > 1 || comm.size() > 1 ? fmt::format(" ({} micro-batches on {} rank{})", M, comm.size(),
+                                                      comm.size() > 1 ? "s" : "")
+                                        : std::string(),
+               cfg.gamma_steps, step0 ? fmt::format(", resumed at step {}", step0) : std::string());
 
   BatchOrder order(d.size(Split::train), static_cast<std::size_t>(cfg.batch_size), cfg.seed);
   auto train_batch = [&](std::int64_t step) {
     Rng mrng(stream_seed(cfg.seed, kMaskStream, static_cast<std::uint64_t>(step)));
     return make_batch<S>(d, Split::train, order.at(step), cfg.max_len, &mrng);
   };
+  // micro-batch k of a step (M > 1): n / M of its n examples, one more for the first n % M micro-batches (a short
+  // last batch of an epoch leaves the last ones empty, never micro-batch 0), masked from its own stream
+  auto micro_span = [&](std::int64_t step, std::int64_t k) {
+    const std::size_t n = order.at(step).size(), m = static_cast<std::size_t>(M), kk = static_cast<std::size_t>(k);
+    const auto start = [&](std::size_t j) { return j * (n / m) + std::min(j, n % m); };
+    return std::make_pair(start(kk), start(kk + 1));
+  };
+  auto micro_rows = [&](std::int64_t step, std::int64_t k) {
+    const auto sp = micro_span(step, k);
+    return static_cast<Index>(sp.second - sp.first);
+  };
+  auto micro_batch = [&](std::int64_t step, std::int64_t k) {
+    const auto sp = micro_span(step, k);
+    const std::vector<std::size_t>& all = order.at(step);
+    const std::vector<std::size_t> idx(all.begin() + static_cast<std::ptrdiff_t>(sp.first),
+                                       all.begin() + static_cast<std::ptrdiff_t>(sp.second));
+    Rng mrng(micro_stream_seed(cfg.seed, kMaskStream, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(k)));
+    return make_batch<S>(d, Split::train, idx, cfg.max_len, &mrng);
+  };
+  const bool plain = M == 1 && comm.size() == 1;
 
-  // isolation check on the first batch
-  {
-    const Batch b0 = train_batch(1);
+  // isolation check on the first batch (micro-batch 0 with M > 1; on rank 0: it changes no parameter)
+  dist::together(comm, [&] {
+    if (!root) return;
+    const Batch b0 = plain ? train_batch(1) : micro_batch(1, 0);
     if (cfg.no_isolation_check) {
       res.isolation_skipped = "--no_isolation_check";
     } else if (!b0.alpha_oracle.dim()) {
@@ -666,19 +712,21 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
     } else {
       res.isolation = model.verify_gradient_isolation(b0, S(0.5), cfg.seed);
       const auto& r = res.isolation;
-      if (o.verbose)
+      if (verbose)
         fmt::print("gradient isolation: task->gate {:.3g}  task->W_rel {:.3g}  gate->main {:.3g}  gate->gate {:.3g}  {}\n",
                    r.task_gate_grad, r.task_rel_grad, r.gate_main_grad, r.gate_gate_grad, r.ok ? "OK" : "FAILED");
       check(r.ok, "gradient isolation check failed on the first batch (task->gate ", r.task_gate_grad, ", task->W_rel ",
             r.task_rel_grad, ", gate->main ", r.gate_main_grad, ", gate->gate ", r.gate_gate_grad, ")");
     }
-    if (o.verbose && !res.isolation_skipped.empty())
+    if (verbose && !res.isolation_skipped.empty())
       fmt::print("gradient isolation: skipped ({})\n", res.isolation_skipped);
-  }
+  });
 
   TrainLog log;
-  if (o.write_log) log = TrainLog(cfg.out_dir, step0);
-  ProgressLine progress(o.verbose);
+  dist::together(comm, [&] {
+    if (o.write_log && root) log = TrainLog(cfg.out_dir, step0);
+  });
+  ProgressLine progress(verbose);
   std::vector<double> hist_hat, hist_oracle;  // training cells for the next alpha_hist_train_step<N>.svg
   auto plot = [&](const std::string& name, const auto& draw) {  // a failed plot warns and training goes on
     try {
@@ -688,11 +736,11 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
       fmt::print(stderr, "warning: plot {} not written: {}\n", name, e.what());
     }
   };
-  auto eval_and_checkpoint = [&](std::int64_t step) {
+  auto eval_and_checkpoint_root = [&](std::int64_t step) {
     if (o.evaluate && d.size(Split::val) > 0) {
       EvalResult er = evaluate(model, d, Split::val, cfg.batch_size, cfg.max_len, cfg.seed,
                                static_cast<std::size_t>(cfg.eval_batches));
-      if (o.verbose) {
+      if (verbose) {
         progress.finish_line();
         fmt::print("[eval step {}] val: acc {:.4f}  task_loss {:.4f}  alpha_mae {:.4f}  pearson {:.4f}  side_acc {:.4f} "
                    "({} pairs)\n",
@@ -726,6 +774,12 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
       });
     if (o.checkpoint) save_run(cfg.out_dir, saved_cfg, family, d, model, &opt, step);
   };
+  // rank 0 evaluates and writes; a failure there stops every rank
+  auto eval_and_checkpoint = [&](std::int64_t step) {
+    dist::together(comm, [&] {
+      if (root) eval_and_checkpoint_root(step);
+    });
+  };
 
   Trainer<Model> trainer(model, opt, cfg.seed, cfg.gamma_steps);
   typename Trainer<Model>::Hooks hooks;
@@ -739,7 +793,8 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
     res.last_step = step;
     res.last_task_loss = st.task_loss;
     res.last_loss_gate = st.loss_gate;
-    if (!o.plot_dir.empty()) {
+    res.comm_seconds += trainer.comm_seconds();
+    if (!o.plot_dir.empty() && root) {
       // train.py's histogram sample: the last layer's labelled cells, at most 4,000 per step (a uniform subset)
       std::vector<double> ah, ao;
       collect_last_layer<Model>(trainer.cache(), b, ah, ao);
@@ -790,24 +845,34 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
                   log_now || step == step0 + 1);
   };
   try {
-    trainer.run(step0, cfg.steps, train_batch, hooks);
+    if (plain) {
+      trainer.run(step0, cfg.steps, train_batch, hooks);
+    } else {
+      trainer.set_micro_batches(comm, M);
+      trainer.run_micro(step0, cfg.steps, micro_rows, micro_batch, hooks);
+    }
   } catch (const NonFiniteError& e) {
     progress.finish_line();
     res.stopped_nonfinite = true;
     std::string m = e.what();
     if (m.compare(0, 5, "dea: ") == 0) m.erase(0, 5);
     res.message = m + " The last good checkpoint in " + cfg.out_dir + " is kept.";
-    ::dea::detail::raise(res.message);
+    throw NonFiniteError("dea: " + res.message);  // (on every rank alike)
+  } catch (const dist::RankFailed&) {
+    progress.finish_line();
+    throw;
   }
   if (done == 0 && o.checkpoint && !cfg.resume) eval_and_checkpoint(step0);
   const auto t_end = std::chrono::steady_clock::now();
   res.seconds = std::chrono::duration<double>(t_end - t_start).count();
   res.seconds_per_step =
       done ? std::chrono::duration<double>(t_end - t_loop).count() / static_cast<double>(done) : 0.0;
-  if (o.verbose)
-    fmt::print("done: {} steps in {:.1f} s ({:.4f} s/step incl. evaluation)\n", done, res.seconds,
-               res.seconds_per_step);
-  if (o.on_finish) o.on_finish(model, d);
+  if (verbose)
+    fmt::print("done: {} steps in {:.1f} s ({:.4f} s/step incl. evaluation){}\n", done, res.seconds,
+               res.seconds_per_step,
+               comm.size() > 1 ? fmt::format(", {:.2f} s of the steps in communication", res.comm_seconds)
+                               : std::string());
+  if (o.on_finish && root) o.on_finish(model, d);
   return res;
 }
 

@@ -42,6 +42,9 @@
 #include "../core/tensor.hpp"
 #include "../data/byte_tokenizer.hpp"
 #include "../data/dalpha.hpp"
+#include "../dist/comm.hpp"
+#include "../dist/grad_buffer.hpp"
+#include "../dist/reducer.hpp"
 #include "../io/safetensors.hpp"
 #include "../lm/config.hpp"
 #include "../lm/model.hpp"
@@ -141,13 +144,22 @@ inline LmBatch windows(const std::vector<std::int64_t>& stream, const std::vecto
   return b;
 }
 
-/// The training batch of step `step` (1-based; see the file comment).
-inline LmBatch train_batch(const LmData& d, Index batch_size, Index T, std::uint64_t seed, std::int64_t step) {
+/// Rows [row0, row0 + rows) of the training batch of step `step` (1-based; see the file comment): a micro-batch
+/// collates only its own windows.
+inline LmBatch train_batch_rows(const LmData& d, Index batch_size, Index T, std::uint64_t seed, std::int64_t step,
+                                Index row0, Index rows) {
+  check(row0 >= 0 && rows >= 0 && row0 + rows <= batch_size, "lm_run::train_batch_rows: rows [", row0, ", ",
+        row0 + rows, ") outside the batch of ", batch_size);
   Rng rng(stream_seed(seed, kOrderStream, static_cast<std::uint64_t>(step)));
   const std::uint64_t range = static_cast<std::uint64_t>(d.train.size()) - static_cast<std::uint64_t>(T);
   std::vector<std::size_t> starts(static_cast<std::size_t>(batch_size));
   for (auto& s : starts) s = static_cast<std::size_t>(rng.below(range));
-  return windows(d.train, starts, T);
+  return windows(d.train, std::vector<std::size_t>(starts.begin() + row0, starts.begin() + row0 + rows), T);
+}
+
+/// The training batch of step `step` (1-based; see the file comment).
+inline LmBatch train_batch(const LmData& d, Index batch_size, Index T, std::uint64_t seed, std::int64_t step) {
+  return train_batch_rows(d, batch_size, T, seed, step, 0, batch_size);
 }
 
 /// The validation windows' starts: 0, T - 1, 2 (T - 1), ... while the window fits.
@@ -288,12 +300,16 @@ struct TrainOptions {
   bool verbose = true;
   bool overwrite = false;
   const LmData* data = nullptr;  ///< built beforehand (nullptr: built here)
+  /// The ranks of a data-parallel run (dist/comm.hpp; nullptr: one process). Every rank runs run_training with
+  /// the same configuration; rank 0 alone prints, logs and writes the run directory.
+  dist::Comm* comm = nullptr;
 };
 
 struct TrainResult {
   std::int64_t start_step = 0, last_step = 0;
   double last_loss = 0;
   double step_seconds = 0;  ///< wall time of the training steps of this call (evaluations and checkpoints excluded)
+  double comm_seconds = 0;  ///< of which in the transport (allgathers of a data-parallel run)
   std::int64_t step_tokens = 0;  ///< tokens the steps of this call processed (batch_size * max_len per step)
   std::optional<EvalResult> last_eval;
 };
@@ -301,57 +317,104 @@ struct TrainResult {
 /// The run (see the file comment). With cfg.resume the checkpoint in cfg.out_dir is loaded and the run continues.
 /// Throws dea::Error on bad input and NonFiniteError on a non-finite loss or gradient (the last good checkpoint
 /// is kept).
+///
+/// Micro-batches and ranks (cfg.micro_batches = M, o.comm of R ranks; docs/scale.md). With M > 1 micro-batch k is
+/// rows [k B/M, (k+1) B/M) of the step's batch; its gradient is computed alone (zero_grad, forward_backward), scaled
+/// by 1/M (every window scores T - 1 predictions, so the micro-batches' counts are equal and 1/M, a power of two,
+/// makes the sum exactly the gradient of the global batch's mean) and summed in the fixed tree of dist/tree_sum.hpp;
+/// then clipping and AdamW as with M = 1. The logged loss (and ce) is the mean of the micro-batches' losses added
+/// in micro-batch order, n_tokens their sum, the layer telemetry that of micro-batch 0. Rank r computes the
+/// micro-batches [r M/R, (r+1) M/R) and collates only their windows; every rank holds the same parameters, AdamW
+/// state and log values for any R dividing M, the bits of one process with the same M. Rank 0 alone prints, logs,
+/// evaluates and writes the run directory. A failure on one rank (bad input, a non-finite loss) stops every rank
+/// with that rank's message (NonFiniteError or dist::RankFailed on every rank).
 template <class S>
 TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
   const TrainConfig& cfg = vcfg;
   check(cfg.model == "lm", "lm_run::run_training: --model is '", cfg.model, "'");
-  if (!cfg.resume) check_fresh_run_dir(cfg.out_dir, o.overwrite);
+  dist::SingleProcessComm single;
+  dist::Comm& comm = o.comm ? *o.comm : single;
+  const bool root = comm.rank() == 0, verbose = o.verbose && root;
+  const std::int64_t M = cfg.micro_batches;
+  check(M % comm.size() == 0, "--micro_batches ", M, ": must be a multiple of the ", comm.size(),
+        " ranks (each rank computes micro_batches / ranks micro-batches)");
   if (cfg.threads > 0) set_num_threads(cfg.threads);
   std::optional<LmData> built;
-  if (!o.data) built.emplace(build_data(vcfg));
-  const LmData& d = o.data ? *o.data : *built;
   TrainConfig saved_cfg = cfg;
-  saved_cfg.data_hash = d.hash;
-  const std::unique_ptr<Model<S>> model_ptr = build_model<S>(cfg);
-  Model<S>& model = *model_ptr;
-  optim::AdamW<S> opt = make_optimizer(model, cfg);
-  if (!cfg.resume) remove_run_files(cfg.out_dir);
+  std::unique_ptr<Model<S>> model_ptr;
+  std::optional<optim::AdamW<S>> opt_holder;
   TrainResult res;
   std::int64_t step0 = 0;
-  if (cfg.resume) {
-    step0 = load_checkpoint(cfg.out_dir, model, &opt, cfg.seed);
-    check(step0 <= cfg.steps, "--resume: the checkpoint is at step ", step0, ", beyond --steps ", cfg.steps);
-  }
+  dist::together(comm, [&] {
+    if (!cfg.resume) check_fresh_run_dir(cfg.out_dir, o.overwrite);
+    if (!o.data) built.emplace(build_data(vcfg));
+  });
+  const LmData& d = o.data ? *o.data : *built;
+  saved_cfg.data_hash = d.hash;
+  dist::together(comm, [&] {
+    model_ptr = build_model<S>(cfg);
+    opt_holder.emplace(make_optimizer(*model_ptr, cfg));
+    if (!cfg.resume && root) remove_run_files(cfg.out_dir);
+    if (cfg.resume) {
+      step0 = load_checkpoint(cfg.out_dir, *model_ptr, &*opt_holder, cfg.seed);
+      check(step0 <= cfg.steps, "--resume: the checkpoint is at step ", step0, ", beyond --steps ", cfg.steps);
+    }
+  });
+  Model<S>& model = *model_ptr;
+  optim::AdamW<S>& opt = *opt_holder;
+  // the same configuration and corpus on every rank, then the same model
+  check_ranks_agree(comm, to_json(saved_cfg).dump(), cfg.resume, [&] { return model_state_hash(model, &opt); });
   res.start_step = step0;
   std::size_t n_params = 0;
   for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
   const Index T = cfg.max_len;
-  if (o.verbose)
+  if (verbose)
     fmt::print("data: {} train / {} val bytes ({} validation windows of {}), vocab 256 (bytes), DecoderLM {:.3f}M "
-               "parameters (D={} H={} kv={} L={} d_ff={} attention {} mlp {}{}), {} steps, batch {}{}\n",
+               "parameters (D={} H={} kv={} L={} d_ff={} attention {} mlp {}{}), {} steps, batch {}{}{}\n",
                d.train.size(), d.val.size(), val_starts(d, T).size(), T + 1, static_cast<double>(n_params) / 1e6,
                cfg.d_model, cfg.n_heads, model.num_kv_heads(), cfg.n_layers, cfg.d_ff, cfg.attention, cfg.mlp,
                cfg.mlp == "tr_moe" ? fmt::format(" E={} k={}{}", cfg.experts, cfg.top_k,
                                                  cfg.shared_expert ? " +shared" : "")
                                    : std::string(),
-               cfg.steps, cfg.batch_size, step0 ? fmt::format(", resumed at step {}", step0) : std::string());
+               cfg.steps, cfg.batch_size,
+               M > 1 || comm.size() > 1 ? fmt::format(" ({} micro-batches of {} on {} rank{})", M, cfg.batch_size / M,
+                                                      comm.size(), comm.size() > 1 ? "s" : "")
+                                        : std::string(),
+               step0 ? fmt::format(", resumed at step {}", step0) : std::string());
 
-  TrainLog log(cfg.out_dir, step0);
-  ProgressLine progress(o.verbose);
+  TrainLog log;
+  dist::together(comm, [&] {
+    if (root) log = TrainLog(cfg.out_dir, step0);
+  });
+  ProgressLine progress(verbose);
   auto eval_and_checkpoint = [&](std::int64_t step) {
-    const EvalResult er = evaluate(model, d, cfg.batch_size, T, static_cast<std::size_t>(cfg.eval_batches));
-    if (o.verbose) {
-      progress.finish_line();
-      fmt::print("[eval step {}] val: nll {:.4f}  perplexity {:.3f}  ({} bytes scored, {} windows)\n", step, er.nll,
-                 er.perplexity, er.n_tokens, er.n_windows);
-    }
-    nlohmann::json j = to_json(er);
-    j["step"] = step;
-    j["event"] = "eval";
-    log.write(j);
-    res.last_eval = er;
-    write_config(config_path(cfg.out_dir), saved_cfg);
-    save_checkpoint(cfg.out_dir, model, &opt, step, cfg.seed);
+    dist::together(comm, [&] {
+      if (!root) return;
+      const EvalResult er = evaluate(model, d, cfg.batch_size, T, static_cast<std::size_t>(cfg.eval_batches));
+      if (verbose) {
+        progress.finish_line();
+        fmt::print("[eval step {}] val: nll {:.4f}  perplexity {:.3f}  ({} bytes scored, {} windows)\n", step, er.nll,
+                   er.perplexity, er.n_tokens, er.n_windows);
+      }
+      nlohmann::json j = to_json(er);
+      j["step"] = step;
+      j["event"] = "eval";
+      log.write(j);
+      res.last_eval = er;
+      write_config(config_path(cfg.out_dir), saved_cfg);
+      save_checkpoint(cfg.out_dir, model, &opt, step, cfg.seed);
+    });
+  };
+
+  // the data-parallel step (M > 1 or several ranks): the per-micro-batch values gathered are loss, ce, count
+  const bool plain = M == 1 && comm.size() == 1;
+  std::optional<dist::GradientReducer<S>> reducer;
+  if (!plain) reducer.emplace(model.parameters(), comm, M);
+  const Index rows = cfg.batch_size / static_cast<Index>(M);
+  constexpr std::size_t kPerMicro = 3;
+  auto fail_nonfinite = [&](const std::string& m) {
+    progress.finish_line();
+    throw NonFiniteError(m);
   };
 
   typename Model<S>::Cache cache;
@@ -359,23 +422,78 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
   const auto t_loop = std::chrono::steady_clock::now();
   for (std::int64_t step = step0 + 1; step <= cfg.steps; ++step) {
     const auto t_step = std::chrono::steady_clock::now();
-    const LmBatch b = train_batch(d, cfg.batch_size, T, cfg.seed, step);
-    opt.zero_grad();
     ::dea::lm::CausalLmLossOptions loss_opt;
     loss_opt.label_smoothing = cfg.label_smoothing;
-    const auto r = model.forward_backward(b.ids, b.labels, cache, loss_opt);
-    const double loss = static_cast<double>(r.loss);
-    if (!std::isfinite(loss)) {
-      progress.finish_line();
-      throw NonFiniteError(fmt::format("dea: non-finite loss at step {} ({}); stopping. The last good checkpoint in "
-                                       "{} is kept.", step, loss, cfg.out_dir));
+    double loss = 0, ce = 0;
+    std::int64_t n_tokens = 0;
+    if (plain) {
+      const LmBatch b = train_batch(d, cfg.batch_size, T, cfg.seed, step);
+      opt.zero_grad();
+      const auto r = model.forward_backward(b.ids, b.labels, cache, loss_opt);
+      loss = static_cast<double>(r.loss);
+      ce = static_cast<double>(r.ce);
+      n_tokens = r.count;
+      if (!std::isfinite(loss))
+        fail_nonfinite(fmt::format("dea: non-finite loss at step {} ({}); stopping. The last good checkpoint in {} is "
+                                   "kept.", step, loss, cfg.out_dir));
+    } else {
+      dist::GradientReducer<S>& red = *reducer;
+      const dist::LeafRange lr = red.local();
+      std::vector<double> mine(static_cast<std::size_t>(lr.size()) * kPerMicro);
+      int status = 0;
+      std::string message;
+      try {
+        red.begin();
+        for (const std::int64_t k : red.local_order()) {
+          const LmBatch b = train_batch_rows(d, cfg.batch_size, T, cfg.seed, step, static_cast<Index>(k) * rows, rows);
+          opt.zero_grad();
+          const auto r = model.forward_backward(b.ids, b.labels, cache, loss_opt);
+          if (!std::isfinite(static_cast<double>(r.loss)))
+            throw NonFiniteError(fmt::format("dea: non-finite loss at step {}, micro-batch {} of {}{} ({}); stopping. "
+                                             "The last good checkpoint in {} is kept.", step, k, M,
+                                             comm.size() > 1 ? fmt::format(" (rank {} of {})", comm.rank(), comm.size())
+                                                             : std::string(),
+                                             static_cast<double>(r.loss), cfg.out_dir));
+          red.add(k, S(1) / static_cast<S>(M));
+          double* v = &mine[static_cast<std::size_t>(k - lr.first) * kPerMicro];
+          v[0] = static_cast<double>(r.loss);
+          v[1] = static_cast<double>(r.ce);
+          v[2] = static_cast<double>(r.count);
+        }
+      } catch (const NonFiniteError& e) {
+        if (comm.size() == 1) fail_nonfinite(e.what());
+        status = 3;
+        message = e.what();
+      } catch (const std::exception& e) {
+        if (comm.size() == 1) throw;
+        status = 1;
+        message = e.what();
+        if (message.compare(0, 5, "dea: ") == 0) message.erase(0, 5);
+        message = fmt::format("rank {} of {}: {}", comm.rank(), comm.size(), message);
+      }
+      if (comm.size() > 1) {
+        const dist::Agreement a = comm.agree(status, message);
+        if (!a.ok) {
+          if (a.status == 3) fail_nonfinite(a.message);
+          progress.finish_line();
+          throw dist::RankFailed(a);
+        }
+      }
+      const std::vector<double> all = red.gather(mine, kPerMicro);
+      red.finish();
+      res.comm_seconds += red.comm_seconds();
+      for (std::int64_t k = 0; k < M; ++k) {  // in micro-batch order
+        loss += all[static_cast<std::size_t>(k) * kPerMicro];
+        ce += all[static_cast<std::size_t>(k) * kPerMicro + 1];
+        n_tokens += static_cast<std::int64_t>(all[static_cast<std::size_t>(k) * kPerMicro + 2]);
+      }
+      loss /= static_cast<double>(M);
+      ce /= static_cast<double>(M);
     }
     const optim::GradNorms norms = opt.clip_grad_norms();
-    if (!norms.all_finite()) {
-      progress.finish_line();
-      throw NonFiniteError(fmt::format("dea: non-finite gradient norm at step {}; stopping. The last good checkpoint "
-                                       "in {} is kept.", step, cfg.out_dir));
-    }
+    if (!norms.all_finite())
+      fail_nonfinite(fmt::format("dea: non-finite gradient norm at step {}; stopping. The last good checkpoint in {} "
+                                 "is kept.", step, cfg.out_dir));
     const double lr = lr_at(cfg, step);
     opt.set_lr("main", lr);
     opt.step();
@@ -387,14 +505,14 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
     const double rate = static_cast<double>(done) / std::max(el, 1e-9);
     const bool log_now = step % cfg.log_every == 0 || step == 1 || step == cfg.steps;
-    if (log_now) {
+    if (log_now && root) {
       nlohmann::json j;
       j["step"] = step;
       j["loss"] = json_number(loss);
-      if (cfg.label_smoothing > 0) j["ce"] = json_number(static_cast<double>(r.ce));
+      if (cfg.label_smoothing > 0) j["ce"] = json_number(ce);
       j["grad_norm"] = json_number(norms.norm.count("main") ? norms.norm.at("main") : 0.0);
       j["lr"] = lr;
-      j["n_tokens"] = r.count;
+      j["n_tokens"] = n_tokens;
       j["layers"] = layer_telemetry(model);
       j["steps_per_s"] = rate;
       log.write(j);
@@ -406,9 +524,11 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
     if (step % cfg.eval_every == 0 || step == cfg.steps) eval_and_checkpoint(step);
   }
   if (done == 0 && !cfg.resume) eval_and_checkpoint(step0);
-  if (o.verbose) {
+  if (verbose) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
-    fmt::print("done: {} steps in {:.1f} s\n", done, el);
+    fmt::print("done: {} steps in {:.1f} s{}\n", done, el,
+               comm.size() > 1 ? fmt::format(" ({:.2f} s of the steps in communication)", res.comm_seconds)
+                               : std::string());
   }
   return res;
 }

@@ -2,7 +2,8 @@
 // (seed, stream, index): the epoch order (kOrderStream, epoch), the dropout masks of a step (kDropoutStream, step),
 // the MLM masking of a step (kMaskStream, step) and of an evaluation batch (kEvalMaskStream, batch), the cells the
 // training histograms sample (kPlotStream, step; plots only). So a run resumed at step k draws what the
-// uninterrupted run draws.
+// uninterrupted run draws. A step of M > 1 micro-batches (--micro_batches) draws micro-batch k's dropout and masking
+// from micro_stream_seed(seed, stream, step, k): keyed by the micro-batch, never by the rank that computes it.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +23,12 @@ inline std::uint64_t stream_seed(std::uint64_t seed, std::uint64_t stream, std::
     return z ^ (z >> 31);
   };
   return mix(mix(mix(seed) ^ (stream * 0xd1b54a32d192ed03ULL)) ^ index);
+}
+
+/// The stream of micro-batch k of a step (stream kDropoutStream or kMaskStream of a step with M > 1 micro-batches).
+constexpr std::uint64_t kMicroBatchStream = 6;
+inline std::uint64_t micro_stream_seed(std::uint64_t seed, std::uint64_t stream, std::uint64_t step, std::uint64_t k) {
+  return stream_seed(stream_seed(seed, stream, step), kMicroBatchStream, k);
 }
 
 }  // namespace dea::train

@@ -18,10 +18,21 @@
 //   }
 // or t.run(step0, steps, batch_of, hooks), which calls hooks.on_step after each step and hooks.on_eval every
 // eval_every steps and at the last.
+//
+// Micro-batches and ranks (docs/scale.md): after t.set_micro_batches(comm, M), step_micro() runs a step as M
+// micro-batches, this rank's share of them (dist/reducer.hpp): micro-batch k's gradient alone (its dropout masks
+// from Rng(micro_stream_seed(seed, kDropoutStream, s, k))), weighted by its share of the batch's examples, summed
+// in the fixed tree, then clipping and AdamW as in step(). The step's task_loss and loss_gate are the weighted
+// sums of the micro-batches' losses in micro-batch order; the cache and output are those of the rank's first
+// micro-batch (micro-batch 0 on rank 0). run() then calls micro(s, k) for the batch of micro-batch k and rows(s, k)
+// for its example count.
 #pragma once
 
 #include "../core/error.hpp"
 #include "../core/rng.hpp"
+#include "../dist/comm.hpp"
+#include "../dist/grad_buffer.hpp"
+#include "../dist/reducer.hpp"
 #include "../nn/transformer.hpp"
 #include "../optim/adamw.hpp"
 #include "../optim/schedule.hpp"
@@ -34,8 +45,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #if defined(__unix__) || defined(__APPLE__)
 #include <unistd.h>
@@ -48,6 +61,31 @@ class NonFiniteError : public Error {
 public:
   explicit NonFiniteError(const std::string& what) : Error(what) {}
 };
+
+/// A hash of `model`'s parameters and (when given) `opt`'s state: two ranks hold the same model exactly when their
+/// hashes agree (data-parallel runs check it after building or loading the model).
+template <class Model, class S>
+std::uint64_t model_state_hash(Model& model, const optim::AdamW<S>* opt) {
+  dist::Hash64 h;
+  h.add_u64(dist::parameter_hash(model.parameters()));
+  if (opt)
+    for (const auto& kv : opt->state("optim.")) {
+      h.add(kv.first.data(), kv.first.size());
+      h.add(kv.second.ptr(), sizeof(S) * static_cast<std::size_t>(kv.second.numel()));
+    }
+  return h.value();
+}
+
+/// Checks on every rank of `comm` that they hold the same configuration (`config_json`, with the data's fingerprint)
+/// and then, by `model_hash`, the same model; dea::Error on every rank naming what differs.
+inline void check_ranks_agree(dist::Comm& comm, const std::string& config_json, bool resumed,
+                              const std::function<std::uint64_t()>& model_hash) {
+  if (comm.size() == 1) return;
+  comm.check_same(dist::Hash64().add(config_json.data(), config_json.size()).value(),
+                  "the configuration and data (config.json with data_hash)");
+  comm.check_same(model_hash(), resumed ? "the parameters and AdamW state loaded from the checkpoint"
+                                        : "the initial parameters (built from --seed on every rank)");
+}
 
 /// Evaluation mode (gamma 0, no dropout) over batches 0 .. n-1 of `model`: batch(k) gives batch k, and
 /// visit(k, batch, output, cache) after its forward measures what the caller wants.
@@ -127,6 +165,111 @@ public:
     return done;
   }
 
+  /// Steps run as `micro_batches` micro-batches on the ranks of `comm` (see the file comment).
+  void set_micro_batches(dist::Comm& comm, std::int64_t micro_batches) {
+    comm_ = &comm;
+    reducer_ = std::make_unique<dist::GradientReducer<Scalar>>(model_.parameters(), comm, micro_batches);
+  }
+  bool micro_batched() const { return reducer_ != nullptr; }
+  /// Seconds the last step spent in the transport.
+  double comm_seconds() const { return reducer_ ? reducer_->comm_seconds() : 0.0; }
+
+  /// One optimiser step of step `step` as micro-batches: rows(k) gives micro-batch k's example count (0: empty),
+  /// micro(k) its batch (called for this rank's micro-batches only). `first` receives the batch of this rank's
+  /// first micro-batch (whose cache and output the trainer keeps). NonFiniteError on every rank when a loss is not
+  /// finite on any rank, or the gradient norm is not; dist::RankFailed on every rank when micro() threw on one.
+  template <class RowsFn, class MicroFn>
+  Step step_micro(std::int64_t step, RowsFn&& rows, MicroFn&& micro, Batch* first = nullptr) {
+    check(reducer_ != nullptr, "Trainer::step_micro: set_micro_batches first");
+    dist::GradientReducer<Scalar>& red = *reducer_;
+    const std::int64_t M = red.micro_batches();
+    Step s;
+    s.step = step;
+    s.gamma = optim::gamma_mix<Scalar>(step - 1, gamma_steps_);
+    std::vector<double> weight(static_cast<std::size_t>(M));
+    double total = 0;
+    for (std::int64_t k = 0; k < M; ++k) total += static_cast<double>(weight[static_cast<std::size_t>(k)] =
+                                                                          static_cast<double>(rows(k)));
+    check(total > 0, "Trainer::step_micro: the batch of step ", step, " is empty");
+    for (double& w : weight) w /= total;
+    const dist::LeafRange lr = red.local();
+    std::vector<double> mine(static_cast<std::size_t>(lr.size()) * 2, 0.0);
+    int status = 0;
+    std::string message;
+    try {
+      red.begin();
+      for (const std::int64_t k : red.local_order()) {
+        const double w = weight[static_cast<std::size_t>(k)];
+        if (w == 0) {
+          red.add_zero(k);
+          continue;
+        }
+        Batch b = micro(k);
+        Rng drng(micro_stream_seed(seed_, kDropoutStream, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(k)));
+        out_ = model_.forward(b, s.gamma, true, &drng, cache_);
+        const double task = static_cast<double>(out_.task_loss), gate = static_cast<double>(out_.loss_gate);
+        if (!std::isfinite(task) || !std::isfinite(gate))
+          throw NonFiniteError(fmt::format("dea: non-finite loss at step {}, micro-batch {} of {}{} (task_loss {}, "
+                                           "loss_gate {}); stopping.", step, k, M,
+                                           comm_->size() > 1 ? fmt::format(" (rank {} of {})", comm_->rank(),
+                                                                           comm_->size())
+                                                             : std::string(),
+                                           task, gate));
+        opt_.zero_grad();
+        model_.backward(cache_);
+        red.add(k, static_cast<Scalar>(w));
+        mine[static_cast<std::size_t>(k - lr.first) * 2] = task;
+        mine[static_cast<std::size_t>(k - lr.first) * 2 + 1] = gate;
+        if (first && k == lr.first) *first = std::move(b);
+      }
+    } catch (const std::exception& e) {
+      if (comm_->size() == 1) throw;
+      status = dynamic_cast<const NonFiniteError*>(&e) ? 3 : 1;
+      message = e.what();
+      if (status == 1) {
+        if (message.compare(0, 5, "dea: ") == 0) message.erase(0, 5);
+        message = fmt::format("rank {} of {}: {}", comm_->rank(), comm_->size(), message);
+      }
+    }
+    if (comm_->size() > 1) {
+      const dist::Agreement a = comm_->agree(status, message);
+      if (!a.ok) {
+        if (a.status == 3) throw NonFiniteError(a.message);
+        throw dist::RankFailed(a);
+      }
+    }
+    const std::vector<double> all = red.gather(mine, 2);
+    red.finish();
+    for (std::int64_t k = 0; k < M; ++k) {  // in micro-batch order
+      s.task_loss += weight[static_cast<std::size_t>(k)] * all[static_cast<std::size_t>(k) * 2];
+      s.loss_gate += weight[static_cast<std::size_t>(k)] * all[static_cast<std::size_t>(k) * 2 + 1];
+    }
+    s.norms = opt_.clip_grad_norms();
+    if (!s.norms.all_finite()) {
+      std::string groups;
+      for (const auto& kv : s.norms.norm) groups += fmt::format("{}{} {}", groups.empty() ? "" : ", ", kv.first, kv.second);
+      throw NonFiniteError(fmt::format("dea: non-finite gradient norm at step {} ({}); stopping.", step, groups));
+    }
+    opt_.step();
+    return s;
+  }
+
+  /// Steps first+1 .. last as micro-batches (set_micro_batches): rows(step, k) and micro(step, k) give micro-batch
+  /// k's example count and batch; hooks.on_step sees the batch of this rank's first micro-batch.
+  template <class RowsFn, class MicroFn>
+  std::int64_t run_micro(std::int64_t first, std::int64_t last, RowsFn&& rows, MicroFn&& micro, const Hooks& h) {
+    std::int64_t done = 0;
+    for (std::int64_t s = first + 1; s <= last; ++s) {
+      Batch b;
+      const Step st = step_micro(
+          s, [&](std::int64_t k) { return rows(s, k); }, [&](std::int64_t k) { return micro(s, k); }, &b);
+      ++done;
+      if (h.on_step) h.on_step(st, b);
+      if (h.on_eval && ((h.eval_every > 0 && s % h.eval_every == 0) || s == last)) h.on_eval(s);
+    }
+    return done;
+  }
+
   /// Evaluation mode over batches 0 .. n-1 (see evaluation_pass).
   template <class BatchFn, class Visit>
   void evaluate(std::size_t n, BatchFn&& batch, Visit&& visit) {
@@ -146,6 +289,8 @@ private:
   std::int64_t gamma_steps_;
   Cache cache_;
   Output out_{};
+  dist::Comm* comm_ = nullptr;
+  std::unique_ptr<dist::GradientReducer<Scalar>> reducer_;
 };
 
 /// The console's progress line: on a terminal one line rewritten in place (and kept at the steps asked for),

@@ -1,0 +1,103 @@
+// dea/dist/mpi_comm.hpp: the MPI transport of data-parallel training (dist/comm.hpp's Comm on MPI_COMM_WORLD).
+//
+// The one header of the library that needs MPI (<mpi.h>; Open MPI from Debian: openmpi-bin, libopenmpi-dev). Nothing
+// else includes it: the library stays Eigen-only, and a program that uses it is built with MPI (CMake's dea_mpi
+// target: find_package(MPI), DEA_WITH_MPI). The transport only moves bytes (MPI_Allgather and MPI_Bcast of
+// MPI_BYTE); every sum is the caller's, in its fixed order, never MPI_Allreduce's, whose order is MPI's choice.
+//
+//   if (dist::launched_by_mpirun()) comm = std::make_unique<dist::MpiComm>();   // MPI_Init .. MPI_Finalize
+//
+// MPI is called from the thread that built the MpiComm only, outside parallel regions (MPI_THREAD_FUNNELED). A
+// rank that dies ends the job through mpirun (its other ranks are killed); abort() is MPI_Abort.
+#pragma once
+
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#include "../core/error.hpp"
+#include "comm.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdlib>
+#include <string>
+
+namespace dea::dist {
+
+class MpiComm final : public Comm {
+public:
+  MpiComm() {
+    int inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited) {
+      int provided = 0;
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) == MPI_SUCCESS, "MPI_Init_thread failed");
+      owner_ = true;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  ~MpiComm() override {
+    if (owner_) {
+      int finalized = 0;
+      MPI_Finalized(&finalized);
+      if (!finalized) MPI_Finalize();
+    }
+  }
+  MpiComm(const MpiComm&) = delete;
+  MpiComm& operator=(const MpiComm&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override {
+    char v[MPI_MAX_LIBRARY_VERSION_STRING];
+    int len = 0;
+    MPI_Get_library_version(v, &len);
+    std::string s(v, static_cast<std::size_t>(std::max(0, len)));
+    const std::size_t cut = s.find_first_of(",\n");
+    return "MPI (" + s.substr(0, cut) + ")";
+  }
+
+  void allgather_bytes(const void* send, std::size_t bytes, void* recv) override {
+    if (bytes == 0) return;
+    if (bytes * static_cast<std::size_t>(size_) <= kMaxCount) {
+      call(MPI_Allgather(send, static_cast<int>(bytes), MPI_BYTE, recv, static_cast<int>(bytes), MPI_BYTE,
+                         MPI_COMM_WORLD), "MPI_Allgather");
+      return;
+    }
+    // beyond MPI's int counts: every rank's part broadcast from it, in pieces
+    char* out = static_cast<char*>(recv);
+    for (int r = 0; r < size_; ++r) {
+      char* slot = out + static_cast<std::size_t>(r) * bytes;
+      if (r == rank_ && slot != send) std::copy(static_cast<const char*>(send), static_cast<const char*>(send) + bytes, slot);
+      broadcast_bytes(slot, bytes, r);
+    }
+  }
+
+  void broadcast_bytes(void* buf, std::size_t bytes, int root) override {
+    char* p = static_cast<char*>(buf);
+    for (std::size_t off = 0; off < bytes; off += kMaxCount) {
+      const std::size_t n = std::min(kMaxCount, bytes - off);
+      call(MPI_Bcast(p + off, static_cast<int>(n), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+    }
+  }
+
+  [[noreturn]] void abort(int status) override {
+    MPI_Abort(MPI_COMM_WORLD, status);
+    std::exit(status);
+  }
+
+private:
+  static constexpr std::size_t kMaxCount = std::size_t(1) << 30;
+  static void call(int rc, const char* what) { check(rc == MPI_SUCCESS, what, " failed (MPI error ", rc, ")"); }
+  int rank_ = 0, size_ = 1;
+  bool owner_ = false;
+};
+
+}  // namespace dea::dist
