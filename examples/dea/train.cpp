@@ -18,24 +18,36 @@
 // Exit status: 0 done, 1 error (a bad run directory or a resumed run's data, failed isolation check, non-finite
 // loss), 2 bad command line or a data file it names that cannot be used (missing, malformed, an alpha cache without a
 // pair of the data).
+//
+// Data parallel (docs/scale.md): `mpirun -np R dea train ... --micro_batches M` (a program built with MPI,
+// DEA_WITH_MPI) trains on R ranks, rank r computing micro-batches [r M/R, (r+1) M/R) of every step, with the same
+// bits for every R dividing M. Every rank parses the same command line and builds the same data; the phases (command
+// line, data, each step) end with an exchange of every rank's status, so that a failure on one rank stops every rank
+// with one message, printed by rank 0 (and naming the rank). Rank 0 alone prints and writes the run directory.
 #include "commands.hpp"
 #include "paris_probe.hpp"
 
 #include <dea/core/allocator.hpp>
+#include <dea/dist/comm.hpp>
 #include <dea/io/jsonl.hpp>
 #include <dea/train/config.hpp>
 #include <dea/train/dea_bert.hpp>
 #include <dea/train/encoder.hpp>
 #include <dea/train/flags.hpp>
 #include <dea/train/lm.hpp>
+#if defined(DEA_WITH_MPI)
+#include <dea/dist/mpi_comm.hpp>
+#endif
 
 #include <fmt/core.h>
 
 #include <exception>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 #include <new>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -43,9 +55,80 @@ using namespace dea;
 
 namespace train_cmd {
 
+/// The ranks of the run (MPI when started by mpirun in a program built with it; else none: one process).
+std::unique_ptr<dist::Comm> make_comm() {
+#if defined(DEA_WITH_MPI)
+  if (dist::launched_by_mpirun()) return std::make_unique<dist::MpiComm>();
+#endif
+  return nullptr;
+}
+
+/// Where the program's messages go. One process: printed as they come. Several ranks: rank 0 prints; a failure is
+/// exchanged (Comm::agree) at the end of its phase, so that every rank stops with the failing rank's message, which
+/// rank 0 prints once.
+class Console {
+public:
+  explicit Console(dist::Comm* comm) : comm_(comm) {}
+  bool ranked() const { return comm_ != nullptr && comm_->size() > 1; }
+  bool root() const { return comm_ == nullptr || comm_->rank() == 0; }
+  dist::Comm* comm() const { return comm_; }
+
+  /// This rank fails its phase with exit status `status` and the text `err` ("dea train: ...\n"); returns the status
+  /// every rank returns.
+  int fail(int status, const std::string& err) {
+    if (!ranked()) {
+      fmt::print(stderr, "{}", err);
+      return status;
+    }
+    return settle(status, err);
+  }
+  /// The end of a phase on a rank that did not fail: 0, or the status of a rank that failed (its message printed by
+  /// rank 0).
+  int settle() { return ranked() ? settle(0, std::string()) : 0; }
+
+  /// A training run threw `e`: printed as `err` (one process); with several ranks the error came through an
+  /// exchange (every rank has it: rank 0 prints it) or, else, is this rank's alone (printed with the rank, and the
+  /// job aborted so that no rank waits for it).
+  int run_failed(int status, const std::exception& e, const std::string& err) {
+    if (!ranked()) {
+      fmt::print(stderr, "{}", err);
+      return status;
+    }
+    const bool shared = dynamic_cast<const dist::RankFailed*>(&e) != nullptr ||
+                        dynamic_cast<const train::NonFiniteError*>(&e) != nullptr;
+    if (shared) {
+      if (root()) fmt::print(stderr, "{}", err);
+      return status;
+    }
+    fmt::print(stderr, "{}", with_rank(err));
+    std::fflush(stderr);
+    comm_->abort(status);
+    return status;  // (abort does not return)
+  }
+
+private:
+  int settle(int status, const std::string& err) {
+    const dist::Agreement a = comm_->agree(status, status ? with_rank(err) : std::string());
+    if (a.ok) return 0;
+    if (root()) fmt::print(stderr, "{}", a.message);
+    return a.status;
+  }
+  /// "dea train: rank r of R: ..." on rank r > 0.
+  std::string with_rank(const std::string& err) const {
+    if (comm_->rank() == 0) return err;
+    const std::string head = "dea train: ";
+    const std::string tag = fmt::format("rank {} of {}: ", comm_->rank(), comm_->size());
+    if (err.compare(0, head.size(), head) != 0) return tag + err;
+    std::string rest = err.substr(head.size());
+    if (rest.compare(0, 5, "dea: ") == 0) rest.erase(0, 5);  // (the library's prefix, after the program's)
+    return head + tag + rest;
+  }
+  dist::Comm* comm_;
+};
+
 /// The dea_bert part of dea train, once the configuration and the data are checked: the pretrained directory of a
 /// fresh run is loaded and validated (a bad one is 2, nothing written), then the run.
-int run_dea_bert(const train::ValidConfig& cfg, const train::encoder::RunData& data, bool overwrite,
+int run_dea_bert(Console& con, const train::ValidConfig& cfg, const train::encoder::RunData& data, bool overwrite,
                  const std::string& plot_dir) {
   using S = float;
   namespace db = train::dea_bert;
@@ -54,41 +137,42 @@ int run_dea_bert(const train::ValidConfig& cfg, const train::encoder::RunData& d
     try {
       pre.emplace(db::load_pretrained<S>(cfg->hf_model));
       db::check_vocab(data.tok, pre->files.config, "--hf_model '" + cfg->hf_model + "'");
-      fmt::print("[model] {}\n", pre->report.str());
+      if (con.root()) fmt::print("[model] {}\n", pre->report.str());
     } catch (const std::bad_alloc&) {
-      fmt::print(stderr, "dea train: out of memory loading --hf_model '{}'\n", cfg->hf_model);
-      return 1;
+      return con.fail(1, fmt::format("dea train: out of memory loading --hf_model '{}'\n", cfg->hf_model));
     } catch (const std::exception& e) {
-      fmt::print(stderr, "dea train: --hf_model: {}\n", e.what());
-      return 2;
+      return con.fail(2, fmt::format("dea train: --hf_model: {}\n", e.what()));
     }
   }
+  if (const int st = con.settle()) return st;
   try {
     db::TrainOptions<S> opts;
     opts.data = &data;
     opts.overwrite = overwrite;
     opts.plot_dir = plot_dir;
-    opts.on_finish = [](bert::DualExpertBert<S>& model, const train::encoder::RunData& d) {
-      dea_cli::print_paris_probe(dea_cli::paris_probe(model, d.tok));
-    };
+    opts.comm = con.comm();
+    if (con.root())
+      opts.on_finish = [](bert::DualExpertBert<S>& model, const train::encoder::RunData& d) {
+        dea_cli::print_paris_probe(dea_cli::paris_probe(model, d.tok));
+      };
     const train::encoder::TrainResult r = db::run_training<S>(cfg, opts, pre ? &*pre : nullptr);
-    if (r.last_eval) fmt::print("final val: {}\n", train::encoder::to_json(*r.last_eval).dump());
-    fmt::print("checkpoint: {}\n", train::checkpoint_path(cfg->out_dir));
-  } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "dea train: out of memory (the model of --hf_model, --batch_size {} --max_len {} "
-                       "--n_per_source {}): choose smaller sizes\n",
-               cfg->batch_size, cfg->max_len, cfg->n_per_source);
-    return 1;
+    if (con.root()) {
+      if (r.last_eval) fmt::print("final val: {}\n", train::encoder::to_json(*r.last_eval).dump());
+      fmt::print("checkpoint: {}\n", train::checkpoint_path(cfg->out_dir));
+    }
+  } catch (const std::bad_alloc& e) {
+    return con.run_failed(1, e, fmt::format("dea train: out of memory (the model of --hf_model, --batch_size {} "
+                                            "--max_len {} --n_per_source {}): choose smaller sizes\n",
+                                            cfg->batch_size, cfg->max_len, cfg->n_per_source));
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea train: {}\n", e.what());
-    return 1;
+    return con.run_failed(1, e, fmt::format("dea train: {}\n", e.what()));
   }
   return 0;
 }
 
 /// The --model lm part of dea train (train/lm.hpp), once the configuration is checked: the corpus (a file of the
 /// command line that cannot be used is 2, a resumed run's is 1), then the run.
-int run_lm(const train::ValidConfig& cfg, bool overwrite) {
+int run_lm(Console& con, const train::ValidConfig& cfg, bool overwrite) {
   using S = float;
   namespace lr = train::lm_run;
   std::optional<lr::LmData> data;
@@ -98,27 +182,27 @@ int run_lm(const train::ValidConfig& cfg, bool overwrite) {
             train::checkpoint_path(cfg->out_dir));
     data.emplace(lr::build_data(cfg));
   } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "dea train: out of memory reading --text '{}'\n", cfg->text);
-    return 1;
+    return con.fail(1, fmt::format("dea train: out of memory reading --text '{}'\n", cfg->text));
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea train: {}{}\n", cfg->resume ? "--resume: " : "", e.what());
-    return cfg->resume ? 1 : 2;
+    return con.fail(cfg->resume ? 1 : 2, fmt::format("dea train: {}{}\n", cfg->resume ? "--resume: " : "", e.what()));
   }
+  if (const int st = con.settle()) return st;
   try {
     lr::TrainOptions opts;
     opts.data = &*data;
     opts.overwrite = overwrite;
+    opts.comm = con.comm();
     const lr::TrainResult r = lr::run_training<S>(cfg, opts);
-    if (r.last_eval) fmt::print("final val: {}\n", lr::to_json(*r.last_eval).dump());
-    fmt::print("checkpoint: {}\n", train::checkpoint_path(cfg->out_dir));
-  } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "dea train: out of memory (--d_model {} --d_ff {} --n_layers {} --batch_size {} --max_len {}): "
-                       "choose smaller sizes\n",
-               cfg->d_model, cfg->d_ff, cfg->n_layers, cfg->batch_size, cfg->max_len);
-    return 1;
+    if (con.root()) {
+      if (r.last_eval) fmt::print("final val: {}\n", lr::to_json(*r.last_eval).dump());
+      fmt::print("checkpoint: {}\n", train::checkpoint_path(cfg->out_dir));
+    }
+  } catch (const std::bad_alloc& e) {
+    return con.run_failed(1, e, fmt::format("dea train: out of memory (--d_model {} --d_ff {} --n_layers {} "
+                                            "--batch_size {} --max_len {}): choose smaller sizes\n",
+                                            cfg->d_model, cfg->d_ff, cfg->n_layers, cfg->batch_size, cfg->max_len));
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea train: {}\n", e.what());
-    return 1;
+    return con.run_failed(1, e, fmt::format("dea train: {}\n", e.what()));
   }
   return 0;
 }
@@ -129,6 +213,16 @@ int dea_train(int argc, char** argv) {
   using S = float;  // the program trains in float
   dea::retain_freed_memory();  // reuse freed activations instead of faulting pages in every step
   const std::vector<std::string> args(argv + 1, argv + argc);
+#if !defined(DEA_WITH_MPI)
+  if (dist::launcher_world_size() > 1) {
+    fmt::print(stderr, "dea train: started by mpirun with {} processes, but this dea was built without MPI "
+                       "(DEA_WITH_MPI: install libopenmpi-dev and build again); each would train alone\n",
+               dist::launcher_world_size());
+    return 2;
+  }
+#endif
+  const std::unique_ptr<dist::Comm> comm = train_cmd::make_comm();
+  train_cmd::Console con(comm.get());
   train::TrainConfig given;
   std::string plot_dir, dump_pairs;
   bool no_plots = false, overwrite = false;
@@ -140,7 +234,9 @@ int dea_train(int argc, char** argv) {
                   "WordPiece vocabulary from DIR; the run directory holds bert_config.json and vocab.txt). With\n"
                   "--model lm --data_source text --text FILE it trains the byte-level decoder language model\n"
                   "(--attention, --mlp, --shared_expert, --kv_heads, --experts, --top_k; last 5% of the bytes\n"
-                  "validate, NLL and perplexity); dea generate decodes from its checkpoint.");
+                  "validate, NLL and perplexity); dea generate decodes from its checkpoint.\n"
+                  "Data parallel: mpirun -np R dea train ... --micro_batches M (M a multiple of R) trains on R\n"
+                  "ranks with the bits of one process (docs/scale.md).");
   train::add_config_flags(fs, given);
   fs.text("plot_dir", plot_dir, "DIR", "where the plots go (default: --out_dir)");
   fs.toggle("no-plots", no_plots, "write no plots");
@@ -149,8 +245,7 @@ int dea_train(int argc, char** argv) {
           "write the distinct (q_text, k_text) pairs of the run's D_alpha data to FILE (JSONL, the input of dea "
           "oracle) and exit without training");
   auto bad_line = [&](const std::string& why) {
-    fmt::print(stderr, "dea train: {}\n(dea train --help lists the flags)\n", why);
-    return 2;
+    return con.fail(2, fmt::format("dea train: {}\n(dea train --help lists the flags)\n", why));
   };
   cli::FlagSet::Parsed p;
   try {
@@ -159,7 +254,7 @@ int dea_train(int argc, char** argv) {
     return bad_line(e.what());
   }
   if (p.help) {
-    fmt::print("{}", fs.help());
+    if (con.root()) fmt::print("{}", fs.help());
     return 0;
   }
   if (given.quick) train::apply_quick_preset(given, p.flags);
@@ -170,8 +265,7 @@ int dea_train(int argc, char** argv) {
     try {  // the saved configuration: a bad file is bad input (1), not a bad command line (2)
       saved = train::read_config(train::config_path(given.out_dir));
     } catch (const std::exception& e) {
-      fmt::print(stderr, "dea train: --resume: {}\n", e.what());
-      return 1;
+      return con.fail(1, fmt::format("dea train: --resume: {}\n", e.what()));
     }
     try {
       cfg = train::resume_config(*saved, given, p.flags);
@@ -197,12 +291,18 @@ int dea_train(int argc, char** argv) {
     return bad_line(e.what());
   }
   const train::TrainConfig& c = *cfg;
+  if (comm && c.micro_batches % comm->size() != 0)
+    return bad_line(fmt::format("--micro_batches {}: must be a multiple of the {} ranks of mpirun -np (each rank "
+                                "computes micro_batches / ranks micro-batches of every step)",
+                                c.micro_batches, comm->size()));
   if (c.model == "lm") {
     if (!dump_pairs.empty()) return bad_line("--dump_pairs does not apply to --model lm (it has no D_alpha pairs)");
     if (!plot_dir.empty()) return bad_line("--plot_dir does not apply to --model lm (its run writes no plots)");
-    return train_cmd::run_lm(*cfg, overwrite);
+    if (const int st = con.settle()) return st;
+    return train_cmd::run_lm(con, *cfg, overwrite);
   }
   if (!dump_pairs.empty()) {
+    if (con.ranked()) return bad_line("--dump_pairs writes a file and trains nothing: run it without mpirun");
     if (c.data_source != "dalpha")
       return bad_line("--dump_pairs: --data_source " + c.data_source + " has no (q_text, k_text) pairs");
     try {
@@ -217,40 +317,42 @@ int dea_train(int argc, char** argv) {
     }
     return 0;
   }
+  if (const int st = con.settle()) return st;
   // the data first: a file the command line names that cannot be used is a bad command line (2), not a failure of
   // the run (1); a resumed run's data comes from its directory (config.json, tokenizer.txt), a bad one is 1
   std::optional<train::encoder::RunData> data;
   try {
-    data.emplace(train::encoder::build_run_data(*cfg, &std::cout));
+    data.emplace(train::encoder::build_run_data(*cfg, con.root() ? &std::cout : nullptr));
   } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "dea train: out of memory building the data (--n_per_source {})\n", c.n_per_source);
-    return 1;
+    return con.fail(1, fmt::format("dea train: out of memory building the data (--n_per_source {})\n", c.n_per_source));
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea train: {}{}\n", c.resume ? "--resume: " : "", e.what());
-    return c.resume ? 1 : 2;
+    return con.fail(c.resume ? 1 : 2, fmt::format("dea train: {}{}\n", c.resume ? "--resume: " : "", e.what()));
   }
   if (c.model == "dea_bert")
-    return train_cmd::run_dea_bert(*cfg, *data, overwrite,
+    return train_cmd::run_dea_bert(con, *cfg, *data, overwrite,
                                    no_plots ? std::string() : plot_dir.empty() ? c.out_dir : plot_dir);
+  if (const int st = con.settle()) return st;
   try {
     train::encoder::TrainOptions<S> opts;
     opts.data = &*data;
     opts.overwrite = overwrite;
+    opts.comm = con.comm();
     if (!no_plots) opts.plot_dir = plot_dir.empty() ? c.out_dir : plot_dir;
-    opts.on_finish = [](nn::TransformerModel<S>& model, const train::encoder::RunData& d) {
-      dea_cli::print_paris_probe(dea_cli::paris_probe(model, d.tok));
-    };
+    if (con.root())
+      opts.on_finish = [](nn::TransformerModel<S>& model, const train::encoder::RunData& d) {
+        dea_cli::print_paris_probe(dea_cli::paris_probe(model, d.tok));
+      };
     const train::encoder::TrainResult r = train::encoder::run_training<S>(*cfg, opts);
-    if (r.last_eval) fmt::print("final val: {}\n", train::encoder::to_json(*r.last_eval).dump());
-    fmt::print("checkpoint: {}\n", train::checkpoint_path(c.out_dir));
-  } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "dea train: out of memory (--d_model {} --d_ff {} --n_layers {} --batch_size {} --max_len {} "
-                       "--n_per_source {}): choose smaller sizes\n",
-               c.d_model, c.d_ff, c.n_layers, c.batch_size, c.max_len, c.n_per_source);
-    return 1;
+    if (con.root()) {
+      if (r.last_eval) fmt::print("final val: {}\n", train::encoder::to_json(*r.last_eval).dump());
+      fmt::print("checkpoint: {}\n", train::checkpoint_path(c.out_dir));
+    }
+  } catch (const std::bad_alloc& e) {
+    return con.run_failed(1, e, fmt::format("dea train: out of memory (--d_model {} --d_ff {} --n_layers {} "
+                                            "--batch_size {} --max_len {} --n_per_source {}): choose smaller sizes\n",
+                                            c.d_model, c.d_ff, c.n_layers, c.batch_size, c.max_len, c.n_per_source));
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea train: {}\n", e.what());
-    return 1;
+    return con.run_failed(1, e, fmt::format("dea train: {}\n", e.what()));
   }
   return 0;
 }

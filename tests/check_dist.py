@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Data-parallel training on localhost (`mpirun -np R dea train`), run by ctest when the build has MPI.
+
+  check_dist.py --dea DEA --mpirun MPIRUN --work DIR --data tests/data CHECK [FAMILY]
+
+Checks (each prints one line ending in "ok" and exits 0, or names what differs and exits 1):
+  bitwise lm|encoder|encoder_text|dea_bert
+            the same run with --micro_batches 4 as one process (no mpirun) and under mpirun -np 1, 2 and 4 (one
+            thread per rank): checkpoint.safetensors byte for byte and train_log.jsonl line for line (apart from the
+            measured steps_per_s) identical
+  resume    a run checkpointed under -np 2 and resumed under -np 4 ends with the bytes of one process's
+            uninterrupted run
+  kill      rank 1 of -np 2 is SIGKILLed in the middle of the run: the job ends with a non-zero status within a
+            bounded time, the last checkpoint is intact, and --resume ends with the uninterrupted run's bytes
+  missing   the corpus missing on rank 1 only (each rank in its own working directory): every rank stops, exit
+            status 2, one message naming rank 1 and the file, nothing written
+  nonfinite a learning rate that makes the loss non-finite: every rank stops, exit status 1, one message
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+KILL_BOUND_S = 30.0  # the job must end this soon after a rank is killed
+
+
+def fail(msg):
+    print("check_dist: FAILED: " + msg)
+    sys.exit(1)
+
+
+class Runner:
+    def __init__(self, a):
+        self.dea, self.mpirun, self.work, self.data = a.dea, a.mpirun, a.work, a.data
+        self.env = dict(os.environ, OMP_NUM_THREADS="1")
+
+    def mpi(self, ranks):
+        return [self.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)]
+
+    def run(self, cmd, expect=0, timeout=300):
+        p = subprocess.run(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           timeout=timeout)
+        if expect is not None and p.returncode != expect:
+            fail("%s: exit status %d (expected %d)\n%s\n%s" % (" ".join(cmd), p.returncode, expect, p.stdout[-3000:],
+                                                              p.stderr[-3000:]))
+        return p
+
+    def train(self, args, out, ranks=None, expect=0):
+        cmd = ([] if ranks is None else self.mpi(ranks)) + [self.dea, "train"] + args + ["--out_dir", out]
+        return self.run(cmd, expect)
+
+
+def family_args(r, family):
+    corpus = os.path.join(r.data, "lm", "tiny_corpus.txt")
+    if family == "lm":
+        return ["--model", "lm", "--data_source", "text", "--text", corpus, "--d_model", "16", "--n_heads", "2",
+                "--n_layers", "1", "--d_ff", "32", "--max_len", "16", "--batch_size", "8", "--lr_main", "3e-3",
+                "--log_every", "1", "--eval_every", "3", "--eval_batches", "2", "--seed", "7"]
+    if family == "encoder":  # D_alpha, dropout
+        return ["--d_model", "16", "--n_heads", "2", "--n_layers", "1", "--d_ff", "32", "--batch_size", "8",
+                "--gamma_steps", "2", "--log_every", "1", "--eval_every", "3", "--eval_batches", "2",
+                "--n_per_source", "20", "--no-plots"]
+    if family == "encoder_text":  # masked LM: masking streams, and a short last batch of the epoch (11 chunks)
+        return ["--data_source", "text", "--text", corpus, "--d_model", "16", "--n_heads", "2", "--n_layers", "1",
+                "--d_ff", "32", "--batch_size", "8", "--gamma_steps", "2", "--log_every", "1", "--eval_every", "3",
+                "--no-plots"]
+    if family == "dea_bert":
+        return ["--model", "dea_bert", "--hf_model", os.path.join(r.data, "bert", "oracle", "oracle_sim"),
+                "--batch_size", "8", "--max_len", "32", "--n_per_source", "20", "--log_every", "1", "--eval_every",
+                "3", "--eval_batches", "2", "--no-plots"]
+    fail("unknown family " + family)
+
+
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def log_lines(run_dir):
+    with open(os.path.join(run_dir, "train_log.jsonl")) as f:
+        return [re.sub(r',?"steps_per_s":[-+.eE0-9]+', "", line) for line in f]
+
+
+def same_run(a, b, what):
+    if read_bytes(os.path.join(a, "checkpoint.safetensors")) != read_bytes(os.path.join(b, "checkpoint.safetensors")):
+        fail("%s: the checkpoints of %s and %s differ" % (what, a, b))
+    la, lb = log_lines(a), log_lines(b)
+    if la != lb:
+        diff = next((i for i in range(min(len(la), len(lb))) if la[i] != lb[i]), min(len(la), len(lb)))
+        fail("%s: the logs of %s and %s differ at line %d:\n%s\n%s" % (what, a, b, diff + 1,
+                                                                      la[diff] if diff < len(la) else "(none)",
+                                                                      lb[diff] if diff < len(lb) else "(none)"))
+
+
+def checkpoint_step(path):
+    b = read_bytes(path)
+    n = struct.unpack("<Q", b[:8])[0]
+    return int(json.loads(b[8:8 + n])["__metadata__"]["step"])
+
+
+def error_lines(stderr):
+    return [l for l in stderr.splitlines() if l.startswith("dea train:")]
+
+
+def check_bitwise(r, family):
+    args = family_args(r, family) + ["--steps", "6", "--micro_batches", "4"]
+    base = os.path.join(r.work, family)
+    r.train(args, base + "_single")
+    for ranks in (1, 2, 4):
+        r.train(args, "%s_np%d" % (base, ranks), ranks)
+        same_run(base + "_single", "%s_np%d" % (base, ranks), "%s, mpirun -np %d" % (family, ranks))
+    steps = len([l for l in log_lines(base + "_single") if '"event"' not in l])
+    print("dist bitwise %s: --micro_batches 4, one process and mpirun -np 1, 2, 4: checkpoints and logs identical "
+          "(%d logged steps): ok" % (family, steps))
+
+
+def check_resume(r):
+    args = family_args(r, "lm") + ["--micro_batches", "4"]
+    straight, resumed = os.path.join(r.work, "straight"), os.path.join(r.work, "resumed")
+    r.train(args + ["--steps", "12"], straight)
+    r.train(args + ["--steps", "6"], resumed, 2)
+    r.run(r.mpi(4) + [r.dea, "train", "--resume", "--steps", "12", "--out_dir", resumed])
+    same_run(straight, resumed, "6 steps on -np 2 resumed to 12 on -np 4")
+    print("dist resume: 6 steps under -np 2 resumed to 12 under -np 4 = 12 steps in one process, bit for bit: ok")
+
+
+def rank_pids(mpirun_pid):
+    """{rank: pid} of the processes mpirun started (their environment names their rank)."""
+    out = {}
+    for pid in subprocess.run(["pgrep", "-P", str(mpirun_pid)], stdout=subprocess.PIPE, text=True).stdout.split():
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except OSError:
+            continue
+        if b"OMPI_COMM_WORLD_RANK" in env:
+            out[int(env[b"OMPI_COMM_WORLD_RANK"])] = int(pid)
+    return out
+
+
+def check_kill(r):
+    args = family_args(r, "lm") + ["--micro_batches", "4", "--steps", "200", "--eval_every", "20", "--log_every", "10"]
+    straight, killed = os.path.join(r.work, "straight"), os.path.join(r.work, "killed")
+    r.train(args, straight)
+    ckpt = os.path.join(killed, "checkpoint.safetensors")
+    cmd = r.mpi(2) + [r.dea, "train"] + args + ["--out_dir", killed]
+    p = subprocess.Popen(cmd, env=r.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t_end = time.time() + 120
+    while not os.path.exists(ckpt):
+        if p.poll() is not None or time.time() > t_end:
+            fail("the run ended (or took too long) before its first checkpoint: %s" % p.communicate()[1][-2000:])
+        time.sleep(0.02)
+    time.sleep(0.05)  # somewhere in a later step
+    pids = rank_pids(p.pid)
+    if 1 not in pids:
+        fail("rank 1 of mpirun (pid %d) not found among %s" % (p.pid, pids))
+    os.kill(pids[1], signal.SIGKILL)
+    t_kill = time.time()
+    try:
+        _, err = p.communicate(timeout=KILL_BOUND_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        fail("the job did not end within %.0f s of rank 1's death" % KILL_BOUND_S)
+    waited = time.time() - t_kill
+    if p.returncode == 0:
+        fail("the job ended with status 0 after rank 1 was killed")
+    if "rank 1" not in err or "signal 9" not in err:
+        fail("mpirun's message does not say that rank 1 died of signal 9:\n" + err[-2000:])
+    step = checkpoint_step(ckpt)
+    if step % 20 != 0 or step >= 200:
+        fail("the checkpoint left behind is of step %d" % step)
+    r.run(r.mpi(2) + [r.dea, "train", "--resume", "--out_dir", killed])
+    same_run(straight, killed, "killed at step > %d and resumed" % step)
+    print("dist kill: rank 1 SIGKILLed, job ended with status %d in %.2f s (bound %.0f s), checkpoint of step %d "
+          "intact, --resume = the uninterrupted run bit for bit: ok" % (p.returncode, waited, KILL_BOUND_S, step))
+
+
+def check_missing(r):
+    have, lack = os.path.join(r.work, "with_corpus"), os.path.join(r.work, "without_corpus")
+    os.makedirs(have)
+    os.makedirs(lack)
+    with open(os.path.join(r.data, "lm", "tiny_corpus.txt"), "rb") as f, \
+            open(os.path.join(have, "corpus.txt"), "wb") as g:
+        g.write(f.read())
+    out = os.path.join(r.work, "run")
+    args = [x if x != os.path.join(r.data, "lm", "tiny_corpus.txt") else "corpus.txt" for x in family_args(r, "lm")]
+    args += ["--micro_batches", "2", "--steps", "4", "--out_dir", out]
+    cmd = ([r.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "1", "--wdir", have,
+            r.dea, "train"] + args + [":", "-np", "1", "--wdir", lack, r.dea, "train"] + args)
+    t0 = time.time()
+    p = r.run(cmd, expect=2)
+    lines = error_lines(p.stderr)
+    if len(lines) != 1 or "rank 1 of 2" not in lines[0] or os.path.join(lack, "corpus.txt") not in lines[0]:
+        fail("expected one message naming rank 1 and its missing file, got:\n" + p.stderr)
+    if os.path.exists(out):
+        fail("a run directory was written: " + out)
+    print("dist missing: the corpus missing on rank 1: every rank stopped with status 2 in %.1f s, one message "
+          "('%s'): ok" % (time.time() - t0, lines[0]))
+
+
+def check_nonfinite(r):
+    args = family_args(r, "lm") + ["--micro_batches", "4", "--steps", "40", "--lr_main", "1e6", "--eval_every", "100"]
+    p = r.train(args, os.path.join(r.work, "run"), 2, expect=1)
+    lines = error_lines(p.stderr)
+    if len(lines) != 1 or "non-finite" not in lines[0]:
+        fail("expected one message about a non-finite value, got:\n" + p.stderr)
+    print("dist nonfinite: every rank stopped with status 1, one message ('%s'): ok" % lines[0])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dea", required=True)
+    ap.add_argument("--mpirun", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--data", required=True, help="tests/data")
+    ap.add_argument("check", choices=["bitwise", "resume", "kill", "missing", "nonfinite"])
+    ap.add_argument("family", nargs="?", default="lm")
+    a = ap.parse_args()
+    r = Runner(a)
+    subprocess.run(["rm", "-rf", a.work], check=True)
+    os.makedirs(a.work)
+    if a.check == "bitwise":
+        check_bitwise(r, a.family)
+    elif a.check == "resume":
+        check_resume(r)
+    elif a.check == "kill":
+        check_kill(r)
+    elif a.check == "missing":
+        check_missing(r)
+    else:
+        check_nonfinite(r)
+
+
+if __name__ == "__main__":
+    main()
