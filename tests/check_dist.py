@@ -27,6 +27,9 @@ import sys
 import time
 
 KILL_BOUND_S = 30.0  # the job must end this soon after a rank is killed
+# long enough that the kill (just after the first checkpoint) lands mid-run on an idle machine too (200 tiny steps
+# once finished before it)
+KILL_STEPS = 1000
 
 
 def fail(msg):
@@ -144,7 +147,7 @@ def rank_pids(mpirun_pid):
 
 
 def check_kill(r):
-    args = family_args(r, "lm") + ["--micro_batches", "4", "--steps", "200", "--eval_every", "20", "--log_every", "10"]
+    args = family_args(r, "lm") + ["--micro_batches", "4", "--steps", str(KILL_STEPS), "--eval_every", "20", "--log_every", "10"]
     straight, killed = os.path.join(r.work, "straight"), os.path.join(r.work, "killed")
     r.train(args, straight)
     ckpt = os.path.join(killed, "checkpoint.safetensors")
@@ -172,7 +175,7 @@ def check_kill(r):
     if "rank 1" not in err or "signal 9" not in err:
         fail("mpirun's message does not say that rank 1 died of signal 9:\n" + err[-2000:])
     step = checkpoint_step(ckpt)
-    if step % 20 != 0 or step >= 200:
+    if step % 20 != 0 or step >= KILL_STEPS:
         fail("the checkpoint left behind is of step %d" % step)
     r.run(r.mpi(2) + [r.dea, "train", "--resume", "--out_dir", killed])
     same_run(straight, killed, "killed at step > %d and resumed" % step)
