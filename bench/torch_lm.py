@@ -43,59 +43,18 @@ AVX-512, else Haswell with AVX2 + FMA) through OPENBLAS_CORETYPE; a recognised c
 OPENBLAS_CORETYPE is kept; native never overrides; any other value is used as the core name.
 """
 import argparse
-import ctypes
 import json
 import math
 import os
-import resource
 import struct
-import subprocess
 import sys
 import time
 
-# OpenBLAS cores without AVX2 (what it picks when it does not recognise the CPU)
-_PRE_AVX2_CORES = frozenset(
-    'Katmai Coppermine Northwood Prescott Banias Core2 Penryn Dunnington Nehalem Atom Sandybridge Opteron '
-    'Opteron_SSE3 Barcelona Bobcat Bulldozer Piledriver Steamroller Excavator'.split())
-# the replacement: the first entry whose CPU flags are all present
-_REPLACEMENTS = (('SkylakeX', {'avx512f', 'avx512bw', 'avx512vl', 'avx512dq'}), ('Haswell', {'avx2', 'fma'}))
-_CORE_PROBE = ("import ctypes\nb = ctypes.CDLL('libblas.so.3')\nb.openblas_get_corename.restype = ctypes.c_char_p\n"
-               "print(b.openblas_get_corename().decode())")
-
-
-def _choose_openblas_core(argv):
-    """Decides OPENBLAS_CORETYPE before torch loads OpenBLAS (see the module comment); returns the decision."""
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument('--openblas-coretype', default='auto')
-    want = pre.parse_known_args(argv)[0].openblas_coretype
-    decision = {'requested': want}
-    if want == 'native' or 'OPENBLAS_CORETYPE' in os.environ:
-        decision['coretype_env'] = os.environ.get('OPENBLAS_CORETYPE')
-        return decision
-    if want != 'auto':
-        os.environ['OPENBLAS_CORETYPE'] = decision['coretype_env'] = want
-        return decision
-    try:  # a separate process: OpenBLAS chooses its kernels once, when it is loaded
-        core = subprocess.run([sys.executable, '-c', _CORE_PROBE], capture_output=True, text=True,
-                              timeout=60).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        core = ''
-    decision['detected'] = core or None
-    if core in _PRE_AVX2_CORES:
-        flags = set()
-        try:
-            with open('/proc/cpuinfo') as f:
-                flags = next((set(line.split(':', 1)[1].split()) for line in f if line.startswith('flags')), set())
-        except OSError:
-            pass
-        for name, needs in _REPLACEMENTS:
-            if needs <= flags:
-                os.environ['OPENBLAS_CORETYPE'] = decision['coretype_env'] = name
-                break
-    return decision
-
-
-_BLAS_DECISION = _choose_openblas_core(sys.argv[1:])
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# bench/torch_train.py chooses OPENBLAS_CORETYPE (--openblas-coretype) before torch loads and holds the helpers
+# shared by the PyTorch side-by-side scripts (blas_info, load1, peak_rss_mb, median)
+import torch_train  # noqa: E402
+from torch_train import blas_info, load1, median, peak_rss_mb  # noqa: E402
 
 import torch  # noqa: E402  (after OPENBLAS_CORETYPE)
 import torch.nn.functional as F  # noqa: E402
@@ -435,34 +394,6 @@ def torch_gemm_gflops(M, N, K, rounds):
     return {k: round(median(v), 1) for k, v in res.items()}
 
 
-def blas_info():
-    info = dict(_BLAS_DECISION)
-    with open('/proc/self/maps') as f:
-        libs = sorted({ln.split()[-1] for ln in f if 'openblas' in ln and ln.split()[-1].startswith('/')})
-    info['core'] = None
-    for path in libs:
-        try:
-            lib = ctypes.CDLL(path)
-            lib.openblas_get_corename.restype = ctypes.c_char_p
-            info.update(lib=path, core=lib.openblas_get_corename().decode())
-            break
-        except (OSError, AttributeError):
-            continue
-    return info
-
-
-def load1():
-    try:
-        with open('/proc/loadavg') as f:
-            return float(f.read().split()[0])
-    except OSError:
-        return -1.0
-
-
-def peak_rss_mb():
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-
-
 def rss_now_mb():
     try:
         with open('/proc/self/status') as f:
@@ -472,12 +403,6 @@ def rss_now_mb():
     except OSError:
         pass
     return -1
-
-
-def median(v):
-    v = sorted(v)
-    n = len(v)
-    return v[n // 2] if n % 2 else 0.5 * (v[n // 2 - 1] + v[n // 2])
 
 
 def read_batches(path, cfg):

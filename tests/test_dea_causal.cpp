@@ -638,46 +638,61 @@ TEST_CASE("causal DEA: the first query sees one key and gives no NaN; a query wi
   }
 }
 
+/// The bits of a forward, the task backward and the gate backward (and with `decode` a decoding pass: a prompt of 7
+/// positions, then single positions) of a B=3, T=40, D=32, H=4 layer with an oracle and a key mask, on `threads`
+/// threads; the layer and its inputs are drawn from Rng(5), so every call sees the same ones.
+template <class S>
+std::vector<S> thread_run_bits(DeaKernel kernel, bool causal, double rope_theta, bool decode, int threads) {
+  using L = DualExpertAttention<S>;
+  const Index B = 3, T = 40, H = 4, D = 32;
+  Rng rng(5);
+  typename L::Options opt;
+  opt.kernel = kernel;
+  opt.block_q = 16;
+  opt.rope_theta = rope_theta;
+  L layer(D, H, rng, opt);
+  Mat<S> x(B * T, D);
+  init::normal(x, rng, 0, 1);
+  Tensor<S> oracle({B, T, T}, std::numeric_limits<S>::quiet_NaN());
+  for (Index b = 0; b < B; ++b)
+    for (Index i = 1; i < T; ++i)
+      for (Index j = 0; j < T; j += 3) oracle[(b * T + i) * T + j] = S(rng.uniform(0, 0.95));
+  Tensor<std::uint8_t> km({B, T}, 1);
+  for (Index j = 36; j < T; ++j) km[T + j] = 0;
+  AttnInputs<S> in(B, T);
+  in.set_oracle(oracle).set_key_mask(km).set_gamma_mix(S(0.5)).set_causal(causal);
+  Mat<S> dy(B * T, D);
+  init::normal(dy, rng, 0, 1);
+  set_num_threads(threads);
+  typename L::Cache c;
+  layer.zero_grad();
+  Mat<S> y = layer.forward(x, in, c);
+  Mat<S> dx = layer.backward(dy, c);
+  layer.backward_gate(c);
+  std::vector<S> all(y.data(), y.data() + y.size());
+  all.insert(all.end(), dx.data(), dx.data() + dx.size());
+  for (Param<S>* p : layer.parameters()) all.insert(all.end(), p->grad.data(), p->grad.data() + p->numel());
+  all.push_back(c.loss_gate);
+  if (decode) {
+    typename L::DecodeCache dc(B);
+    for (Index t0 = 0; t0 < T;) {
+      const Index tn = t0 == 0 ? 7 : 1;
+      Mat<S> xn(B * tn, D);
+      for (Index b = 0; b < B; ++b) xn.middleRows(b * tn, tn) = x.middleRows(b * T + t0, tn);
+      const Mat<S> yn = layer.forward_decode(xn, dc);
+      all.insert(all.end(), yn.data(), yn.data() + yn.size());
+      t0 += tn;
+    }
+  }
+  set_num_threads(2);
+  return all;
+}
+
 TEMPLATE_TEST_CASE("causal DEA: results are bitwise identical for 1 and 2 threads", "[dea][causal][threads]", float,
                    double) {
-  using L = DualExpertAttention<TestType>;
-  const Index B = 3, T = 40, H = 4, D = 32;
-  for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
-    Rng rng(5);
-    typename L::Options opt;
-    opt.kernel = kernel;
-    opt.block_q = 16;
-    L layer(D, H, rng, opt);
-    Mat<TestType> x(B * T, D);
-    init::normal(x, rng, 0, 1);
-    Tensor<TestType> oracle({B, T, T}, std::numeric_limits<TestType>::quiet_NaN());
-    for (Index b = 0; b < B; ++b)
-      for (Index i = 1; i < T; ++i)
-        for (Index j = 0; j < T; j += 3) oracle[(b * T + i) * T + j] = TestType(rng.uniform(0, 0.95));
-    Tensor<std::uint8_t> km({B, T}, 1);
-    for (Index j = 36; j < T; ++j) km[T + j] = 0;
-    AttnInputs<TestType> in(B, T);
-    in.set_oracle(oracle).set_key_mask(km).set_gamma_mix(TestType(0.5)).set_causal(true);
-    Mat<TestType> dy(B * T, D);
-    init::normal(dy, rng, 0, 1);
-    auto run = [&](int threads) {
-      set_num_threads(threads);
-      typename L::Cache c;
-      layer.zero_grad();
-      Mat<TestType> y = layer.forward(x, in, c);
-      Mat<TestType> dx = layer.backward(dy, c);
-      layer.backward_gate(c);
-      std::vector<TestType> all(y.data(), y.data() + y.size());
-      all.insert(all.end(), dx.data(), dx.data() + dx.size());
-      for (Param<TestType>* p : layer.parameters()) all.insert(all.end(), p->grad.data(), p->grad.data() + p->numel());
-      all.push_back(c.loss_gate);
-      return all;
-    };
-    const auto one = run(1);
-    const auto two = run(2);
-    set_num_threads(2);
-    REQUIRE(same_bits(one, two));
-  }
+  for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled})
+    REQUIRE(same_bits(thread_run_bits<TestType>(kernel, true, 0, false, 1),
+                      thread_run_bits<TestType>(kernel, true, 0, false, 2)));
 }
 
 TEST_CASE("causal DEA: the tiled kernel agrees with the reference kernel", "[dea][causal][tiled]") {
@@ -987,55 +1002,10 @@ TEST_CASE("DEA with RoPE: cross-attention of the same positions equals self-atte
 
 TEMPLATE_TEST_CASE("DEA with RoPE: results are bitwise identical for 1 and 2 threads", "[dea][rope][threads]", float,
                    double) {
-  using L = DualExpertAttention<TestType>;
-  const Index B = 3, T = 40, H = 4, D = 32;
   for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled})
-    for (const bool causal : {true, false}) {
-      Rng rng(5);
-      typename L::Options opt;
-      opt.kernel = kernel;
-      opt.block_q = 16;
-      opt.rope_theta = 10000;
-      L layer(D, H, rng, opt);
-      Mat<TestType> x(B * T, D);
-      init::normal(x, rng, 0, 1);
-      Tensor<TestType> oracle({B, T, T}, std::numeric_limits<TestType>::quiet_NaN());
-      for (Index b = 0; b < B; ++b)
-        for (Index i = 1; i < T; ++i)
-          for (Index j = 0; j < T; j += 3) oracle[(b * T + i) * T + j] = TestType(rng.uniform(0, 0.95));
-      Tensor<std::uint8_t> km({B, T}, 1);
-      for (Index j = 36; j < T; ++j) km[T + j] = 0;
-      AttnInputs<TestType> in(B, T);
-      in.set_oracle(oracle).set_key_mask(km).set_gamma_mix(TestType(0.5)).set_causal(causal);
-      Mat<TestType> dy(B * T, D);
-      init::normal(dy, rng, 0, 1);
-      auto run = [&](int threads) {
-        set_num_threads(threads);
-        typename L::Cache c;
-        layer.zero_grad();
-        Mat<TestType> y = layer.forward(x, in, c);
-        Mat<TestType> dx = layer.backward(dy, c);
-        layer.backward_gate(c);
-        std::vector<TestType> all(y.data(), y.data() + y.size());
-        all.insert(all.end(), dx.data(), dx.data() + dx.size());
-        for (Param<TestType>* p : layer.parameters()) all.insert(all.end(), p->grad.data(), p->grad.data() + p->numel());
-        all.push_back(c.loss_gate);
-        typename L::DecodeCache dc(B);  // decoding: a prompt, then single positions
-        for (Index t0 = 0; t0 < T;) {
-          const Index tn = t0 == 0 ? 7 : 1;
-          Mat<TestType> xn(B * tn, D);
-          for (Index b = 0; b < B; ++b) xn.middleRows(b * tn, tn) = x.middleRows(b * T + t0, tn);
-          const Mat<TestType> yn = layer.forward_decode(xn, dc);
-          all.insert(all.end(), yn.data(), yn.data() + yn.size());
-          t0 += tn;
-        }
-        return all;
-      };
-      const auto one = run(1);
-      const auto two = run(2);
-      set_num_threads(2);
-      REQUIRE(same_bits(one, two));
-    }
+    for (const bool causal : {true, false})
+      REQUIRE(same_bits(thread_run_bits<TestType>(kernel, causal, 10000, true, 1),
+                        thread_run_bits<TestType>(kernel, causal, 10000, true, 2)));
 }
 
 TEST_CASE("DEA with RoPE: incremental decoding equals the rows of the full causal forward", "[dea][rope][decode]") {
