@@ -40,7 +40,6 @@ inline double yardstick_gflops(int threads, int reps = 3) {
   const int iters = 40;
   // Eigen parallelises a product itself outside an active parallel region, and a region of one thread is not
   // active: without this the one-thread yardstick ran Eigen's two-thread product (slow and noisy)
-  const int eigen_threads = Eigen::nbThreads();
   Eigen::setNbThreads(1);
   std::vector<double> rates;
   for (int r = 0; r < reps + 1; ++r) {
@@ -61,7 +60,7 @@ inline double yardstick_gflops(int threads, int reps = 3) {
     }
     if (r > 0) rates.push_back(total);
   }
-  Eigen::setNbThreads(eigen_threads);
+  Eigen::setNbThreads(0);  // Eigen follows OpenMP's per-thread count again (dea::ScopedSerialEigen needs that)
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2];
 }

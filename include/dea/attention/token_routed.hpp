@@ -37,6 +37,7 @@
 #include "../core/parallel.hpp"
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
+#include "../ops/attention_core.hpp"
 #include "../ops/gemm.hpp"
 #include "../ops/linear.hpp"
 #include "../ops/rms_norm.hpp"
@@ -141,6 +142,7 @@ public:
   struct Cache {
     Index batch = 0, seq = 0;
     bool routed = false;         ///< false after forward_plain (no routing, no adapters)
+    bool causal = false;         ///< the forward's causal masking (att is zero above its causal tiles)
     Mat<S> x;                    ///< [N, D] input
     Mat<S> q, k, v;              ///< [N, D] Q' = Q + alpha dQ, K, V' = V + alpha dV (before heads, norm, RoPE)
     Mat<S> delta;                ///< routed deltas before alpha: v1 [N, 2D] = (dQ | dV), v2 [N, T*D] = Delta
@@ -546,6 +548,7 @@ private:
     cache.kr.resize(N, D);
     cache.o.resize(N, D);
     cache.att.assign(static_cast<std::size_t>(B * H * T * T), S(0));
+    cache.causal = causal;
     const S* gq = opt_.use_qk_norm ? q_norm_.value.data() : nullptr;
     const S* gk = opt_.use_qk_norm ? k_norm_.value.data() : nullptr;
     parallel_for(B * H, [&](Index bh) {
@@ -564,14 +567,10 @@ private:
       ops::rope_forward(rope_, 0, kn);                                  // Kr = RoPE(Kn)
       cache.qr.block(r0, c0, T, dh) = qn;
       cache.kr.block(r0, c0, T, dh) = kn;
-      MatMap<S> P(cache.att.data() + bh * T * T, T, T);
-      P.noalias() = (qn * kn.transpose()) * scale;                      // S = Qr Kr^T / sqrt(d_h)
-      if (causal)
-        for (Index i = 0; i < T; ++i)
-          for (Index j = i + 1; j < T; ++j) P(i, j) = -std::numeric_limits<S>::infinity();
+      // P = softmax(Qr Kr^T / sqrt(d_h)) over the real keys (j <= i when causal; all-masked row -> 0), O = P V'
       const std::uint8_t* mask = in.has_key_mask() ? in.key_mask(b) : nullptr;
-      ops::masked_softmax_rows<S>(P, mask, P);                          // P = softmax(S) (all-masked row -> 0)
-      cache.o.block(r0, c0, T, dh).noalias() = P * cache.v.block(r0, c0, T, dh);  // O = P V'
+      ops::attention_core_forward<S>(qn, kn, cache.v.block(r0, c0, T, dh), scale, causal, mask,
+                                     cache.att.data() + bh * T * T, cache.o.block(r0, c0, T, dh));
     });
   }
 
@@ -720,17 +719,13 @@ auto TokenRoutedAttention<S, Heads, DHead>::backward(const Mat<S>& dy, Cache& ca
   const S* gk = opt_.use_qk_norm ? k_norm_.value.data() : nullptr;
   parallel_for(B * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H, r0 = b * T, c0 = h * dh;
-    ConstMatMap<S> P(cache.att.data() + bh * T * T, T, T);
-    const auto dOh = dO.block(r0, c0, T, dh);
-    GV.block(r0, c0, T, dh).noalias() = P.transpose() * dOh;          // O = P V'      -> dV' = P^T dO
-    Mat<S> dP(T, T);
-    dP.noalias() = dOh * cache.v.block(r0, c0, T, dh).transpose();    // O = P V'      -> dP = dO V'^T
-    Mat<S> dS(T, T);
-    ops::softmax_rows_backward<S>(P, dP, dS);                         // P = softmax(S)
-    dS *= scale;                                                      // S = Qr Kr^T * scale
     HeadMat dq(T, dh), dk(T, dh);
-    dq.noalias() = dS * cache.kr.block(r0, c0, T, dh);                // -> dQr = dS Kr
-    dk.noalias() = dS.transpose() * cache.qr.block(r0, c0, T, dh);    // -> dKr = dS^T Qr
+    Mat<S> scratch(1, ops::attention_core_scratch(T, cache.causal));
+    // O = P V', P = softmax(Qr Kr^T * scale) -> dV', dQr, dKr
+    ops::attention_core_backward<S>(cache.att.data() + bh * T * T, dO.block(r0, c0, T, dh),
+                                    cache.qr.block(r0, c0, T, dh), cache.kr.block(r0, c0, T, dh),
+                                    cache.v.block(r0, c0, T, dh), scale, cache.causal, scratch.data(), dq, dk,
+                                    GV.block(r0, c0, T, dh));
     ops::rope_backward(rope_, 0, dq);                                 // Qr = RoPE(Qn)
     ops::rope_backward(rope_, 0, dk);                                 // Kr = RoPE(Kn)
     if (opt_.use_qk_norm) {                                           // Qn = RMSNorm(Q') .* gamma_q

@@ -24,13 +24,14 @@ inline int num_threads() {
 #endif
 }
 
-/// Sets the threads for the library's loops and for Eigen's own products (n >= 1).
+/// Sets the threads for the library's loops and for Eigen's own products (n >= 1). Eigen sizes its team by
+/// OpenMP's per-thread count (omp_get_max_threads) unless Eigen::setNbThreads was given a positive count, so this
+/// leaves Eigen's own setting alone: ScopedSerialEigen below relies on it.
 inline void set_num_threads(int n) {
   if (n < 1) n = 1;
 #ifdef _OPENMP
   omp_set_num_threads(n);
 #endif
-  Eigen::setNbThreads(n);
 }
 
 /// True inside a parallel region (Eigen then runs its products single-threaded).
@@ -71,6 +72,31 @@ public:
 
 private:
   bool saved_;
+};
+
+/// Eigen's own products on the calling thread run single-threaded until the end of the scope. The library's
+/// fallback products (too few rows for the packed product) run Eigen's product; outside a parallel region Eigen
+/// would start its own multi-threaded GEMM, whose blocking depends on the thread count (different bits) and whose
+/// spinning made a two-thread prefill of a 16-token prompt ten times slower than one thread. OpenMP's thread count
+/// is a per-thread setting, so this affects no other thread. It has no effect after Eigen::setNbThreads(n > 0).
+class ScopedSerialEigen {
+public:
+  ScopedSerialEigen() {
+#ifdef _OPENMP
+    saved_ = omp_get_max_threads();
+    if (saved_ > 1) omp_set_num_threads(1);
+#endif
+  }
+  ~ScopedSerialEigen() {
+#ifdef _OPENMP
+    if (saved_ > 1) omp_set_num_threads(saved_);
+#endif
+  }
+  ScopedSerialEigen(const ScopedSerialEigen&) = delete;
+  ScopedSerialEigen& operator=(const ScopedSerialEigen&) = delete;
+
+private:
+  int saved_ = 1;
 };
 
 namespace detail {

@@ -20,6 +20,7 @@
 #include "../core/param.hpp"
 #include "../core/parallel.hpp"
 #include "../core/tensor.hpp"
+#include "../ops/attention_core.hpp"
 #include "../ops/gemm.hpp"
 #include "../ops/linear.hpp"
 #include "../ops/rms_norm.hpp"
@@ -167,7 +168,6 @@ Mat<S> CausalSelfAttention<S>::forward(const Mat<S>& x, Index batch, Cache& c) {
   validate_x_(x, batch, "forward");
   const Index B = batch, T = x.rows() / batch, H = opt_.n_heads, Hkv = opt_.n_kv_heads, G = H / Hkv, dh = dh_;
   const S scale = S(1) / std::sqrt(static_cast<S>(dh));
-  const S ninf = -std::numeric_limits<S>::infinity();
   c.batch = B;
   c.seq = T;
   c.x = x;
@@ -195,12 +195,9 @@ Mat<S> CausalSelfAttention<S>::forward(const Mat<S>& x, Index batch, Cache& c) {
     const Index b = bh / H, h = bh % H, g = h / G, r0 = b * T, c0 = h * dh, k0 = g * dh;
     norm_rope_(c.q.block(r0, c0, T, dh), q_norm_, 0, c.qr.block(r0, c0, T, dh), c.qhat.block(r0, c0, T, dh),
                c.q_rstd.data() + bh * T);                                    // Qr = RoPE(RMSNorm(Q_h) .* gamma_q)
-    MatMap<S> P(c.att.data() + bh * T * T, T, T);
-    P.noalias() = (c.qr.block(r0, c0, T, dh) * c.kr.block(r0, k0, T, dh).transpose()) * scale;  // S = Qr Kr^T / sqrt(d_h)
-    for (Index i = 0; i < T; ++i)
-      for (Index j = i + 1; j < T; ++j) P(i, j) = ninf;                      // causal: keys j <= i
-    ops::masked_softmax_rows<S>(P, nullptr, P);                              // P = softmax(S)
-    c.o.block(r0, c0, T, dh).noalias() = P * c.v.block(r0, k0, T, dh);      // O_h = P V_g
+    // P = softmax(Qr Kr^T / sqrt(d_h)) over keys j <= i, O_h = P V_g
+    ops::attention_core_forward<S>(c.qr.block(r0, c0, T, dh), c.kr.block(r0, k0, T, dh), c.v.block(r0, k0, T, dh),
+                                   scale, true, nullptr, c.att.data() + bh * T * T, c.o.block(r0, c0, T, dh));
   }, flops > kParallelMinFlops);
   Mat<S> y;
   ops::linear_forward<S>(c.o, o_proj_.mat(), nullptr, y);                   // y = O W_o^T
@@ -226,17 +223,10 @@ Mat<S> CausalSelfAttention<S>::backward(const Mat<S>& dy, const Cache& c) {
   const S* gk = opt_.use_qk_norm ? k_norm_.value.data() : nullptr;
   parallel_for(B * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H, g = h / G, r0 = b * T, c0 = h * dh, k0 = g * dh;
-    ConstMatMap<S> P(c.att.data() + bh * T * T, T, T);
-    const auto dOh = dO.block(r0, c0, T, dh);
-    dv_part.middleRows(bh * T, T).noalias() = P.transpose() * dOh;           // O_h = P V_g      -> dV_g += P^T dO_h
-    Mat<S> dP(T, T);
-    dP.noalias() = dOh * c.v.block(r0, k0, T, dh).transpose();              // O_h = P V_g      -> dP = dO_h V_g^T
-    Mat<S> dS(T, T);
-    ops::softmax_rows_backward<S>(P, dP, dS);                                // P = softmax(S)   (masked: P = 0 -> 0)
-    dS *= scale;                                                             // S = Qr Kr^T * scale
-    Mat<S> dq(T, dh);
-    dq.noalias() = dS * c.kr.block(r0, k0, T, dh);                           //                  -> dQr = dS Kr_g
-    dkr_part.middleRows(bh * T, T).noalias() = dS.transpose() * c.qr.block(r0, c0, T, dh);  // -> dKr_g += dS^T Qr_h
+    Mat<S> dq(T, dh), scratch(1, ops::attention_core_scratch(T, true));
+    ops::attention_core_backward<S>(c.att.data() + bh * T * T, dO.block(r0, c0, T, dh), c.qr.block(r0, c0, T, dh),
+                                    c.kr.block(r0, k0, T, dh), c.v.block(r0, k0, T, dh), scale, true, scratch.data(),
+                                    dq, dkr_part.middleRows(bh * T, T), dv_part.middleRows(bh * T, T));
     ops::rope_backward(rope_, 0, dq);                                        // Qr = RoPE(Qn)
     if (opt_.use_qk_norm)                                                    // Qn = RMSNorm(Q_h) .* gamma_q
       ops::rms_norm_backward<S>(dq, c.qhat.block(r0, c0, T, dh), c.q_rstd.data() + bh * T, gq, dgq.data() + bh * dh,

@@ -3,8 +3,8 @@
 // float and double products of plain (direct-access) matrices run through the library's packed product
 // (packed_gemm.hpp): B is packed once and shared by the threads, and every element is summed in an order
 // fixed by the inner dimension alone. Anything else (other scalar types, lazy expressions) runs Eigen's
-// product on row blocks whose boundaries depend only on the sizes, each block single-threaded (Eigen does not
-// parallelise inside a parallel region), so every element is computed by the same sequence of operations for
+// product on row blocks whose boundaries depend only on the sizes, each block single-threaded (ScopedSerialEigen,
+// also when there is only one block and so no parallel region), so every element is computed by the same sequence of operations for
 // 1 and N threads there too (Eigen's own multi-threaded GEMM changes its blocking with the thread count).
 #pragma once
 
@@ -103,7 +103,10 @@ template <class DA, class DB, class DC>
 void gemm_into(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C) {
   check_matrix(C, A.rows(), B.cols(), "gemm_into: C");
   if (gemm_impl::try_packed<false, false>(A, B, C, false, nullptr)) return;
-  for_row_blocks(A.rows(), [&](Index r0, Index nr) { C.middleRows(r0, nr).noalias() = A.middleRows(r0, nr) * B; });
+  for_row_blocks(A.rows(), [&](Index r0, Index nr) {
+    const ScopedSerialEigen serial;
+    C.middleRows(r0, nr).noalias() = A.middleRows(r0, nr) * B;
+  });
 }
 
 /// C += A * B into a C that already has A.rows() x B.cols(). With the packed product and an inner dimension of at
@@ -113,7 +116,10 @@ template <class DA, class DB, class DC>
 void gemm_add_into(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C) {
   check_matrix(C, A.rows(), B.cols(), "gemm_add_into: C");
   if (gemm_impl::try_packed<false, false>(A, B, C, true, nullptr)) return;
-  for_row_blocks(A.rows(), [&](Index r0, Index nr) { C.middleRows(r0, nr).noalias() += A.middleRows(r0, nr) * B; });
+  for_row_blocks(A.rows(), [&](Index r0, Index nr) {
+    const ScopedSerialEigen serial;
+    C.middleRows(r0, nr).noalias() += A.middleRows(r0, nr) * B;
+  });
 }
 
 /// C = A * B  (C resized to A.rows() x B.cols()).
@@ -129,6 +135,7 @@ void gemm_tn_add(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B,
   check_matrix(C, A.cols(), B.cols(), "gemm_tn_add: C");
   if (gemm_impl::try_packed<true, false>(A, B, C, true, nullptr)) return;
   for_blocks(C.rows(), gemm_tn_row_blocks(C.rows()), [&](Index r0, Index nr) {
+    const ScopedSerialEigen serial;
     C.middleRows(r0, nr).noalias() += A.middleCols(r0, nr).transpose() * B;
   });
 }
