@@ -3,9 +3,9 @@
 // float and double products of plain (direct-access) matrices run through the library's packed product
 // (packed_gemm.hpp): B is packed once and shared by the threads, and every element is summed in an order
 // fixed by the inner dimension alone. Anything else (other scalar types, lazy expressions) runs Eigen's
-// product on row blocks whose boundaries depend only on the sizes, each block single-threaded (ScopedSerialEigen,
-// also when there is only one block and so no parallel region), so every element is computed by the same sequence of operations for
-// 1 and N threads there too (Eigen's own multi-threaded GEMM changes its blocking with the thread count).
+// product on row blocks whose boundaries depend only on the sizes, each block single-threaded (for_blocks), so
+// every element is computed by the same sequence of operations for 1 and N threads there too (Eigen's own
+// multi-threaded GEMM changes its blocking with the thread count).
 #pragma once
 
 #include "../core/parallel.hpp"
@@ -33,14 +33,19 @@ inline Index gemm_tn_row_blocks(Index rows) {
   return nb < 1 ? 1 : nb;
 }
 
-/// Runs f(r0, nr) over `nb` fixed row blocks of [0, rows) (sizes differ by at most one row), in parallel.
+/// Runs f(r0, nr) over `nb` fixed row blocks of [0, rows) (sizes differ by at most one row), in parallel. Each
+/// block is one thread's work: Eigen's products inside f run single-threaded also when there is one block and so
+/// no parallel region (ScopedSerialEigen), so their bits and speed do not depend on the thread count.
 template <class F>
 void for_blocks(Index rows, Index nb, F&& f) {
   const Index base = rows / nb, extra = rows % nb;
   parallel_for(nb, [&](Index b) {
     const Index r0 = b * base + (b < extra ? b : extra);
     const Index nr = base + (b < extra ? 1 : 0);
-    if (nr > 0) f(r0, nr);
+    if (nr > 0) {
+      const ScopedSerialEigen serial;
+      f(r0, nr);
+    }
   });
 }
 
@@ -103,10 +108,7 @@ template <class DA, class DB, class DC>
 void gemm_into(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C) {
   check_matrix(C, A.rows(), B.cols(), "gemm_into: C");
   if (gemm_impl::try_packed<false, false>(A, B, C, false, nullptr)) return;
-  for_row_blocks(A.rows(), [&](Index r0, Index nr) {
-    const ScopedSerialEigen serial;
-    C.middleRows(r0, nr).noalias() = A.middleRows(r0, nr) * B;
-  });
+  for_row_blocks(A.rows(), [&](Index r0, Index nr) { C.middleRows(r0, nr).noalias() = A.middleRows(r0, nr) * B; });
 }
 
 /// C += A * B into a C that already has A.rows() x B.cols(). With the packed product and an inner dimension of at
@@ -116,10 +118,7 @@ template <class DA, class DB, class DC>
 void gemm_add_into(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, Eigen::MatrixBase<DC>& C) {
   check_matrix(C, A.rows(), B.cols(), "gemm_add_into: C");
   if (gemm_impl::try_packed<false, false>(A, B, C, true, nullptr)) return;
-  for_row_blocks(A.rows(), [&](Index r0, Index nr) {
-    const ScopedSerialEigen serial;
-    C.middleRows(r0, nr).noalias() += A.middleRows(r0, nr) * B;
-  });
+  for_row_blocks(A.rows(), [&](Index r0, Index nr) { C.middleRows(r0, nr).noalias() += A.middleRows(r0, nr) * B; });
 }
 
 /// C = A * B  (C resized to A.rows() x B.cols()).
@@ -135,7 +134,6 @@ void gemm_tn_add(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B,
   check_matrix(C, A.cols(), B.cols(), "gemm_tn_add: C");
   if (gemm_impl::try_packed<true, false>(A, B, C, true, nullptr)) return;
   for_blocks(C.rows(), gemm_tn_row_blocks(C.rows()), [&](Index r0, Index nr) {
-    const ScopedSerialEigen serial;
     C.middleRows(r0, nr).noalias() += A.middleCols(r0, nr).transpose() * B;
   });
 }

@@ -20,7 +20,6 @@ void linear_forward_into(const Eigen::MatrixBase<DX>& x, const Eigen::MatrixBase
   if (gemm_impl::try_packed<false, true>(x, W, y, false, b)) return;
   // the bias is added in the product's row blocks, while each block is in cache and in parallel
   for_row_blocks(x.rows(), [&](Index r0, Index nr) {
-    const ScopedSerialEigen serial;
     auto yb = y.middleRows(r0, nr);
     yb.noalias() = x.middleRows(r0, nr) * W.transpose();
     if (b) yb.rowwise() += Eigen::Map<const RowVec<S>>(b, W.rows());
