@@ -15,6 +15,12 @@ Checks (each prints one line ending in "ok" and exits 0, or names what differs a
   missing   the corpus missing on rank 1 only (each rank in its own working directory): every rank stops, exit
             status 2, one message naming rank 1 and the file, nothing written
   nonfinite a learning rate that makes the loss non-finite: every rank stops, exit status 1, one message
+  nonfinite_rank lm|encoder
+            the loss of one micro-batch made NaN (DEA_INJECT_NONFINITE_LOSS=STEP:MICRO): one process names the
+            micro-batch; under -np 2 and -np 4 every rank stops with status 1 and one message naming the rank that
+            holds it, the last checkpoint is the one before the fault, and --resume (without the fault) ends with
+            the uninterrupted run's bytes
+  bench     bench_dist (--bench_dist) under -np 2: one step line and comm lines, their fields consistent
 """
 import argparse
 import json
@@ -45,17 +51,17 @@ class Runner:
     def mpi(self, ranks):
         return [self.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", str(ranks)]
 
-    def run(self, cmd, expect=0, timeout=300):
-        p = subprocess.run(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    def run(self, cmd, expect=0, timeout=300, env=None):
+        p = subprocess.run(cmd, env=dict(self.env, **(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            timeout=timeout)
         if expect is not None and p.returncode != expect:
             fail("%s: exit status %d (expected %d)\n%s\n%s" % (" ".join(cmd), p.returncode, expect, p.stdout[-3000:],
                                                               p.stderr[-3000:]))
         return p
 
-    def train(self, args, out, ranks=None, expect=0):
+    def train(self, args, out, ranks=None, expect=0, env=None):
         cmd = ([] if ranks is None else self.mpi(ranks)) + [self.dea, "train"] + args + ["--out_dir", out]
-        return self.run(cmd, expect)
+        return self.run(cmd, expect, env=env)
 
 
 def family_args(r, family):
@@ -215,13 +221,74 @@ def check_nonfinite(r):
     print("dist nonfinite: every rank stopped with status 1, one message ('%s'): ok" % lines[0])
 
 
+def check_nonfinite_rank(r, family):
+    fault_step = 5  # after the checkpoint of step 4
+    args = family_args(r, family) + ["--micro_batches", "4", "--steps", "8", "--eval_every", "2"]
+    straight = os.path.join(r.work, "straight")
+    r.train(args, straight)
+    seen = []
+    # micro-batch k of 4 is on rank k // (4 / R)
+    for ranks, micro, holder in ((None, 3, None), (2, 3, 1), (4, 2, 2)):
+        out = os.path.join(r.work, "fault_" + ("single" if ranks is None else "np%d" % ranks))
+        p = r.train(args, out, ranks, expect=1, env={"DEA_INJECT_NONFINITE_LOSS": "%d:%d" % (fault_step, micro)})
+        lines = error_lines(p.stderr)
+        where = "micro-batch %d of 4" % micro + ("" if holder is None else " (rank %d of %d)" % (holder, ranks))
+        what = "one process" if ranks is None else "-np %d" % ranks
+        if len(lines) != 1 or "non-finite loss at step %d" % fault_step not in lines[0] or where not in lines[0]:
+            fail("%s, the loss of micro-batch %d NaN: expected one message naming step %d and '%s', got:\n%s"
+                 % (what, micro, fault_step, where, p.stderr))
+        if holder is None and "(rank " in lines[0]:
+            fail("one process: the message names a rank: " + lines[0])
+        step = checkpoint_step(os.path.join(out, "checkpoint.safetensors"))
+        if step != fault_step - 1:
+            fail("%s: the checkpoint left behind is of step %d, not %d" % (what, step, fault_step - 1))
+        r.run(([] if ranks is None else r.mpi(ranks)) + [r.dea, "train", "--resume", "--out_dir", out])
+        same_run(straight, out, "%s, stopped by a NaN loss at step %d and resumed" % (what, fault_step))
+        seen.append("  %s: status 1, one message ('%s'), checkpoint of step %d kept, --resume = the uninterrupted run"
+                    % (what, lines[0], step))
+    print("dist nonfinite_rank %s: a NaN loss on one micro-batch stops one process and every rank of -np 2 and 4 "
+          "with one message naming its rank; --resume continues bit for bit: ok" % family)
+    print("\n".join(seen))
+
+
+def check_bench(r, bench_dist):
+    if not bench_dist:
+        fail("bench needs --bench_dist")
+    lines = []
+    for cmd in (["step", "--config", "quick", "--steps", "2", "--warmup", "1", "--micro_batches", "4"],
+                ["comm", "--sizes", "1024,65536", "--reps", "2"]):
+        p = r.run(r.mpi(2) + [bench_dist] + cmd)
+        try:
+            got = [json.loads(l) for l in p.stdout.splitlines() if l.strip()]
+        except ValueError as e:
+            fail("bench_dist %s: stdout is not JSON lines (%s):\n%s" % (cmd[0], e, p.stdout))
+        lines += got
+    step = [j for j in lines if j.get("bench") == "step"]
+    comm = [j for j in lines if j.get("bench") == "comm"]
+    if len(step) != 1 or len(comm) != 2:
+        fail("expected one step line and two comm lines, got %s" % lines)
+    s = step[0]
+    # each phase is the maximum over the ranks, step by step, so each is at most the step (their sum need not be:
+    # the ranks' maxima can come from different ranks)
+    phases = [s[k] for k in ("compute_s", "wait_s", "transfer_s", "tree_s", "optim_s")]
+    if not (s["ranks"] == 2 and s["micro_batches"] == 4 and s["s_per_step"] > 0 and 0 <= s["comm_share"] <= 1
+            and s["grad_bytes"] == 4 * s["parameters"] and all(0 <= t <= s["s_per_step"] for t in phases)):
+        fail("inconsistent step line: %s" % s)
+    for c, n in zip(comm, (1024, 65536)):
+        if not (c["ranks"] == 2 and c["floats"] == n and c["bytes_received_per_rank"] == 4 * n and c["allgather_s"] > 0):
+            fail("inconsistent comm line: %s" % c)
+    print("dist bench: bench_dist -np 2: step %.3f s (comm share %.3f), allgather of 256 KiB %.2f ms: ok"
+          % (s["s_per_step"], s["comm_share"], 1e3 * comm[1]["allgather_s"]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dea", required=True)
     ap.add_argument("--mpirun", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--data", required=True, help="tests/data")
-    ap.add_argument("check", choices=["bitwise", "resume", "kill", "missing", "nonfinite"])
+    ap.add_argument("--bench_dist", help="the bench_dist program (check bench)")
+    ap.add_argument("check", choices=["bitwise", "resume", "kill", "missing", "nonfinite", "nonfinite_rank", "bench"])
     ap.add_argument("family", nargs="?", default="lm")
     a = ap.parse_args()
     r = Runner(a)
@@ -235,6 +302,10 @@ def main():
         check_kill(r)
     elif a.check == "missing":
         check_missing(r)
+    elif a.check == "nonfinite_rank":
+        check_nonfinite_rank(r, a.family)
+    elif a.check == "bench":
+        check_bench(r, a.bench_dist)
     else:
         check_nonfinite(r)
 

@@ -1,7 +1,8 @@
 # Data-parallel training on localhost (cmake/mpi.cmake, docs/scale.md), registered only when the build has MPI: the
 # transport's own checks under mpiexec -np 4 (test_mpi_comm), and `mpirun -np R dea train` checked by
 # tests/check_dist.py: the bitwise identity of one process and -np 1, 2, 4 for each model family, a resume across a
-# change of the rank count, and the faults (a rank SIGKILLed, a data file missing on one rank, a non-finite loss).
+# change of the rank count, and the faults (a rank SIGKILLed, a data file missing on one rank, a non-finite loss,
+# a NaN loss on one rank's micro-batch).
 # Tiny models and a few steps: a few seconds each. Each takes both cores (PROCESSORS 2), so that ctest -j2 runs it
 # alone: four ranks already share the two.
 if(DEA_MPI_ENABLED AND TARGET dea_cli AND Python3_Interpreter_FOUND AND MPIEXEC_EXECUTABLE)
@@ -12,7 +13,7 @@ if(DEA_MPI_ENABLED AND TARGET dea_cli AND Python3_Interpreter_FOUND AND MPIEXEC_
   set_tests_properties(dist_mpi_comm PROPERTIES PASS_REGULAR_EXPRESSION "4 ranks, mpi comm: all checks passed"
                        ENVIRONMENT "OMP_NUM_THREADS=1" PROCESSORS 2)
   set(dea_dist_checks "bitwise lm" "bitwise encoder" "bitwise encoder_text" "bitwise dea_bert" resume kill missing
-      nonfinite)
+      nonfinite "nonfinite_rank lm" "nonfinite_rank encoder")
   foreach(check ${dea_dist_checks})
     string(REPLACE " " ";" args "${check}")
     string(REPLACE " " "_" name "${check}")

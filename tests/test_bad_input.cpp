@@ -272,6 +272,18 @@ TEST_CASE("bad input B5 a non-finite loss in training: the run stops, the last g
   CHECK(st.get<float>("cls_head.3.weight").data.allFinite());
 }
 
+TEST_CASE("bad input B5 the fault-injection variable: STEP:MICRO parsed, anything else refused naming it", "[bad_input]") {
+  const train::InjectedFault unset = train::parse_injected_fault("DEA_INJECT_NONFINITE_LOSS", nullptr);
+  CHECK(unset.step == -1);
+  CHECK(unset.micro == -1);
+  const train::InjectedFault f = train::parse_injected_fault("DEA_INJECT_NONFINITE_LOSS", "12:3");
+  CHECK(f.step == 12);
+  CHECK(f.micro == 3);
+  for (const char* bad : {"", "12", "12:", ":3", "a:3", "12:3x", "-1:0", "1:2:3", "99999999999999999999:0"})
+    CHECK_THROWS_WITH(train::parse_injected_fault("DEA_INJECT_NONFINITE_LOSS", bad),
+                      Contains("DEA_INJECT_NONFINITE_LOSS='" + std::string(bad) + "'") && Contains("STEP:MICRO_BATCH"));
+}
+
 TEST_CASE("bad input B6 out-of-range ids: a dea::Error naming the position and the range", "[bad_input]") {
   Rng rng(4);
   nn::TransformerModel<S> model(tiny_model_config(), rng);

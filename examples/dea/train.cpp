@@ -66,6 +66,11 @@ std::unique_ptr<dist::Comm> make_comm() {
 /// Where the program's messages go. One process: printed as they come. Several ranks: rank 0 prints; a failure is
 /// exchanged (Comm::agree) at the end of its phase, so that every rank stops with the failing rank's message, which
 /// rank 0 prints once.
+/// An error's text without the library's "dea: " prefix (the program names itself).
+std::string without_library_prefix(const std::string& what) {
+  return what.compare(0, 5, "dea: ") == 0 ? what.substr(5) : what;
+}
+
 class Console {
 public:
   explicit Console(dist::Comm* comm) : comm_(comm) {}
@@ -165,7 +170,7 @@ int run_dea_bert(Console& con, const train::ValidConfig& cfg, const train::encod
                                             "--max_len {} --n_per_source {}): choose smaller sizes\n",
                                             cfg->batch_size, cfg->max_len, cfg->n_per_source));
   } catch (const std::exception& e) {
-    return con.run_failed(1, e, fmt::format("dea train: {}\n", e.what()));
+    return con.run_failed(1, e, fmt::format("dea train: {}\n", without_library_prefix(e.what())));
   }
   return 0;
 }
@@ -202,7 +207,7 @@ int run_lm(Console& con, const train::ValidConfig& cfg, bool overwrite) {
                                             "--batch_size {} --max_len {}): choose smaller sizes\n",
                                             cfg->d_model, cfg->d_ff, cfg->n_layers, cfg->batch_size, cfg->max_len));
   } catch (const std::exception& e) {
-    return con.run_failed(1, e, fmt::format("dea train: {}\n", e.what()));
+    return con.run_failed(1, e, fmt::format("dea train: {}\n", without_library_prefix(e.what())));
   }
   return 0;
 }
@@ -352,7 +357,7 @@ int dea_train(int argc, char** argv) {
                                             "--batch_size {} --max_len {} --n_per_source {}): choose smaller sizes\n",
                                             c.d_model, c.d_ff, c.n_layers, c.batch_size, c.max_len, c.n_per_source));
   } catch (const std::exception& e) {
-    return con.run_failed(1, e, fmt::format("dea train: {}\n", e.what()));
+    return con.run_failed(1, e, fmt::format("dea train: {}\n", train_cmd::without_library_prefix(e.what())));
   }
   return 0;
 }

@@ -430,7 +430,7 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
       const LmBatch b = train_batch(d, cfg.batch_size, T, cfg.seed, step);
       opt.zero_grad();
       const auto r = model.forward_backward(b.ids, b.labels, cache, loss_opt);
-      loss = static_cast<double>(r.loss);
+      loss = with_injected_fault(static_cast<double>(r.loss), step, 0);
       ce = static_cast<double>(r.ce);
       n_tokens = r.count;
       if (!std::isfinite(loss))
@@ -448,15 +448,16 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
           const LmBatch b = train_batch_rows(d, cfg.batch_size, T, cfg.seed, step, static_cast<Index>(k) * rows, rows);
           opt.zero_grad();
           const auto r = model.forward_backward(b.ids, b.labels, cache, loss_opt);
-          if (!std::isfinite(static_cast<double>(r.loss)))
+          const double micro_loss = with_injected_fault(static_cast<double>(r.loss), step, k);
+          if (!std::isfinite(micro_loss))
             throw NonFiniteError(fmt::format("dea: non-finite loss at step {}, micro-batch {} of {}{} ({}); stopping. "
                                              "The last good checkpoint in {} is kept.", step, k, M,
                                              comm.size() > 1 ? fmt::format(" (rank {} of {})", comm.rank(), comm.size())
                                                              : std::string(),
-                                             static_cast<double>(r.loss), cfg.out_dir));
+                                             micro_loss, cfg.out_dir));
           red.add(k, S(1) / static_cast<S>(M));
           double* v = &mine[static_cast<std::size_t>(k - lr.first) * kPerMicro];
-          v[0] = static_cast<double>(r.loss);
+          v[0] = micro_loss;
           v[1] = static_cast<double>(r.ce);
           v[2] = static_cast<double>(r.count);
         }

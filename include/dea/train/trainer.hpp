@@ -44,6 +44,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <string>
@@ -61,6 +62,44 @@ class NonFiniteError : public Error {
 public:
   explicit NonFiniteError(const std::string& what) : Error(what) {}
 };
+
+/// Fault injection, for testing the failure paths end to end: with the environment variable
+/// DEA_INJECT_NONFINITE_LOSS=STEP:MICRO, the loss of micro-batch MICRO (0 when a step is one batch) at step STEP
+/// reads as NaN on whichever rank computes it, as if that micro-batch's data had driven it there; the run then stops
+/// as a genuine non-finite loss stops it. Unset (the normal case) it costs one comparison per micro-batch.
+struct InjectedFault {
+  std::int64_t step = -1, micro = -1;
+};
+
+inline InjectedFault parse_injected_fault(const char* name, const char* value) {
+  InjectedFault f;
+  if (!value) return f;
+  const std::string v(value);
+  const auto colon = v.find(':');
+  auto number = [&](const std::string& s) {
+    std::size_t used = 0;
+    long long n = -1;
+    try {
+      n = std::stoll(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    check(used == s.size() && !s.empty() && n >= 0, "environment variable ", name, "='", v,
+          "': expected STEP:MICRO_BATCH, two non-negative integers (for example 3:1)");
+    return static_cast<std::int64_t>(n);
+  };
+  check(colon != std::string::npos, "environment variable ", name, "='", v,
+        "': expected STEP:MICRO_BATCH, two non-negative integers (for example 3:1)");
+  f.step = number(v.substr(0, colon));
+  f.micro = number(v.substr(colon + 1));
+  return f;
+}
+
+/// The loss of micro-batch `micro` at step `step`, or NaN where DEA_INJECT_NONFINITE_LOSS names them.
+inline double with_injected_fault(double loss, std::int64_t step, std::int64_t micro) {
+  static const InjectedFault f = parse_injected_fault("DEA_INJECT_NONFINITE_LOSS", std::getenv("DEA_INJECT_NONFINITE_LOSS"));
+  return f.step == step && f.micro == micro ? std::nan("") : loss;
+}
 
 /// A hash of `model`'s parameters and (when given) `opt`'s state: two ranks hold the same model exactly when their
 /// hashes agree (data-parallel runs check it after building or loading the model).
@@ -134,7 +173,7 @@ public:
     s.gamma = optim::gamma_mix<Scalar>(step - 1, gamma_steps_);
     Rng drng(stream_seed(seed_, kDropoutStream, static_cast<std::uint64_t>(step)));
     out_ = model_.forward(b, s.gamma, true, &drng, cache_);
-    s.task_loss = static_cast<double>(out_.task_loss);
+    s.task_loss = with_injected_fault(static_cast<double>(out_.task_loss), step, 0);
     s.loss_gate = static_cast<double>(out_.loss_gate);
     if (!std::isfinite(s.task_loss) || !std::isfinite(s.loss_gate))
       throw NonFiniteError(fmt::format("dea: non-finite loss at step {} (task_loss {}, loss_gate {}); stopping.", step,
@@ -207,7 +246,7 @@ public:
         Batch b = micro(k);
         Rng drng(micro_stream_seed(seed_, kDropoutStream, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(k)));
         out_ = model_.forward(b, s.gamma, true, &drng, cache_);
-        const double task = static_cast<double>(out_.task_loss), gate = static_cast<double>(out_.loss_gate);
+        const double task = with_injected_fault(static_cast<double>(out_.task_loss), step, k), gate = static_cast<double>(out_.loss_gate);
         if (!std::isfinite(task) || !std::isfinite(gate))
           throw NonFiniteError(fmt::format("dea: non-finite loss at step {}, micro-batch {} of {}{} (task_loss {}, "
                                            "loss_gate {}); stopping.", step, k, M,
