@@ -546,6 +546,31 @@ TEST_CASE("lm threads: 1 and 2 threads give identical bits; gradients accumulate
   }
 }
 
+TEST_CASE("lm forward_backward: a non-finite loss returns without a backward pass, no gradient added", "[lm]") {
+  DecoderConfig c = tiny_config("mha", 16, 2);
+  c.vocab_size = 31;
+  Rng rng(4);
+  DecoderLM<float> m(c, rng);
+  const IdTensor ids = random_ids(2, 12, c.vocab_size, rng);
+  const IdTensor labels = random_ids(2, 12, c.vocab_size, rng);
+  typename DecoderLM<float>::Cache cache;
+  m.zero_grad();
+  CHECK(std::isfinite(m.forward_backward(ids, labels, cache).loss));  // the same model trains as usual
+  bool some_grad = false;
+  for (Param<float>* p : m.parameters()) some_grad = some_grad || p->grad.cwiseAbs().maxCoeff() > 0;
+  CHECK(some_grad);
+  // a diverged final norm (after the last attention layer, so no layer's input check sees it): the loss is NaN
+  m.zero_grad();
+  for (Param<float>* p : m.parameters())
+    if (p->name == "norm.weight") p->value[3] = std::numeric_limits<float>::infinity();
+  const auto r = m.forward_backward(ids, labels, cache);
+  CHECK_FALSE(std::isfinite(r.loss));
+  for (Param<float>* p : m.parameters()) {
+    INFO(p->name);
+    CHECK(p->grad.cwiseAbs().maxCoeff() == 0);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Init and configuration
 

@@ -190,12 +190,15 @@ public:
   }
 
   /// One training step's gradients: forward, loss, backward (gradients ADDED). Returns the loss (its dlogits kept).
+  /// A non-finite loss (a diverged model) returns without the backward pass, no gradient added: the caller stops on
+  /// the loss it sees.
   CausalLmLossResult<S> forward_backward(const IdTensor& ids, const IdTensor& labels, Cache& cache,
                                          const CausalLmLossOptions& opt = {}) {
     check(labels.shape == ids.shape, "DecoderLM::forward_backward: labels expected the shape of ids ",
           shape_str(ids.shape), ", got ", shape_str(labels.shape));
     const Mat<S> logits = forward(ids, cache);
     CausalLmLossResult<S> r = loss(logits, labels, opt, true);
+    if (!std::isfinite(static_cast<double>(r.loss))) return r;
     backward(r.dlogits, cache);
     return r;
   }
