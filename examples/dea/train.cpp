@@ -63,14 +63,14 @@ std::unique_ptr<dist::Comm> make_comm() {
   return nullptr;
 }
 
-/// Where the program's messages go. One process: printed as they come. Several ranks: rank 0 prints; a failure is
-/// exchanged (Comm::agree) at the end of its phase, so that every rank stops with the failing rank's message, which
-/// rank 0 prints once.
 /// An error's text without the library's "dea: " prefix (the program names itself).
 std::string without_library_prefix(const std::string& what) {
   return what.compare(0, 5, "dea: ") == 0 ? what.substr(5) : what;
 }
 
+/// Where the program's messages go. One process: printed as they come. Several ranks: rank 0 prints; a failure is
+/// exchanged (Comm::agree) at the end of its phase, so that every rank stops with the failing rank's message, which
+/// rank 0 prints once.
 class Console {
 public:
   explicit Console(dist::Comm* comm) : comm_(comm) {}

@@ -97,7 +97,8 @@ inline InjectedFault parse_injected_fault(const char* name, const char* value) {
 
 /// The loss of micro-batch `micro` at step `step`, or NaN where DEA_INJECT_NONFINITE_LOSS names them.
 inline double with_injected_fault(double loss, std::int64_t step, std::int64_t micro) {
-  static const InjectedFault f = parse_injected_fault("DEA_INJECT_NONFINITE_LOSS", std::getenv("DEA_INJECT_NONFINITE_LOSS"));
+  static const char* const kName = "DEA_INJECT_NONFINITE_LOSS";
+  static const InjectedFault f = parse_injected_fault(kName, std::getenv(kName));
   return f.step == step && f.micro == micro ? std::nan("") : loss;
 }
 
@@ -246,7 +247,8 @@ public:
         Batch b = micro(k);
         Rng drng(micro_stream_seed(seed_, kDropoutStream, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(k)));
         out_ = model_.forward(b, s.gamma, true, &drng, cache_);
-        const double task = with_injected_fault(static_cast<double>(out_.task_loss), step, k), gate = static_cast<double>(out_.loss_gate);
+        const double task = with_injected_fault(static_cast<double>(out_.task_loss), step, k);
+        const double gate = static_cast<double>(out_.loss_gate);
         if (!std::isfinite(task) || !std::isfinite(gate))
           throw NonFiniteError(fmt::format("dea: non-finite loss at step {}, micro-batch {} of {}{} (task_loss {}, "
                                            "loss_gate {}); stopping.", step, k, M,
