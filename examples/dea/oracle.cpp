@@ -47,12 +47,6 @@ namespace oracle_cmd {
   std::exit(2);
 }
 
-std::string strip_prefix(const std::exception& e) {
-  std::string m = e.what();
-  if (m.compare(0, 5, "dea: ") == 0) m.erase(0, 5);
-  return m;
-}
-
 struct Settings {
   std::string nli, embedder, pairs, out, calibrate;
   std::size_t batch_size = 128, nli_max_length = 256, sim_max_length = 128;
@@ -116,7 +110,7 @@ int run(const Settings& s) {
     }
     resume = bert::prepare_oracle_resume(*oracle, pairs, s.pairs, s.out);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea oracle: {}\n", strip_prefix(e));
+    fmt::print(stderr, "dea oracle: {}\n", without_error_prefix(e.what()));
     return 2;
   }
   if (!s.quiet && resume.exists) {
@@ -153,7 +147,7 @@ int run(const Settings& s) {
   } catch (const std::exception& e) {
     if (line_open) fmt::print(stderr, "\n");
     fmt::print(stderr, "dea oracle: {}\n(the records written so far are kept; run the same command again to go on)\n",
-               strip_prefix(e));
+               without_error_prefix(e.what()));
     return 1;
   }
   fmt::print("dea oracle: {} records in '{}' ({} computed now, {} kept from before) in {:.1f} s\n", done.total, s.out,
@@ -207,7 +201,7 @@ int dea_oracle(int argc, char** argv) {
       if (value->empty()) oracle_cmd::usage(fmt::format("--{} is required", flag));
     if (use_float && s.use_double) oracle_cmd::usage("--float and --double exclude each other");
   } catch (const std::exception& e) {
-    oracle_cmd::usage(oracle_cmd::strip_prefix(e));
+    oracle_cmd::usage(without_error_prefix(e.what()));
   }
   if (s.threads > 0) set_num_threads(s.threads);
   return s.use_double ? oracle_cmd::run<double>(s) : oracle_cmd::run<float>(s);

@@ -173,8 +173,7 @@ int dea_tokenize(int argc, char** argv) {
           result = dump(o);
         }
       } catch (const Error& e) {
-        const std::string m = e.what();
-        detail::raise(where + ": " + (m.rfind("dea: ", 0) == 0 ? m.substr(5) : m));
+        detail::raise(where + ": " + without_error_prefix(e.what()));
       }
       result += '\n';
       if (out_path.empty()) {

@@ -63,11 +63,6 @@ std::unique_ptr<dist::Comm> make_comm() {
   return nullptr;
 }
 
-/// An error's text without the library's "dea: " prefix (the program names itself).
-std::string without_library_prefix(const std::string& what) {
-  return what.compare(0, 5, "dea: ") == 0 ? what.substr(5) : what;
-}
-
 /// Where the program's messages go. One process: printed as they come. Several ranks: rank 0 prints; a failure is
 /// exchanged (Comm::agree) at the end of its phase, so that every rank stops with the failing rank's message, which
 /// rank 0 prints once.
@@ -124,9 +119,7 @@ private:
     const std::string head = "dea train: ";
     const std::string tag = fmt::format("rank {} of {}: ", comm_->rank(), comm_->size());
     if (err.compare(0, head.size(), head) != 0) return tag + err;
-    std::string rest = err.substr(head.size());
-    if (rest.compare(0, 5, "dea: ") == 0) rest.erase(0, 5);  // (the library's prefix, after the program's)
-    return head + tag + rest;
+    return head + tag + without_error_prefix(err.substr(head.size()));  // (the library's prefix, after the program's)
   }
   dist::Comm* comm_;
 };
@@ -170,7 +163,7 @@ int run_dea_bert(Console& con, const train::ValidConfig& cfg, const train::encod
                                             "--max_len {} --n_per_source {}): choose smaller sizes\n",
                                             cfg->batch_size, cfg->max_len, cfg->n_per_source));
   } catch (const std::exception& e) {
-    return con.run_failed(1, e, fmt::format("dea train: {}\n", without_library_prefix(e.what())));
+    return con.run_failed(1, e, fmt::format("dea train: {}\n", without_error_prefix(e.what())));
   }
   return 0;
 }
@@ -207,7 +200,7 @@ int run_lm(Console& con, const train::ValidConfig& cfg, bool overwrite) {
                                             "--batch_size {} --max_len {}): choose smaller sizes\n",
                                             cfg->d_model, cfg->d_ff, cfg->n_layers, cfg->batch_size, cfg->max_len));
   } catch (const std::exception& e) {
-    return con.run_failed(1, e, fmt::format("dea train: {}\n", without_library_prefix(e.what())));
+    return con.run_failed(1, e, fmt::format("dea train: {}\n", without_error_prefix(e.what())));
   }
   return 0;
 }
@@ -357,7 +350,7 @@ int dea_train(int argc, char** argv) {
                                             "--batch_size {} --max_len {} --n_per_source {}): choose smaller sizes\n",
                                             c.d_model, c.d_ff, c.n_layers, c.batch_size, c.max_len, c.n_per_source));
   } catch (const std::exception& e) {
-    return con.run_failed(1, e, fmt::format("dea train: {}\n", train_cmd::without_library_prefix(e.what())));
+    return con.run_failed(1, e, fmt::format("dea train: {}\n", without_error_prefix(e.what())));
   }
   return 0;
 }

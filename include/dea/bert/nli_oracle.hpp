@@ -202,9 +202,7 @@ public:
         sim[2 * i] = sim_encoding(pairs[i].premise);
         sim[2 * i + 1] = sim_encoding(pairs[i].hypothesis);
       } catch (const std::exception& e) {
-        std::string m = e.what();
-        if (m.compare(0, 5, "dea: ") == 0) m.erase(0, 5);
-        ::dea::detail::raise(::dea::detail::concat("NliOracle: pair ", i, ": ", m));
+        ::dea::detail::raise(::dea::detail::concat("NliOracle: pair ", i, ": ", without_error_prefix(e.what())));
       }
     }
     Work w;

@@ -89,6 +89,13 @@ std::string concat(const Args&... args) {
 
 }  // namespace detail
 
+/// An error's text without the "dea: " that raise() puts in front, for a message that quotes it after a prefix of its
+/// own ("rank 1 of 2: ...", "NliOracle: pair 3: ...").
+inline std::string without_error_prefix(std::string what) {
+  if (what.compare(0, 5, "dea: ") == 0) what.erase(0, 5);
+  return what;
+}
+
 /// Throws dea::Error with the concatenation of the arguments unless `cond` holds (without exceptions: calls
 /// the error handler with that message).
 template <class... Args>

@@ -125,6 +125,12 @@ private:
   int status_, rank_;
 };
 
+/// "rank r of R: " and the error text `what` (its "dea: " dropped): the message a failing rank gives agree().
+inline std::string rank_message(const Comm& comm, const std::string& what) {
+  return "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + ": " +
+         without_error_prefix(what);
+}
+
 /// agree() and, when a rank failed, RankFailed on every rank.
 inline void agree_or_throw(Comm& comm, int status, const std::string& message = {}) {
   const Agreement a = comm.agree(status, message);

@@ -141,9 +141,7 @@ void together(Comm& comm, F&& f) {
     throw;
   } catch (const std::exception& e) {
     status = 1;
-    message = e.what();
-    if (message.compare(0, 5, "dea: ") == 0) message.erase(0, 5);
-    message = "rank " + std::to_string(comm.rank()) + " of " + std::to_string(comm.size()) + ": " + message;
+    message = rank_message(comm, e.what());
   }
   agree_or_throw(comm, status, message);
 }

@@ -189,9 +189,7 @@ inline PartialCache read_partial_cache(const std::string& out_path, const std::v
     try {
       j = detail::parse_object_line(line, out_path, number);
     } catch (const Error& e) {
-      std::string m = e.what();
-      if (m.compare(0, 5, "dea: ") == 0) m.erase(0, 5);
-      ::dea::detail::raise(::dea::detail::concat(m, " (only the last line of an interrupted run can be torn, and it "
+      ::dea::detail::raise(::dea::detail::concat(without_error_prefix(e.what()), " (only the last line of an interrupted run can be torn, and it "
                                                  "has no newline): ", advice));
     }
     const auto str = [&](const char* key) -> std::string {

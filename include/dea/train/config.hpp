@@ -176,8 +176,7 @@ auto with_context(const std::string& context, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const Error& e) {
-    std::string m = e.what();
-    if (m.compare(0, 5, "dea: ") == 0) m = m.substr(5);
+    const std::string m = without_error_prefix(e.what());
     if (m.find(context) != std::string::npos) throw;  // the message names the file already
     ::dea::detail::raise(context + m);
   }
@@ -715,9 +714,7 @@ inline ValidConfig config_from_json(const nlohmann::json& j, const std::string& 
   try {
     return ValidConfig(std::move(c));
   } catch (const Error& e) {
-    std::string m = e.what();
-    if (m.compare(0, 5, "dea: ") == 0) m.erase(0, 5);
-    ::dea::detail::raise(source + ": " + m);
+    ::dea::detail::raise(source + ": " + without_error_prefix(e.what()));
   }
 }
 

@@ -854,9 +854,7 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
   } catch (const NonFiniteError& e) {
     progress.finish_line();
     res.stopped_nonfinite = true;
-    std::string m = e.what();
-    if (m.compare(0, 5, "dea: ") == 0) m.erase(0, 5);
-    res.message = m + " The last good checkpoint in " + cfg.out_dir + " is kept.";
+    res.message = without_error_prefix(e.what()) + " The last good checkpoint in " + cfg.out_dir + " is kept.";
     throw NonFiniteError("dea: " + res.message);  // (on every rank alike)
   } catch (const dist::RankFailed&) {
     progress.finish_line();

@@ -468,9 +468,7 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
       } catch (const std::exception& e) {
         if (comm.size() == 1) throw;
         status = 1;
-        message = e.what();
-        if (message.compare(0, 5, "dea: ") == 0) message.erase(0, 5);
-        message = fmt::format("rank {} of {}: {}", comm.rank(), comm.size(), message);
+        message = dist::rank_message(comm, e.what());
       }
       if (comm.size() > 1) {
         const dist::Agreement a = comm.agree(status, message);

@@ -76,22 +76,22 @@ inline InjectedFault parse_injected_fault(const char* name, const char* value) {
   if (!value) return f;
   const std::string v(value);
   const auto colon = v.find(':');
-  auto number = [&](const std::string& s) {
+  auto number = [&](const std::string& s) {  // -1 when s is not a non-negative integer
     std::size_t used = 0;
     long long n = -1;
     try {
       n = std::stoll(s, &used);
     } catch (const std::exception&) {
-      used = 0;
+      return std::int64_t(-1);
     }
-    check(used == s.size() && !s.empty() && n >= 0, "environment variable ", name, "='", v,
-          "': expected STEP:MICRO_BATCH, two non-negative integers (for example 3:1)");
-    return static_cast<std::int64_t>(n);
+    return used == s.size() && !s.empty() && n >= 0 ? static_cast<std::int64_t>(n) : std::int64_t(-1);
   };
-  check(colon != std::string::npos, "environment variable ", name, "='", v,
+  if (colon != std::string::npos) {
+    f.step = number(v.substr(0, colon));
+    f.micro = number(v.substr(colon + 1));
+  }
+  check(f.step >= 0 && f.micro >= 0, "environment variable ", name, "='", v,
         "': expected STEP:MICRO_BATCH, two non-negative integers (for example 3:1)");
-  f.step = number(v.substr(0, colon));
-  f.micro = number(v.substr(colon + 1));
   return f;
 }
 
@@ -266,11 +266,7 @@ public:
     } catch (const std::exception& e) {
       if (comm_->size() == 1) throw;
       status = dynamic_cast<const NonFiniteError*>(&e) ? 3 : 1;
-      message = e.what();
-      if (status == 1) {
-        if (message.compare(0, 5, "dea: ") == 0) message.erase(0, 5);
-        message = fmt::format("rank {} of {}: {}", comm_->rank(), comm_->size(), message);
-      }
+      message = status == 1 ? dist::rank_message(*comm_, e.what()) : std::string(e.what());
     }
     if (comm_->size() > 1) {
       const dist::Agreement a = comm_->agree(status, message);
