@@ -1,4 +1,4 @@
-// bench_oracle: throughput of the NLI oracle (`dea oracle`, bert/nli_oracle.hpp) in pairs per second, printed as one
+// bench_oracle: throughput of the NLI oracle (`dea oracle`, oracle/nli_oracle.hpp) in pairs per second, printed as one
 // JSON line per measurement.
 //
 //   bench_oracle [--threads 1,2] [--pairs 16] [--warmup 2] [--tokens 64] [--seed 42] [--double]
@@ -18,7 +18,7 @@
 // yardstick (the layer's largest product, [T, 768] x [768, 3072], one per thread on all threads at once) and the
 // forward's fraction of it, the peak and the current RSS (the models are built with gradient buffers, which the
 // oracle releases) and the load average. Progress goes to stderr.
-#include <dea/bert/nli_oracle.hpp>
+#include <dea/oracle/nli_oracle.hpp>
 #include <dea/core/parallel.hpp>
 #include <dea/ops/linear.hpp>
 #include <dea/train/flags.hpp>

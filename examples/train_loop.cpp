@@ -7,7 +7,7 @@
 //   train_loop [steps (default 80)]
 #include <dea/data/collate.hpp>
 #include <dea/data/dalpha.hpp>
-#include <dea/data/tokenizer.hpp>
+#include <dea/text/simple_tokenizer.hpp>
 #include <dea/nn/transformer.hpp>
 #include <dea/optim/adamw.hpp>
 #include <dea/optim/schedule.hpp>

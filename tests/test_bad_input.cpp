@@ -8,7 +8,7 @@
 #include <dea/attention/laplacian.hpp>
 #include <dea/attention/token_routed.hpp>
 #include <dea/data/loaders.hpp>
-#include <dea/data/tokenizer.hpp>
+#include <dea/text/simple_tokenizer.hpp>
 #include <dea/io/jsonl.hpp>
 #include <dea/train.hpp>
 #include <dea/io/safetensors.hpp>

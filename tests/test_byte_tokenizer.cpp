@@ -1,5 +1,5 @@
-// The byte tokenizer of the decoder language model (data/byte_tokenizer.hpp): one id per byte, any input.
-#include <dea/data/byte_tokenizer.hpp>
+// The byte tokenizer of the decoder language model (text/byte_tokenizer.hpp): one id per byte, any input.
+#include <dea/text/byte_tokenizer.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -5,8 +5,8 @@
 #include <dea/data/dalpha.hpp>
 #include <dea/data/loaders.hpp>
 #include <dea/data/mlm.hpp>
-#include <dea/data/oracle.hpp>
-#include <dea/data/tokenizer.hpp>
+#include <dea/oracle/alpha.hpp>
+#include <dea/text/simple_tokenizer.hpp>
 #include <dea/io/jsonl.hpp>
 
 #include <algorithm>

@@ -1,13 +1,13 @@
 // The NLI oracle: the public golden case (golden/bert/FORMAT.md, oracle/), the isotonic calibrator against values
 // derived by hand, the pairs / labels / cache files, the recovery rule of an interrupted run, and bad input.
 #include <catch2/catch.hpp>
-#include <dea/bert/nli_oracle.hpp>
-#include <dea/bert/oracle_run.hpp>
+#include <dea/oracle/nli_oracle.hpp>
+#include <dea/oracle/run.hpp>
 #include <dea/core/files.hpp>
 #include <dea/core/parallel.hpp>
-#include <dea/eval/isotonic.hpp>
+#include <dea/oracle/isotonic.hpp>
 #include <dea/io/jsonl.hpp>
-#include <dea/io/oracle_files.hpp>
+#include <dea/oracle/files.hpp>
 
 #include <nlohmann/json.hpp>
 

@@ -11,7 +11,7 @@
 
 #include <dea/core/parallel.hpp>
 #include <dea/core/rng.hpp>
-#include <dea/data/byte_tokenizer.hpp>
+#include <dea/text/byte_tokenizer.hpp>
 #include <dea/train/flags.hpp>
 #include <dea/train/lm.hpp>
 

@@ -1,22 +1,22 @@
 // dea oracle: the oracle alpha of every pair of a pairs file, from two local Hugging Face model directories (an NLI
 // cross-encoder and a sentence embedder, both BERT-architecture), written as an alpha cache (docs/bert.md, "The NLI
-// oracle"; the library side is include/dea/bert/nli_oracle.hpp and oracle_run.hpp).
+// oracle"; the library side is include/dea/oracle/nli_oracle.hpp and oracle_run.hpp).
 //
 //   dea oracle --nli DIR --embedder DIR --pairs PAIRS.jsonl --out CACHE.jsonl [--calibrate LABELS.jsonl]
 //              [--batch_size N] [--threads N] [--float | --double] [--nli_max_length N] [--sim_max_length N] [--quiet]
 //
 // Input lines {"premise", "hypothesis"} or {"q_text", "k_text"}; output lines {the pair, "alpha", "alpha_raw", "phi",
-// "sim"} in the input's order (io/oracle_files.hpp). An interrupted run continues when started again with the same
-// flags (the recovery rule: bert/oracle_run.hpp). Progress and ETA go to standard error.
+// "sim"} in the input's order (oracle/files.hpp). An interrupted run continues when started again with the same
+// flags (the recovery rule: oracle/run.hpp). Progress and ETA go to standard error.
 // Exit status: 0 done, 1 the run failed while writing (the records on disk stay valid and a new run continues from
 // them), 2 a bad command line, pairs or labels file, model directory, or an output file that does not continue this
 // run; then nothing is written.
 #include "commands.hpp"
 
-#include <dea/bert/nli_oracle.hpp>
-#include <dea/bert/oracle_run.hpp>
+#include <dea/oracle/nli_oracle.hpp>
+#include <dea/oracle/run.hpp>
 #include <dea/core/parallel.hpp>
-#include <dea/io/oracle_files.hpp>
+#include <dea/oracle/files.hpp>
 #include <dea/train/flags.hpp>
 #include <dea/train/trainer.hpp>
 

@@ -4,7 +4,7 @@
 #pragma once
 
 #include <dea/bert/dual_expert_bert.hpp>
-#include <dea/data/run_tokenizer.hpp>
+#include <dea/text/run_tokenizer.hpp>
 #include <dea/nn/transformer.hpp>
 
 #include <fmt/core.h>

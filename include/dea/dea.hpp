@@ -35,8 +35,8 @@
 #include "data/dalpha.hpp"
 #include "data/loaders.hpp"
 #include "data/mlm.hpp"
-#include "data/oracle.hpp"
-#include "data/tokenizer.hpp"
+#include "oracle/alpha.hpp"
+#include "text/simple_tokenizer.hpp"
 
 #include "eval/metrics.hpp"
 #include "eval/stats.hpp"

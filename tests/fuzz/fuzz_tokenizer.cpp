@@ -1,10 +1,10 @@
-// Fuzz target: the word-level tokenizer (dea/data/tokenizer.hpp) on arbitrary bytes (text and vocabulary
+// Fuzz target: the word-level tokenizer (dea/text/simple_tokenizer.hpp) on arbitrary bytes (text and vocabulary
 // files). Properties: tokens are non-empty valid UTF-8 without whitespace; pair encodings respect max_len and
 // their spans; a vocabulary built from the input saves and loads back identically; an arbitrary vocabulary
 // file loads or is refused with dea::Error.
 #include "fuzz_util.hpp"
 
-#include <dea/data/tokenizer.hpp>
+#include <dea/text/simple_tokenizer.hpp>
 
 #include <cstdint>
 #include <string>

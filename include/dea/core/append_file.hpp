@@ -1,6 +1,6 @@
 // dea/core/append_file.hpp: a file that grows by whole records, each append flushed to disk before it returns
 // (standard library and POSIX only). For outputs that a long run writes piece by piece and that an interrupted run
-// continues (the oracle's cache, bert/oracle_run.hpp).
+// continues (the oracle's cache, oracle/run.hpp).
 //
 // AppendFile(path, keep) opens path for appending, creating it when absent, after cutting it to its first `keep`
 // bytes (what the caller verified: a torn last record is dropped this way). append(bytes) writes all the bytes with

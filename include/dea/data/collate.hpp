@@ -14,7 +14,7 @@
 #include "../core/tensor.hpp"
 #include "dalpha.hpp"
 #include "random.hpp"
-#include "tokenizer.hpp"
+#include "../text/simple_tokenizer.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -23,7 +23,7 @@
 #include "dalpha.hpp"
 #include "../core/files.hpp"
 #include "random.hpp"
-#include "tokenizer.hpp"
+#include "../text/simple_tokenizer.hpp"
 
 #include <algorithm>
 #include <cctype>

@@ -13,7 +13,7 @@
 #include "../data/dalpha.hpp"
 #include "../core/files.hpp"
 #include "../core/utf8.hpp"
-#include "../data/oracle.hpp"
+#include "../oracle/alpha.hpp"
 #include "json_limits.hpp"
 
 #include <nlohmann/json.hpp>

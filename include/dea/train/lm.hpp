@@ -1,7 +1,7 @@
 // dea/train/lm.hpp: training the decoder-only language model (lm::DecoderLM, lm/model.hpp) on a local text corpus:
 // `dea train --model lm --data_source text --text FILE`. The run directory is the trainer's (run_dir.hpp:
 // config.json, checkpoint.safetensors written atomically, train_log.jsonl) and the console shows the trainer's
-// progress line; there is no tokenizer file, the tokenizer being the byte tokenizer (data/byte_tokenizer.hpp).
+// progress line; there is no tokenizer file, the tokenizer being the byte tokenizer (text/byte_tokenizer.hpp).
 //
 // Data. The corpus file is read as bytes and encoded one id per byte (vocabulary 256). The byte stream is split
 // at floor(0.95 n): the first part trains, the last 5% is the validation split (the reference's 95/5 tail split).
@@ -40,7 +40,7 @@
 #include "../core/parallel.hpp"
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
-#include "../data/byte_tokenizer.hpp"
+#include "../text/byte_tokenizer.hpp"
 #include "../data/dalpha.hpp"
 #include "../dist/comm.hpp"
 #include "../dist/grad_buffer.hpp"

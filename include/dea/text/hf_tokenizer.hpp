@@ -1,4 +1,4 @@
-// dea/bert/hf_tokenizer.hpp: the WordPiece tokenizer of a Hugging Face BERT model directory.
+// dea/text/hf_tokenizer.hpp: the WordPiece tokenizer of a Hugging Face BERT model directory.
 //
 // The directory must hold vocab.txt (text/vocab.hpp reads it). When it also holds tokenizer_config.json (as hub
 // directories do), its normaliser settings are taken from there, as transformers' BertTokenizer(Fast) takes them:
@@ -17,8 +17,8 @@
 #include "../core/error.hpp"
 #include "../core/files.hpp"
 #include "../io/json_limits.hpp"
-#include "../text/wordpiece.hpp"
-#include "config.hpp"
+#include "wordpiece.hpp"
+#include "../bert/config.hpp"
 
 #include <nlohmann/json.hpp>
 

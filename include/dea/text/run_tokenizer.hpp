@@ -1,6 +1,6 @@
-// dea/data/run_tokenizer.hpp: the tokenizer of a training run, one of two behind the interface the D_alpha pairs,
+// dea/text/run_tokenizer.hpp: the tokenizer of a training run, one of two behind the interface the D_alpha pairs,
 // the masked-LM chunks and the Paris probe need:
-//   * simple: the reference's word-level SimpleTokenizer (data/tokenizer.hpp), its vocabulary built from the run's
+//   * simple: the reference's word-level SimpleTokenizer (text/simple_tokenizer.hpp), its vocabulary built from the run's
 //     training texts; [PAD] [UNK] [CLS] [SEP] [MASK] are ids 0..4;
 //   * wordpiece: BERT's WordPiece (text/wordpiece.hpp) over a given vocab.txt, whose size becomes the model's
 //     vocabulary; pairs are encoded by the reference's own rule (reference_encode_pair: truncation one piece at a
@@ -12,9 +12,9 @@
 
 #include "../core/error.hpp"
 #include "../core/tensor.hpp"
-#include "../text/wordpiece.hpp"
-#include "mlm.hpp"
-#include "tokenizer.hpp"
+#include "wordpiece.hpp"
+#include "../data/mlm.hpp"
+#include "simple_tokenizer.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -1,4 +1,4 @@
-// dea/bert/nli_oracle.hpp: the oracle alpha of the DEA reference (data.py precompute_oracle_alpha; spec: bert.md
+// dea/oracle/nli_oracle.hpp: the oracle alpha of the DEA reference (data.py precompute_oracle_alpha; spec: bert.md
 // sections 6 and 8) computed from two frozen BERT-architecture models: an NLI cross-encoder and a sentence embedder.
 //
 // For a pair (q_text, k_text):
@@ -8,7 +8,7 @@
 //               (t alone, truncated at sim_max_length, 128): the cosine of the two embeddings
 //   alpha_raw = sigmoid(phi - 0.3 sim)
 //   alpha     = clamp(alpha_raw, 0, 0.95), or clamp(calibrator(alpha_raw), 0, 0.95) with an isotonic calibrator
-//               fitted on human labels (eval/isotonic.hpp; calibrate()).
+//               fitted on human labels (oracle/isotonic.hpp; calibrate()).
 // The entailment index is the first id, in id2label order, whose label lower-cased contains "entail" (so
 // "not_entailment" counts too, as in the reference).
 //
@@ -24,7 +24,7 @@
 // ScopedBatchInvariantProducts): every row of every product, and every element-wise and per-row step, is computed by
 // the same operations whatever the other rows of the batch, and attention runs per sequence. So every result is a
 // function of its own text alone, bit for bit, whatever the batch it came in, the batch size, the thread count or
-// where an interrupted run resumed (bert/oracle_run.hpp relies on it; tests/test_oracle.cpp checks it).
+// where an interrupted run resumed (oracle/run.hpp relies on it; tests/test_oracle.cpp checks it).
 //
 //   auto oracle = dea::bert::NliOracle<float>::load("models/nli-MiniLM2-L6-H768", "models/all-MiniLM-L6-v2");
 //   dea::bert::OracleScore s = oracle.score("Paris is the capital of France.", "France");
@@ -39,14 +39,14 @@
 #include "../core/param.hpp"
 #include "../core/tensor.hpp"
 #include "../core/utf8.hpp"
-#include "../data/oracle.hpp"
-#include "../eval/isotonic.hpp"
+#include "alpha.hpp"
+#include "isotonic.hpp"
 #include "../text/wordpiece.hpp"
-#include "hf_dir.hpp"
-#include "hf_tokenizer.hpp"
-#include "model.hpp"
-#include "sentence_embedding.hpp"
-#include "seq_cls.hpp"
+#include "../bert/hf_dir.hpp"
+#include "../text/hf_tokenizer.hpp"
+#include "../bert/model.hpp"
+#include "../bert/sentence_embedding.hpp"
+#include "../bert/seq_cls.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// dea/data/tokenizer.hpp: the reference's offline word-level tokenizer (SimpleTokenizer) and its
+// dea/text/simple_tokenizer.hpp: the reference's offline word-level tokenizer (SimpleTokenizer) and its
 // [CLS] A [SEP] B [SEP] pair encoding.
 //
 // Splitting. The text is lower-cased, then scanned left to right; at each position the first rule that
@@ -20,7 +20,7 @@
 #include "../core/config.hpp"
 #include "../core/error.hpp"
 #include "../core/files.hpp"
-#include "knowledge.hpp"
+#include "../data/knowledge.hpp"
 #include "../core/utf8.hpp"
 
 #include <algorithm>

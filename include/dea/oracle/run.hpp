@@ -1,5 +1,5 @@
-// dea/bert/oracle_run.hpp: an oracle run over a pairs file into an alpha cache that an interrupted run continues
-// (`dea oracle`; formats in io/oracle_files.hpp).
+// dea/oracle/run.hpp: an oracle run over a pairs file into an alpha cache that an interrupted run continues
+// (`dea oracle`; formats in oracle/files.hpp).
 //
 // Recovery rule. The cache is written record by record in the pairs' order: each batch's lines are appended with one
 // write and flushed to disk (fsync) before the next batch starts (core/append_file.hpp). So after a crash or a kill
@@ -10,7 +10,7 @@
 //   2. computes the last complete record again and requires the same bytes, which catches a resume with other
 //      models, another precision, other max lengths or another calibration (an error, nothing touched);
 //   3. cuts the torn piece off (the bytes after the last newline) and goes on from pair n.
-// Every record depends on its own pair alone, bit for bit (bert/nli_oracle.hpp: each sequence runs alone), so the
+// Every record depends on its own pair alone, bit for bit (oracle/nli_oracle.hpp: each sequence runs alone), so the
 // finished file is byte for byte the file an uninterrupted run writes, whatever the batch size or threads of
 // either run. A complete file is left as it is (nothing to do).
 //
@@ -21,7 +21,7 @@
 
 #include "../core/append_file.hpp"
 #include "../core/error.hpp"
-#include "../io/oracle_files.hpp"
+#include "files.hpp"
 #include "nli_oracle.hpp"
 
 #include <algorithm>

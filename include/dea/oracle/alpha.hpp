@@ -1,16 +1,16 @@
-// dea/data/oracle.hpp: tools for the real oracle alpha (spec section 4.2), computed offline from scores that
+// dea/oracle/alpha.hpp: tools for the real oracle alpha (spec section 4.2), computed offline from scores that
 // frozen NLI / sentence-embedding models produced elsewhere.
 //
 //  * oracle_alpha: alpha = clamp(sigmoid(Phi - 0.3 Sim), 0, 0.95), Phi = entailment logit of
 //    (premise = q_text, hypothesis = k_text), Sim = cosine similarity of the two sentence embeddings.
-//  * the isotonic calibration of alpha on human labels is eval::IsotonicRegression (eval/isotonic.hpp), and the
-//    oracle itself, computed from two model directories, is bert::NliOracle (bert/nli_oracle.hpp).
+//  * the isotonic calibration of alpha on human labels is eval::IsotonicRegression (oracle/isotonic.hpp), and the
+//    oracle itself, computed from two model directories, is bert::NliOracle (oracle/nli_oracle.hpp).
 //  * AlphaCache: alpha per (premise, hypothesis), the content of an oracle JSONL cache (io/jsonl.hpp reads
 //    and writes the files), and attach() that sets the alpha of D_alpha records from it.
 #pragma once
 
 #include "../core/error.hpp"
-#include "dalpha.hpp"
+#include "../data/dalpha.hpp"
 
 #include <algorithm>
 #include <cmath>

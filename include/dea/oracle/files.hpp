@@ -1,4 +1,4 @@
-// dea/io/oracle_files.hpp: the files of the NLI oracle (`dea oracle`, bert/oracle_run.hpp): the pairs it scores,
+// dea/oracle/files.hpp: the files of the NLI oracle (`dea oracle`, oracle/run.hpp): the pairs it scores,
 // the human labels it calibrates on, and the alpha cache it writes, one JSON object per line.
 //
 // Pairs (PAIRS.jsonl), one pair per line; blank lines are skipped; other fields (label, source, ...) are ignored:
@@ -16,7 +16,7 @@
 //
 // Every line must be valid UTF-8 and one JSON object; anything else is a dea::Error naming the file and the line.
 //
-// read_partial_cache reads what an interrupted run left (the recovery rule is in bert/oracle_run.hpp): the complete
+// read_partial_cache reads what an interrupted run left (the recovery rule is in oracle/run.hpp): the complete
 // lines, each of which must be the record of the pair at its position, byte for byte as oracle_cache_line writes
 // it, and at most one torn line after them (the bytes after the last newline).
 #pragma once
@@ -24,7 +24,7 @@
 #include "../core/error.hpp"
 #include "../core/files.hpp"
 #include "../text/unicode.hpp"
-#include "json_limits.hpp"
+#include "../io/json_limits.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,4 @@
-// dea/data/byte_tokenizer.hpp: the byte-level tokenizer of the decoder language model (train/lm.hpp): every byte
+// dea/text/byte_tokenizer.hpp: the byte-level tokenizer of the decoder language model (train/lm.hpp): every byte
 // of the text is one token, its id the byte's value 0..255. Any input encodes (UTF-8, invalid UTF-8, binary data,
 // NUL bytes) and decode(encode(s)) == s byte for byte. There are no special ids: the vocabulary is exactly the 256
 // byte values (vocab_size() == 256), so every id a model over it produces decodes.

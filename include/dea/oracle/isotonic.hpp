@@ -1,4 +1,4 @@
-// dea/eval/isotonic.hpp: increasing isotonic regression with bounded outputs, computed as scikit-learn's
+// dea/oracle/isotonic.hpp: increasing isotonic regression with bounded outputs, computed as scikit-learn's
 // IsotonicRegression(y_min, y_max, increasing=True, out_of_bounds="clip") computes it. The NLI oracle calibrates
 // alpha_raw on human labels with it (spec: bert.md section 8, y_min 0, y_max 0.95).
 //
