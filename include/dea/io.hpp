@@ -1,13 +1,8 @@
-// dea/io.hpp: file formats (safetensors checkpoints, JSONL alpha caches, JSON read within limits), SVG plots
-// (dea/plot/) and the reference's golden-case runners (dea/interop/). Needs nlohmann_json besides Eigen.
+// dea/io.hpp: file formats: safetensors checkpoints (a validated reader, an atomic writer), JSON lines, JSON read
+// within limits. Needs nlohmann_json besides Eigen. The oracle's files are in dea/oracle/files.hpp, SVG plots in
+// dea/plot/, the golden-case runners in dea/interop/.
 #pragma once
 
-#include "dea.hpp"
-#include "interop/dea_case.hpp"
-#include "interop/model_case.hpp"
-#include "interop/tr_mha_case.hpp"
 #include "io/json_limits.hpp"
 #include "io/jsonl.hpp"
 #include "io/safetensors.hpp"
-#include "plot/figures.hpp"
-#include "plot/svg.hpp"

@@ -4,7 +4,13 @@
 // fine-tuning (train/dea_bert.hpp) is included on its own (it brings in the BERT headers).
 #pragma once
 
+#include "dea.hpp"
+#include "interop/dea_case.hpp"
+#include "interop/model_case.hpp"
+#include "interop/tr_mha_case.hpp"
 #include "io.hpp"
+#include "plot/figures.hpp"
+#include "plot/svg.hpp"
 #include "train/config.hpp"
 #include "train/encoder.hpp"
 #include "train/flags.hpp"
