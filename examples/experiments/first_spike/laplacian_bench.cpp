@@ -948,8 +948,9 @@ int main(int argc, char** argv) try {
       {"runtime_note", fmt::format("{} train/{} test, {} epochs, batch {}, {} paired seeds", A.n_train, A.n_test,
                                    A.epochs, A.batch, A.seeds.size())},
       {"recreation_note",
-       "harness re-created per spec/laplacian_attention.md sections 1b, 2b, 3b (the seed's bench module is not "
-       "public); data from dea::Rng unless --anchor gives the PyTorch re-creation's exact data"}};
+       "harness re-created from the experiment's description: data sets, training loop, statistics and verdict as "
+       "examples/README.md states them (the seed's bench module is not public); data from dea::Rng unless --anchor "
+       "gives the PyTorch re-creation's exact data"}};
   if (C.anchor) report["anchor_check"] = anchor_check;
   dea::write_file_atomic(A.out, report.dump(2) + "\n");  // temporary file, fsync, rename
 
