@@ -1,4 +1,4 @@
-// dea/interop/bert_case.hpp: runs the BERT golden kinds (golden/bert/FORMAT.md) through bert::BertModel and
+// dea/interop/bert_case.hpp: runs the BERT golden kinds (tests/data/bert/README.md) through bert::BertModel and
 // bert::BertForSequenceClassification, and a Hugging Face model directory on a case's inputs.
 //
 // A case holds its BERT configuration as the JSON string metadata `config`, the parameters under their HF names,

@@ -1,4 +1,4 @@
-// dea/interop/dea_bert_case.hpp: runs the `dea_bert` golden kind (golden/bert/FORMAT.md) through
+// dea/interop/dea_bert_case.hpp: runs the `dea_bert` golden kind (tests/data/bert/README.md) through
 // bert::DualExpertBert.
 //
 // A case holds the BERT configuration (metadata `config`), gamma_mix and n_classes, the parameters under the
