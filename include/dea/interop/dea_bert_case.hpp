@@ -113,7 +113,7 @@ SafeTensors run_dea_bert_case(const SafeTensors& cs) {
 }
 
 /// "layer l: n_decision_pairs ours N, the reference's M" for every layer whose count the case's metadata records
-/// and `got` differs from (the golden set's note: a pair on the border of the beta window can flip with round-off); empty when
+/// and `got` differs from (a pair on the border of the beta window can flip with round-off); empty when
 /// every recorded count agrees.
 inline std::vector<std::string> dea_bert_decision_pair_differences(const SafeTensors& expected,
                                                                    const SafeTensors& got) {
