@@ -1,7 +1,7 @@
 // examples/laplacian_bench.cpp: the First-Spike Laplacian attention benchmark.
 //
-// Reproduces the experiment of seeds/003 ("Mechanism confirmed, baseline not beaten") with the RE-CREATION of
-// spec/laplacian_attention.md sections 1-3: the TinyTransformer with dot-product (baseline) or Laplacian (idea)
+// Reproduces the First-Spike seed's experiment ("Mechanism confirmed, baseline not beaten") with a RE-CREATION
+// (tasks.hpp, model.hpp; examples/README.md): the TinyTransformer with dot-product (baseline) or Laplacian (idea)
 // attention, trained on the 'sequence' task (or 'sequence_recall') with AdamW (weight decay 0), MSE, batch 128
 // keeping the last partial batch, 12 epochs; the protocol:
 //   1. baseline LR sweep {0.0015, 0.003, 0.006} on seeds 0-3, best = arg-min of the mean (ties: first);
