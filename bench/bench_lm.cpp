@@ -8,14 +8,14 @@
 //            [--breakdown [--breakdown_reps 5]]
 //
 // Configurations (all: D = --hidden, H = --heads, L = --layers, tied embeddings, RMSNorm pre-norm blocks, qk-norm,
-// RoPE, vocabulary --vocab; the defaults are the seed's example shape of spec/tr_moe_lm.md §6 scaled to 4 layers):
+// RoPE, vocabulary --vocab; the defaults are the token-routed seed's example shape scaled to 4 layers):
 //   dense      attention mha,       mlp dense_deterministic (SwiGLU of width W = --ffn)
 //   trmoe      attention tr_mha_v2 (E 4, rank --adapter_rank, top-2, targets qv), mlp tr_hash_engine: E = --experts
 //              experts of width I / E (I = --routed), top_k = --top_k, modulo_cyclic routes, a shared expert of width
 //              W - I; stored FFN width and FFN parameters (3 D W per layer) equal dense's
 //   mha_trmoe  attention mha with trmoe's MLP (the MLP's cost alone)
 //   v2_dense   attention tr_mha_v2 with dense's MLP (the adapters' cost alone)
-// The defaults (W 1792 = shared 1536 + routed 256) are the example's widths with a real MoE (E 4, top 2, §6).
+// The defaults (W 1792 = shared 1536 + routed 256) are the example's widths with a real MoE (E 4, top 2).
 //
 // One training step is what `dea train --model lm` runs (train::lm_run::run_training): zero_grad, forward, the
 // causal LM loss (pre-shifted labels, the last position dropped), backward, per-group clipping (1.0) and the AdamW

@@ -1,6 +1,6 @@
 """PyTorch eager re-creation of bench_lm's decoder-only language models, the side-by-side anchor for bench_lm.
 
-The model is written here from the specification (spec/tr_moe_lm.md §1, §3-§4 and spec/tr_mha.md §4-§7), the way a
+The model is written here from the rules of docs/lm.md and docs/token_routed.md, the way a
 PyTorch user writes it: eager mode, autograd, CPU, float32.
 
   h = Emb[ids]; per layer (pre-norm): h += Attn(RMSNorm(h), ids); h += MLP(RMSNorm(h), ids);
@@ -9,12 +9,12 @@ PyTorch user writes it: eager mode, autograd, CPU, float32.
   Attention (mha): one GEMM on the stacked [W_k; W_q; W_v] (as the reference does), heads, qk RMSNorm over d_h with
     gains shared by the heads, rotate-half RoPE (fp32 table), causal softmax(Q K^T / sqrt(d_h)) V by explicit
     matmul + masked_fill + softmax (torch 1.13 has no scaled_dot_product_attention), O W_o^T.
-  tr_mha_v2 (spec/tr_mha.md §7): candidates p = (t + l) mod E, s = p + 1 mod E; z = prior + sigmoid(x w_g + b_g)
+  tr_mha_v2: candidates p = (t + l) mod E, s = p + 1 mod E; z = prior + sigmoid(x w_g + b_g)
     (x W_r^T / tau); w = softmax(z_p, z_s); per expert the (token, slot) rows routed to it are gathered, run through
     x A_e Bu_e (rank r, out 2D) and scaled by w, scatter-added (index_add) into Delta [N, 2D];
     Q += alpha Delta[:, :D], V += alpha Delta[:, D:]; the telemetry softmax P = softmax(z) is computed (no grad).
   Dense MLP (dense_deterministic): down(silu(gate(x)) * up(x)).
-  TR-MoE (tr_hash_engine, spec/tr_moe_lm.md §1): routes R[clamp(t)] from the modulo_cyclic table (§2.2, built here
+  TR-MoE (tr_hash_engine): routes R[clamp(t)] from the modulo_cyclic table (built here
     with torch.randperm, compared with the table in the weights file); shared SwiGLU on every token plus, per
     expert, the (token, slot) rows routed to it gathered, SwiGLU with input-major [D, w] weights, scaled by the
     slot weight 1/k and index_add-ed back (--moe-eval grouped, the default); --moe-eval masked runs the reference's
@@ -59,7 +59,7 @@ from torch_train import blas_info, load1, median, peak_rss_mb  # noqa: E402
 import torch  # noqa: E402  (after OPENBLAS_CORETYPE)
 import torch.nn.functional as F  # noqa: E402
 
-ROUTE_SEED = 0x71D5A17  # spec/tr_moe_lm.md §1.1
+ROUTE_SEED = 0x71D5A17  # the framework's fixed route seed
 
 
 def fail(msg):
@@ -129,7 +129,7 @@ def apply_rope(x, cos, sin):
 
 
 class TrMhaV2Adapter(torch.nn.Module):
-    """The routed Q/V delta of tr_mha_v2 (spec/tr_mha.md §5, §7); parameters are owned by the attention module."""
+    """The routed Q/V delta of tr_mha_v2 (docs/token_routed.md); parameters are owned by the attention module."""
 
     def __init__(self, d, layer, cfg):
         super().__init__()
@@ -222,7 +222,7 @@ class DenseSwiGLU(torch.nn.Module):
 
 
 def modulo_cyclic_table(vocab, experts, top_k, layer):
-    """R [V, k] of spec/tr_moe_lm.md §2.2: R[t][j] = (perm[t mod E] + j) mod E."""
+    """R [V, k] of modulo_cyclic (docs/lm.md): R[t][j] = (perm[t mod E] + j) mod E."""
     gen = torch.Generator().manual_seed((ROUTE_SEED ^ 0xC0DE) + 104729 * layer)
     perm = torch.randperm(experts, generator=gen)
     t = torch.arange(vocab)

@@ -3,7 +3,7 @@
 
   1. the pairs of oracle_cases.json as a pairs file (half of them under q_text / k_text) -> CACHE.jsonl, whose lines
      must be the pairs in order, under the input's names, with alpha, alpha_raw, phi and sim within TOL of the
-     case's values (1e-9 with --double, 1e-5 in float, as FORMAT.md says);
+     case's values (1e-9 with --double, 1e-5 in float, the golden set's tolerances);
   2. the recovery rule: the cache cut in the middle of a record, and again after whole records, and the command run
      again (another --batch_size and --threads) must give the same bytes; a complete cache is left as it is; a run
      of 3000 pairs killed with SIGKILL while it writes, then run again, gives the bytes of an uninterrupted run;

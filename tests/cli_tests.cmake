@@ -388,8 +388,8 @@ echo '{\"data_source\": \"wikipedia\", \"d_model\": 16, \"n_heads\": 2}' > \"$d/
 echo '{\"data_source\": \"dalpha\", \"dalpha_source\": \"real\"}' > \"$d/config.json\" && \"$0\" eval --ckpt \"$d\"")
 endif()
 
-# dea oracle: the public oracle case end to end (tests/check_oracle_out.py: the values to the tolerances of
-# golden/bert/FORMAT.md, the recovery rule, --calibrate), and bad input (docs/hardening.md B27, B33, B34): exit 2 with the
+# dea oracle: the public oracle case end to end (tests/check_oracle_out.py: the values to the golden set's
+# tolerances, the recovery rule, --calibrate), and bad input (docs/hardening.md B27, B33, B34): exit 2 with the
 # file and line named, and nothing written (or the existing cache left as it was)
 if(TARGET dea_cli)
   set(dea_or ${CMAKE_CURRENT_SOURCE_DIR}/data/bert/oracle)
@@ -469,7 +469,7 @@ ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/lm/mlp_e4_k2_shared_l0.safetensors ${CMA
 \"$0\" interop ${CMAKE_CURRENT_BINARY_DIR}/cli_tr_moe_strategy.safetensors --compare")
 endif()
 
-# The decoder LM golden cases (kind lm_model, golden/lm/FORMAT.md): lm_a (MHA + dense SwiGLU) and lm_b (MHA + TR-MoE
+# The decoder LM golden cases (kind lm_model): lm_a (MHA + dense SwiGLU) and lm_b (MHA + TR-MoE
 # with the shared expert, whose route tables must be exact) pass in double and float, every tensor.
 if(TARGET dea_cli)
   set(dea_lm_golden ${CMAKE_CURRENT_SOURCE_DIR}/data/golden/lm)

@@ -1,5 +1,5 @@
 // Tests of include/dea/bert (Hugging Face BERT): the public golden cases (bert_model, bert_seq_cls,
-// sentence_embedding) in double (1e-9) and float (FORMAT.md's tolerances), every hub-style model directory of
+// sentence_embedding) in double (1e-9) and float (the golden set's tolerances), every hub-style model directory of
 // tests/data/bert/hf_fixtures, the exact F16 / BF16 upcast, finite-difference checks of every parameter and of the
 // input embeddings (padded rows and a sequence with no real token included), 1 and 2 threads bit for bit, the
 // accumulation contract, HF names and a save / load round trip, and every bad input of the loader with its message.
@@ -69,7 +69,7 @@ struct Worst {
   std::string name;
 };
 
-/// Every tensor of the case is compared and within FORMAT.md's tolerance; returns the worst relative error.
+/// Every tensor of the case is compared and within the golden set's tolerance; returns the worst relative error.
 Worst check_case(const io::SafeTensors& cs, const io::SafeTensors& got, bool is_float, std::size_t expected_count,
                  bool only_computed = false) {
   const auto cmp = interop::compare_bert_case(cs, got, is_float, only_computed);

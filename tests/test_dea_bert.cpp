@@ -1,5 +1,5 @@
 // Tests of include/dea/bert/dual_expert_bert.hpp (the reference's DualExpertBert): the two public dea_bert golden
-// cases in double (1e-9) and float (FORMAT.md's tolerances) with the reference's decision-pair counts, finite
+// cases in double (1e-9) and float (the golden set's tolerances) with the reference's decision-pair counts, finite
 // differences in double of every parameter (task path with alpha-hat held fixed in the scores, with and without an
 // oracle, padded rows, dropout on; gate path of every W_gate / c_gate against loss_gate, with and without targets),
 // gradient isolation, the accumulation contract, the tiled kernel against the reference one, 1 and 2 threads bit for

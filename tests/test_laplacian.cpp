@@ -1,4 +1,4 @@
-// Tests of dea/attention/laplacian.hpp (First-Spike Laplacian attention, spec/laplacian_attention.md) and of the
+// Tests of dea/attention/laplacian.hpp (First-Spike Laplacian attention) and of the
 // ops it is built from: ops/activations.hpp, ops/l1_distance.hpp.
 #include <catch2/catch.hpp>
 // first: a header that opens dea::ops::detail before l1_distance.hpp, whose helpers live in dea::detail (an
@@ -51,7 +51,7 @@ struct Reference {
   std::map<std::string, Vec<double>> grad;
 };
 
-/// Naive reference straight from spec sections 4a and 4b (loops, double): no kernel of the library is used.
+/// Naive reference from the formulas of laplacian.hpp's file comment (loops, double): no kernel of the library is used.
 template <class Att>
 Reference reference(Att& att, const Mat<double>& x, Index B, const AttnInputs<double>& in, const Mat<double>& dy) {
   const Index N = x.rows(), D = att.d_model(), H = att.n_heads(), dh = att.d_head(), T = N / B;
@@ -158,16 +158,16 @@ Reference reference(Att& att, const Mat<double>& x, Index B, const AttnInputs<do
           const double u = U(b * T + i, h * dh + c);
           double acc = 0;
           for (Index j = 0; j < T; ++j) acc += lam[i * T + j] * sgn(u - Wl(b * T + j, h * dh + c));
-          dQ(b * T + i, h * dh + c) = -(1.0 / s) * u * (1 - u) * acc;  // spec 4b.4, first formula
+          dQ(b * T + i, h * dh + c) = -(1.0 / s) * u * (1 - u) * acc;  // dL/dq, the first sgn formula
         }
       for (Index j = 0; j < T; ++j)
         for (Index c = 0; c < dh; ++c) {
           const double w = Wl(b * T + j, h * dh + c);
           double acc = 0;
           for (Index i = 0; i < T; ++i) acc += lam[i * T + j] * sgn(U(b * T + i, h * dh + c) - w);
-          dK(b * T + j, h * dh + c) = (1.0 / s) * w * (1 - w) * acc;  // spec 4b.4, second formula
+          dK(b * T + j, h * dh + c) = (1.0 / s) * w * (1 - w) * acc;  // dL/dk, the second sgn formula
         }
-      dtheta[h] += naive_sigmoid(theta[h]) / (s * s) * sum_lam_d;  // spec 4b.5
+      dtheta[h] += naive_sigmoid(theta[h]) / (s * s) * sum_lam_d;  // dL/dtheta
     }
   ref.grad["theta"] = dtheta;
   lin_back("q", x, dQ);
@@ -297,7 +297,7 @@ TEST_CASE("activations: sigmoid, softplus and the inverse", "[laplacian][ops]") 
   REQUIRE(ops::softplus(800.0) == 800.0);
   REQUIRE(ops::sigmoid(0.0f) == 0.5f);
   REQUIRE(ops::sigmoid_grad_from_output(0.25) == 0.1875);
-  // theta0 = log(expm1(sigma0)) for the sweep's sigma0 (spec 4a) and ds/dtheta = sigmoid(theta0) (spec 4b.5)
+  // theta0 = log(expm1(sigma0)) for the sweep's sigma0 and ds/dtheta = sigmoid(theta0)
   const double sig[3] = {0.35, 0.70, 1.40}, th[3] = {-0.86972, 0.01366, 1.11685}, dsd[3] = {0.2953, 0.5034, 0.7534};
   for (int k = 0; k < 3; ++k) {
     const double t = ops::softplus_inverse(sig[k]);
@@ -422,7 +422,7 @@ TEST_CASE("l1_distance_backward: the kink convention sgn(0) = 0, on purpose", "[
   const Mat<double> G = testing::random_projection(5, 6, 10);
   Mat<double> gU = Mat<double>::Zero(5, 4), gW = Mat<double>::Zero(6, 4);
   ops::l1_distance_backward(U, W, G, gU, gW);
-  // The spec's formulas with sgn(0) = 0, and with the other subgradients sgn(0) = +1 / -1.
+  // The formulas with sgn(0) = 0, and with the other subgradients sgn(0) = +1 / -1.
   auto expect = [&](double sgn0, Mat<double>& eU, Mat<double>& eW) {
     eU.setZero(5, 4);
     eW.setZero(6, 4);
@@ -526,7 +526,7 @@ TEST_CASE("LaplacianAttention: forward equals the naive reference, logits are -D
       REQUIRE(ref.dist[k] < double(D / H));
     }
     REQUIRE(cache.s[0] == std::log1p(std::exp(-0.3)) + 1e-6);
-    // the backward follows spec 4b (naive loops with sgn(0) = 0) to rounding
+    // the backward follows the formulas (naive loops with sgn(0) = 0) to rounding
     att.zero_grad();
     const Mat<double> dx = att.backward(dy, cache);
     REQUIRE((dx - ref.dx).cwiseAbs().maxCoeff() < 1e-12 * (1 + ref.dx.cwiseAbs().maxCoeff()));
@@ -594,7 +594,7 @@ TEST_CASE("LaplacianAttention: exact ties u = w follow sgn(0) = 0, on purpose", 
         for (Index c = 0; c < D; ++c)
           if (i != j) gap = std::min(gap, std::abs(cache.u()(b * T + i, c) - cache.w()(b * T + j, c)));
   REQUIRE(gap > 1e-4);
-  // The analytic gradients equal the spec's formulas with sgn(0) = 0 ...
+  // The analytic gradients equal the formulas with sgn(0) = 0 ...
   att.zero_grad();
   const Mat<double> dx = att.backward(R, cache);
   const Reference ref = reference(att, x, B, in, R);

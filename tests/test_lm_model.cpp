@@ -147,7 +147,7 @@ TEST_CASE("lm golden: lm_a_mha_dense in double matches every tensor (2e-6 x scal
   INFO(r.str());
   CHECK(r.ok);
   CHECK(r.tensors.size() == 4 + 2 * 11 + 2);  // 4 outputs, 11 parameters per layer, embed_tokens and norm
-  // a pure-float64 evaluation is 1.5e-7 x scale from the reference (FORMAT.md): so are we
+  // a pure-float64 evaluation is 1.5e-7 x scale from the reference (the golden files' note): so are we
   CHECK(r.worst_rel_error < 2e-7);
   CHECK(std::abs(r.loss - 6.0175940959472225) < 1e-7);  // metadata loss_ce (the case has no z-loss)
 }
@@ -574,7 +574,7 @@ TEST_CASE("lm forward_backward: a non-finite loss returns without a backward pas
 // ---------------------------------------------------------------------------------------------------------------
 // Init and configuration
 
-TEST_CASE("lm init: stds 0.02 and 0.02/sqrt(2L), gains 1 (spec §5)", "[lm]") {
+TEST_CASE("lm init: stds 0.02 and 0.02/sqrt(2L), gains 1", "[lm]") {
   DecoderConfig c;
   c.hidden_size = 128;
   c.num_hidden_layers = 4;

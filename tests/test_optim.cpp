@@ -33,7 +33,7 @@ std::unique_ptr<Param<S>> make_param(const std::string& name, const std::string&
   return p;
 }
 
-// One AdamW step of one scalar, written out from the formulas of the spec (double, straight-line).
+// One AdamW step of one scalar, written out from AdamW's formulas (double, straight-line).
 void reference_adamw_step(double& p, double& m, double& v, double g, int t, double lr, double wd) {
   const double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   p = p * (1.0 - lr * wd);

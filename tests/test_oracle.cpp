@@ -1,4 +1,4 @@
-// The NLI oracle: the public golden case (golden/bert/FORMAT.md, oracle/), the isotonic calibrator against values
+// The NLI oracle: the public golden case (tests/data/bert/oracle/), the isotonic calibrator against values
 // derived by hand, the pairs / labels / cache files, the recovery rule of an interrupted run, and bad input.
 #include <catch2/catch.hpp>
 #include <dea/oracle/nli_oracle.hpp>
@@ -241,7 +241,7 @@ TEST_CASE("oracle: each sequence alone gives the numbers of a batch padded to it
 TEST_CASE("oracle: the entailment index is the first label containing \"entail\"", "[oracle]") {
   CHECK(bert::find_entailment_index({"contradiction", "entailment", "neutral"}, "c") == 1);
   CHECK(bert::find_entailment_index({"ENTAILMENT", "neutral", "contradiction"}, "c") == 0);
-  CHECK(bert::find_entailment_index({"contradiction", "not_entailment", "entailment"}, "c") == 1);  // as the spec warns
+  CHECK(bert::find_entailment_index({"contradiction", "not_entailment", "entailment"}, "c") == 1);  // first match wins
   CHECK_THROWS_WITH(bert::find_entailment_index({"LABEL_0", "LABEL_1"}, "m/config.json"),
                     Catch::Contains("m/config.json") && Catch::Contains("\"LABEL_1\"") &&
                         Catch::Contains("not an NLI model"));

@@ -1,5 +1,5 @@
 // Tests of dea/attention/token_routed.hpp (tr_mha v1 / tr_mha_v2) and the ops it brought (rope, rms_norm):
-// the reference's nine tests (spec/tr_mha.md §13, at the layer level), finite-difference gradients with the
+// the reference's nine tests (tests/test_tr_mha.py, at the layer level), finite-difference gradients with the
 // routing held fixed, thread-count invariance, bad input, and the public golden cases.
 #include <catch2/catch.hpp>
 #include <dea/attention/token_routed.hpp>
@@ -42,7 +42,7 @@ IdTensor iota_ids(Index B, Index T) {
   return t;
 }
 
-/// The small config of the reference's tests (§12): D = 32, H = 4, E = 4, r = 4, k = 2.
+/// The small config of the reference's tests: D = 32, H = 4, E = 4, r = 4, k = 2.
 TRA::Options small_options(TrVariant v, TrTargets targets = TrTargets::qv) {
   TRA::Options o;
   o.variant = v;
@@ -200,7 +200,7 @@ TEST_CASE("rms_norm: forward formula and finite-difference backward", "[token_ro
 }
 
 // =====================================================================================================================
-// The reference's tests (tests/test_tr_mha.py, §13), at the layer level
+// The reference's tests (tests/test_tr_mha.py), at the layer level
 // =====================================================================================================================
 
 TEST_CASE("ref 1: one K/V head per query head; shapes", "[token_routed][ref]") {
@@ -324,7 +324,7 @@ TEST_CASE("ref 5: the router and the adapters get gradients (v1)", "[token_route
   }
 }
 
-TEST_CASE("v1 with k = 1: w = 1, so the router gets exactly zero gradient (§9)", "[token_routed]") {
+TEST_CASE("v1 with k = 1: w = 1, so the router gets exactly zero gradient", "[token_routed]") {
   Rng rng(15);
   TRA::Options o = small_options(TrVariant::v1);
   o.top_k = 1;
@@ -382,7 +382,7 @@ TEST_CASE("ref 7: v2 candidates are fixed, the context reweights them", "[token_
   }
   REQUIRE_FALSE(allclose(ca.route_weights, cb.route_weights));
   REQUIRE((ca.route_weights.rowwise().sum().array() - 1.0).abs().maxCoeff() <= 1e-6);
-  // closed form (§7.4): w_p = sigmoid((c_p - c_s) + g (c[p] - c[s]))
+  // closed form (docs/token_routed.md): w_p = sigmoid((c_p - c_s) + g (c[p] - c[s]))
   for (Index n = 0; n < 32; ++n) {
     const double a = 1.0 + ca.gate[n] * (ca.context(n, n % 4) - ca.context(n, (n + 1) % 4));
     REQUIRE(ca.route_weights(n, 0) == Approx(1.0 / (1.0 + std::exp(-a))).epsilon(1e-14));
@@ -402,7 +402,7 @@ TEST_CASE("ref 8: v2's neutral branch can start learning", "[token_routed][ref]"
     layer.backward(2.0 * y / static_cast<double>(y.size()), cache);
     const auto ps = layer.parameters();
     REQUIRE(find_param(ps, "qv_adapter_up").grad.cwiseAbs().maxCoeff() > 0);
-    // §7: everything else of the branch acts only through Delta = 0, so its gradient is exactly zero
+    // everything else of the branch acts only through Delta = 0, so its gradient is exactly zero
     for (const char* n : {"qv_adapter_down", "context_router_weight", "verifier_gate_weight", "verifier_gate_bias",
                           "adapter_output_gate"})
       REQUIRE(find_param(ps, n).grad.cwiseAbs().maxCoeff() == 0.0);
@@ -488,7 +488,7 @@ TEST_CASE("telemetry at init: gate, verifier, entropy H(softmax(2,1,-2,...)), ba
     REQUIRE(t.gate == Approx(0.1).epsilon(1e-15));
     REQUIRE(t.verifier_strength == Approx(0.1).epsilon(1e-12));
     REQUIRE(t.verifier_use == Approx(0.1).epsilon(1e-12));
-    REQUIRE(t.route_entropy == Approx(E == 4 ? 0.7059 : 0.9369).margin(2e-3));  // §11; the context adds ~0.004
+    REQUIRE(t.route_entropy == Approx(E == 4 ? 0.7059 : 0.9369).margin(2e-3));  // the context adds ~0.004
     double sum = 0;
     for (double s : t.route_share) {
       REQUIRE(s == Approx(1.0 / static_cast<double>(E)).margin(1e-3));
@@ -500,7 +500,7 @@ TEST_CASE("telemetry at init: gate, verifier, entropy H(softmax(2,1,-2,...)), ba
   }
 }
 
-TEST_CASE("parameter counts match the reference's overhead formulas (§8)", "[token_routed]") {
+TEST_CASE("parameter counts match the reference's overhead formulas", "[token_routed]") {
   Rng rng(5);
   const Index D = 384, dh = 48;
   auto overhead = [&](TRA::Options o) {

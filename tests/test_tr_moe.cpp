@@ -1,4 +1,4 @@
-// Tests of dea/lm/route_table.hpp and dea/lm/tr_moe.hpp (the TR-MoE MLP, spec/tr_moe_lm.md §1-§2): the reference's
+// Tests of dea/lm/route_table.hpp and dea/lm/tr_moe.hpp (the TR-MoE MLP, docs/lm.md): the reference's
 // route tables bit for bit, the golden cases in double and float, the formula against a dense evaluation written
 // the reference's way, finite-difference gradients, thread-count invariance, accumulation and bad input.
 #include <catch2/catch.hpp>
@@ -77,8 +77,8 @@ bool bitwise_equal_vec(const Vec<S>& a, const Vec<S>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(S) * static_cast<std::size_t>(a.size())) == 0;
 }
 
-/// The reference's evaluation, written independently of the class (§1.2, "The PyTorch reference loops over the
-/// experts"): for each expert e, tau_e = sum_j a_j [e_j = e] per token, the expert runs densely on every row with
+/// The reference's evaluation, written independently of the class (the PyTorch reference loops over the
+/// experts): for each expert e, tau_e = sum_j a_j [e_j = e] per token, the expert runs densely on every row with
 /// x zeroed where tau_e = 0, and tau_e f_e is added; then the shared branch.
 Mat<double> dense_reference(Moe& m, const Mat<double>& x, const std::vector<std::int64_t>& ids) {
   const auto& o = m.options();
@@ -140,7 +140,7 @@ testing::GradCheckReport gradcheck_mlp(Moe& m, Mat<double>& x, const std::vector
   return gc.run(objective, analytic);
 }
 
-/// Per-slot balance of a balanced-hash table: every complete block of E consecutive ranks (order of §2.1 step 2)
+/// Per-slot balance of a balanced-hash table: every complete block of E consecutive ranks (in rank order)
 /// holds each expert exactly once per slot; the k experts of each token are distinct.
 void require_balanced(const RouteTable& R, Index V, Index E, Index k, Index l) {
   const std::vector<std::int64_t> order = lm::torch_randperm(V, lm::kRouteSeed + 104729u * static_cast<std::uint64_t>(l));
@@ -165,7 +165,7 @@ void require_balanced(const RouteTable& R, Index V, Index E, Index k, Index l) {
 }  // namespace
 
 // =====================================================================================================================
-// Route tables (§2)
+// Route tables
 // =====================================================================================================================
 
 TEST_CASE("route tables equal every golden out.route_table exactly", "[tr_moe][route]") {
@@ -197,7 +197,7 @@ TEST_CASE("torch_randperm: a permutation, the seed taken mod 2^32, no draw for n
     std::sort(s.begin(), s.end());
     for (std::int64_t i = 0; i < n; ++i) REQUIRE(s[static_cast<std::size_t>(i)] == i);
   }
-  REQUIRE(lm::torch_randperm(1000, (std::uint64_t(1) << 32) + 5) == lm::torch_randperm(1000, 5));  // §2.3
+  REQUIRE(lm::torch_randperm(1000, (std::uint64_t(1) << 32) + 5) == lm::torch_randperm(1000, 5));  // seed mod 2^32
   REQUIRE(lm::torch_randperm(1000, 5) != lm::torch_randperm(1000, 6));
   // the first swap draws z = mt() mod n from std::mt19937(seed): element 0 becomes z
   std::mt19937 mt(77);
@@ -208,8 +208,8 @@ TEST_CASE("torch_randperm: a permutation, the seed taken mod 2^32, no draw for n
 
 TEST_CASE("balanced hash: per-slot balance in complete groups, distinct routes (V = 32000, E = 4, k = 2, l = 0..9)",
           "[tr_moe][route]") {
-  // spec §6: the seed's example configuration has balanced-hash tables with V = 32000 for l = 0..9 (E = 4, k = 2 in
-  // the MoE variant of §2.3); no golden numbers are given for them, so their properties are checked.
+  // the seed's example configuration has balanced-hash tables with V = 32000 for l = 0..9 (E = 4, k = 2 in
+  // its MoE variant); no golden numbers are given for them, so their properties are checked.
   std::vector<RouteTable> tables;
   for (Index l = 0; l < 10; ++l) {
     INFO("layer " << l);
@@ -300,7 +300,7 @@ TEST_CASE("route table: load from a [k, V] buffer, set, compare with the generat
 }
 
 // =====================================================================================================================
-// Golden cases (tests/data/golden/lm/mlp_*, golden/lm/FORMAT.md)
+// Golden cases (tests/data/golden/lm/mlp_*, tests/data/golden/README.md)
 // =====================================================================================================================
 
 TEST_CASE("golden tr_moe_mlp cases reproduce the reference in double", "[tr_moe][golden]") {
@@ -458,7 +458,7 @@ TEST_CASE("ids are clamped to [0, V-1]; telemetry counts (token, slot) pairs", "
   REQUIRE(tel.items()[3].first == "expert_share_0");
 }
 
-TEST_CASE("parameters: names, shapes, init statistics, the spec's parameter counts", "[tr_moe]") {
+TEST_CASE("parameters: names, shapes, init statistics, the reference's parameter counts", "[tr_moe]") {
   Rng rng(5);
   const Index D = 384;
   TrMoeOptions o = options(4, 2, 256, true, 1536, "token_id_balanced_hash", 0, 32000);
@@ -471,7 +471,7 @@ TEST_CASE("parameters: names, shapes, init statistics, the spec's parameter coun
   REQUIRE(find_param(ps, "engine.shared_gate.weight").shape == Shape{1536, 384});
   REQUIRE(find_param(ps, "engine.shared_up.weight").shape == Shape{1536, 384});
   REQUIRE(find_param(ps, "engine.shared_down.weight").shape == Shape{384, 1536});
-  // spec §6: routed 294,912 and shared 1,769,472 per layer, the same for E = 1 and E = 4
+  // the seed's example widths: routed 294,912 and shared 1,769,472 per layer, the same for E = 1 and E = 4
   REQUIRE(count_parameters(ps) == 294912 + 1769472);
   o.num_experts = 1;
   o.top_k = 1;

@@ -1,4 +1,4 @@
-// dea eval: the reference's eval.py (spec section 6). Loads checkpoint.safetensors, config.json and tokenizer.txt
+// dea eval: the reference's eval.py (docs/training.md). Loads checkpoint.safetensors, config.json and tokenizer.txt
 // from a run directory, rebuilds the data from the saved configuration (refused when config.json names data this
 // program cannot rebuild, such as the reference's Wikipedia stream, or when the data's fingerprint is not the run's
 // data_hash), evaluates a split at gamma_mix = 0 in

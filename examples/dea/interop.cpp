@@ -9,16 +9,16 @@
 //   dea_model     a TransformerModel: objective task_loss + loss_gate; --pe gives the positional table the
 //                 reference used (tensor "pe" [max_len, d_model]), which the case files do not store;
 //   tr_mha_layer  one TokenRoutedAttention (tolerance 2e-6 x max(1, max|ref|), route indices exact);
-//   tr_moe_mlp    one TR-MoE MLP (golden/lm/FORMAT.md; 2e-6 x max(1, max|ref|), 1e-4 in float; routes exact);
-//   lm_model      the decoder-only LM with its causal loss (golden/lm/FORMAT.md; the same tolerances, every
+//   tr_moe_mlp    one TR-MoE MLP (docs/lm.md, golden cases; 2e-6 x max(1, max|ref|), 1e-4 in float; routes exact);
+//   lm_model      the decoder-only LM with its causal loss (docs/lm.md; the same tolerances, every
 //                 parameter gradient, the TR-MoE route tables exact);
 //   bert_model, bert_seq_cls, sentence_embedding
 //                 a Hugging Face BertModel / BertForSequenceClassification / mean-pooled sentence embedding
-//                 (golden/bert/FORMAT.md; float tolerances 1e-4 for out.*, 1e-3 for grad.*);
+//                 (tests/data/bert/README.md; float tolerances 1e-4 for out.*, 1e-3 for grad.*);
 //   dea_bert      the reference's DualExpertBert: objective task_loss + loss_gate; out.logits, out.task_loss,
 //                 out.loss_gate, out.loss_gate_layer.*, out.alpha_hat.*, out.last_hidden_state and every grad.*,
 //                 with the BERT tolerances; a layer whose count of decision pairs differs from the case's metadata
-//                 is named (FORMAT.md: a borderline pair can flip).
+//                 is named (a borderline pair can flip with round-off).
 // --hf_model DIR loads the BertModel of a Hugging Face model directory (config.json + model.safetensors) and runs
 // it on the case's in.input_ids / in.attention_mask / in.token_type_ids, whatever the case's kind: it writes
 // out.last_hidden_state and out.pooler_output, and --compare checks those two against the case's.
@@ -134,7 +134,7 @@ int dea_interop(int argc, char** argv) {
       }
       if (dea_bert)
         for (const std::string& d : interop::dea_bert_decision_pair_differences(cs, got))
-          fmt::print("  note: {} (a pair on the border of the beta window flipped; golden/bert/FORMAT.md)\n", d);
+          fmt::print("  note: {} (a pair on the border of the beta window flipped with round-off)\n", d);
       fmt::print("{}: {} tensors, worst relative error {:.3e} (tolerance {}, {}): {}\n", case_path, cmp.size(), worst,
                  use_float ? "1e-4 out.*, 1e-3 grad.*" : "1e-9", use_float ? "float" : "double", ok ? "PASS" : "FAIL");
       return ok ? 0 : 1;
@@ -155,11 +155,11 @@ int dea_interop(int argc, char** argv) {
     if (kind == "tr_mha_layer")
       return finish(use_float ? interop::run_tr_mha_case<float>(case_path) : interop::run_tr_mha_case<double>(case_path),
                     "");
-    if (kind == "tr_moe_mlp") {  // one TR-MoE MLP (golden/lm): 2e-6 x max(1, max|ref|), 1e-4 in float; routes exact
+    if (kind == "tr_moe_mlp") {  // one TR-MoE MLP: 2e-6 x max(1, max|ref|), 1e-4 in float; routes exact
       const auto r = use_float ? interop::run_tr_moe_case<float>(case_path) : interop::run_tr_moe_case<double>(case_path);
       return finish(r, relative(r.worst_relative));
     }
-    if (kind == "lm_model") {  // the decoder LM with its loss (golden/lm/FORMAT.md; tolerance 2e-6, float 1e-4)
+    if (kind == "lm_model") {  // the decoder LM with its loss (tolerance 2e-6, float 1e-4)
       const auto r = use_float ? interop::run_lm_case<float>(case_path) : interop::run_lm_case<double>(case_path);
       return finish(r, relative(r.worst_rel_error));
     }

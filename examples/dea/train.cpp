@@ -1,4 +1,4 @@
-// dea train: the reference's train.py (spec section 5): the Dual-Expert encoder on D_alpha (or masked-LM on a local
+// dea train: the reference's train.py (docs/training.md): the Dual-Expert encoder on D_alpha (or masked-LM on a local
 // text corpus), AdamW with the main / gate groups, the gamma_mix schedule, periodic validation, atomic checkpoints,
 // bit-exact --resume and the Paris probe at the end. `dea train --help` lists every flag with its default and range.
 //

@@ -1,4 +1,4 @@
-// dea visualize: the reference's visualize.py on this library (spec section 8). Writes the pictures researchers look
+// dea visualize: the reference's visualize.py on this library (docs/training.md). Writes the pictures researchers look
 // at, as SVG files, into an output folder (default attention_analysis/):
 //
 //   heatmap_E0tilde_<slug>.svg, heatmap_E1tilde_<slug>.svg, heatmap_S_tilde_<slug>.svg

@@ -1,7 +1,7 @@
 // examples/laplacian_bench.cpp: the First-Spike Laplacian attention benchmark.
 //
-// Reproduces the experiment of seeds/003 ("Mechanism confirmed, baseline not beaten") with the RE-CREATION of
-// spec/laplacian_attention.md sections 1-3: the TinyTransformer with dot-product (baseline) or Laplacian (idea)
+// Reproduces the First-Spike seed's experiment ("Mechanism confirmed, baseline not beaten") with a RE-CREATION
+// (tasks.hpp, model.hpp; examples/README.md): the TinyTransformer with dot-product (baseline) or Laplacian (idea)
 // attention, trained on the 'sequence' task (or 'sequence_recall') with AdamW (weight decay 0), MSE, batch 128
 // keeping the last partial batch, 12 epochs; the protocol:
 //   1. baseline LR sweep {0.0015, 0.003, 0.006} on seeds 0-3, best = arg-min of the mean (ties: first);
@@ -948,8 +948,9 @@ int main(int argc, char** argv) try {
       {"runtime_note", fmt::format("{} train/{} test, {} epochs, batch {}, {} paired seeds", A.n_train, A.n_test,
                                    A.epochs, A.batch, A.seeds.size())},
       {"recreation_note",
-       "harness re-created per spec/laplacian_attention.md sections 1b, 2b, 3b (the seed's bench module is not "
-       "public); data from dea::Rng unless --anchor gives the PyTorch re-creation's exact data"}};
+       "harness re-created from the experiment's description: data sets, training loop, statistics and verdict as "
+       "examples/README.md states them (the seed's bench module is not public); data from dea::Rng unless --anchor "
+       "gives the PyTorch re-creation's exact data"}};
   if (C.anchor) report["anchor_check"] = anchor_check;
   dea::write_file_atomic(A.out, report.dump(2) + "\n");  // temporary file, fsync, rename
 

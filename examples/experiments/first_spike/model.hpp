@@ -1,7 +1,7 @@
-// examples/experiments/first_spike/model.hpp: the experiment's TinyTransformer and its training loop (train_model of
-// spec/laplacian_attention.md section 2b), templated on the attention class.
+// examples/experiments/first_spike/model.hpp: the experiment's TinyTransformer and its training loop (the seed's
+// train_model, re-created), templated on the attention class.
 //
-// TinyTransformer(win = 32, out_dim = 1, depth = 2), float32 (seeds/003 lines 15-66):
+// TinyTransformer(win = 32, out_dim = 1, depth = 2), float32 (as the seed's experiment script defines it):
 //   h0[b, t] = inp(x[b, t]) + pos[t]                    inp = Linear(1, 64), pos [1, win, 64] ~ N(0, 0.02^2)
 //   block (pre-LN, d = 64, 2 heads of 32):  h1 = h + attn(n1(h));  h2 = h1 + ff2(relu(ff0(n2(h1))))
 //                                           attn = q, k, v, o Linear(64, 64) + the dot or Laplacian core
@@ -269,7 +269,7 @@ private:
 };
 
 // ---------------------------------------------------------------------------------------------------------------
-// train_model (spec section 2b)
+// train_model (re-created: the seed's script calls it, its definition is not public)
 
 struct TrainConfig {
   double lr = 0.0015;

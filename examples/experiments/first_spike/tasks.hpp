@@ -1,6 +1,7 @@
 // examples/experiments/first_spike/tasks.hpp: the benchmark's data sets and reference predictors.
 //
-// RE-CREATION (spec/laplacian_attention.md section 1b; the draw orders of anchors/laplacian.md):
+// RE-CREATION (the seed's data module is not public; these generators fit its experiment script, with the draw
+// orders of the PyTorch re-creation):
 //   'sequence'        noisy next-step forecasting: a sum of two sinusoids plus an offset, N(0, 0.1^2) noise on
 //                     every point; x = points 0..31, y = point 32.
 //   'sequence_recall' key/value retrieval: positions 2i, 2i+1 hold key K_i (one of 8 levels) and value V_i; position

@@ -1,4 +1,4 @@
-// dea/attention/laplacian.hpp: First-Spike Laplacian attention (spec/laplacian_attention.md), forward and backward.
+// dea/attention/laplacian.hpp: First-Spike Laplacian attention, forward and backward.
 //
 // The logits q.k/sqrt(dk) of dot-product attention are replaced by a Laplace (L1 / exponential) kernel in
 // "latency space": u = sigmoid(q), w = sigmoid(k) element-wise, D_ij = sum_c |u_ic - w_jc|, and
@@ -18,7 +18,7 @@
 // in that order), theta [H] = log(expm1(sigma0)) in every head (a constant fill: it draws no random numbers,
 // so the shared weights equal those of a dot-product block built from the same generator state).
 //
-// Backward (spec section 4b; G = dLoss/dP, Lambda = dLoss/dL for the logits L):
+// Backward (G = dLoss/dP, Lambda = dLoss/dL for the logits L):
 //   Lambda_ij = P_ij (G_ij - sum_m P_im G_im)                      (softmax; rows of Lambda sum to 0)
 //   dL/dDist_ij = -Lambda_ij / s
 //   dL/dq_ic = -(1/s) u_ic (1 - u_ic) sum_j Lambda_ij sgn(u_ic - w_jc)

@@ -2,8 +2,8 @@
 //
 // A re-implementation, with a hand-derived backward pass, of the attention modules `TokenRoutedMultiHeadAttention`
 // (v1) and `TokenRoutedMultiHeadAttentionV2` (v2) of the public complexity-framework (commit 17371ce5,
-// complexity/core/attention/token_routed_mha*.py). The behaviour is specified in spec/tr_mha.md; section numbers
-// below (§n) refer to it.
+// complexity/core/attention/token_routed_mha*.py). Its rules, with the derivation of the backward pass, are
+// stated in docs/token_routed.md.
 //
 // The layer is a full causal MHA (no biases, per-head qk RMSNorm with gains shared by the heads, rotate-half RoPE)
 // whose Q and/or V projections receive a token-routed low-rank residual:
@@ -25,7 +25,7 @@
 // plain MHA output (forward_plain).
 //
 // Token ids are an extra argument of forward (Tensor<int64_t> [B, T]); the ids -> (p, s) path, the top-k choice and
-// the telemetry distribution P = softmax(z) carry no gradient (§9).
+// the telemetry distribution P = softmax(z) carry no gradient (docs/token_routed.md).
 //
 // Parallel work: the routing and adapters run over tokens, the attention core over (b, h) pairs; every shared
 // parameter gradient is reduced in a fixed order (per-pair or per-expert partials, ops::gemm), so results are
@@ -80,7 +80,7 @@ inline TrTargets parse_tr_targets(const std::string& s) {
   detail::raise("tr_mha targets: expected one of q, v, qv, got '" + s + "'");
 }
 
-/// Construction options, named after the reference's config fields (§8) with the same defaults.
+/// Construction options, named after the reference's config fields, with the same defaults.
 struct TokenRoutedOptions {
   TrVariant variant = TrVariant::v1;
   Index num_experts = 4;              ///< E (tr_mha_num_experts), > 0
@@ -105,7 +105,7 @@ struct TokenRoutedOptions {
   std::int64_t vocab_size = 0;
 };
 
-/// Telemetry of the last routed forward call (§11), in double.
+/// Telemetry of the last routed forward call, in double (docs/token_routed.md).
 struct TokenRoutedTelemetry {
   double gate = 0;               ///< tr_mha_gate: alpha
   double verifier_strength = 0;  ///< tr_mha_verifier_strength: sigmoid(b_g)
@@ -151,7 +151,7 @@ public:
     Mat<S> qr, kr;               ///< [N, D] after qk-norm and RoPE
     AlignedVec<S> att;          ///< [B, H, T, T] attention probabilities
     Mat<S> o;                    ///< [N, D] merged head outputs (before o_proj)
-    // routing (§5-§7)
+    // routing and adapters
     IndexMat route_idx;          ///< [N, k] selected experts, slot order
     Mat<S> route_weights;        ///< [N, k] w
     Vec<S> gate;                 ///< [N] g
@@ -170,7 +170,7 @@ public:
     void clear() { batch = length = 0; k.clear(); v.clear(); }
   };
 
-  /// Builds the layer and draws its initial parameters (§4, §6, §7). Throws dea::Error on a bad argument.
+  /// Builds the layer and draws its initial parameters (docs/token_routed.md). Throws dea::Error on a bad argument.
   TokenRoutedAttention(Index d_model, Index n_heads, Rng& rng, Options opt = {}) : opt_(opt), D_(d_model), H_(n_heads) {
     check(d_model > 0, "TokenRoutedAttention: d_model must be positive, got ", d_model);
     check(n_heads > 0, "TokenRoutedAttention: n_heads must be positive, got ", n_heads);
@@ -429,7 +429,7 @@ private:
     (void)batch;
   }
 
-  // Routing (§5) and adapters (§6, §7). Shapes: x [N, D], c, z, P [N, E], g [N], idx, w [N, k], u [N, k r].
+  // Routing and adapters. Shapes: x [N, D], c, z, P [N, E], g [N], idx, w [N, k], u [N, k r].
   void route_and_adapt_(const Tensor<std::int64_t>& ids, Cache& cache) {
     const Mat<S>& x = cache.x;
     const Index N = x.rows(), D = D_, E = opt_.num_experts, k = opt_.top_k, r = opt_.adapter_rank;
@@ -455,7 +455,7 @@ private:
     const std::int64_t El = static_cast<std::int64_t>(E), l = static_cast<std::int64_t>(opt_.layer_idx);
 
     parallel_for(N, [&](Index n) {
-      // candidates and prior (§5.1-2)
+      // candidates and prior
       const std::int64_t p = floor_mod(floor_mod(ids[n], El) + floor_mod(l, El), El), s = (p + 1) % El;
       const S g = sigmoid(gl(n, 0) + bg);                               // g = sigmoid(x w_g^T + b_g)
       cache.gate[n] = g;
@@ -512,7 +512,7 @@ private:
       }
     });
 
-    // telemetry (§11), in double
+    // telemetry, in double
     Telemetry t;
     t.gate = static_cast<double>(alpha);
     t.verifier_strength = 1.0 / (1.0 + std::exp(-static_cast<double>(bg)));
@@ -574,7 +574,7 @@ private:
     });
   }
 
-  // Backward of the routed part (§10): adapters, slot softmax, router, verifier. GQ = dL/dQ', GV = dL/dV'.
+  // Backward of the routed part: adapters, slot softmax, router, verifier. GQ = dL/dQ', GV = dL/dV'.
   void routed_backward_(const Mat<S>& GQ, const Mat<S>& GV, const Cache& cache, Mat<S>& dx) {
     const Mat<S>& x = cache.x;
     const Index N = x.rows(), D = D_, E = opt_.num_experts, k = opt_.top_k, r = opt_.adapter_rank;

@@ -1,7 +1,7 @@
 // dea/bert/config.hpp: the configuration of a Hugging Face BERT (the fields of its config.json that the model
 // needs), parsed and validated field by field.
 //
-// A hub checkpoint's config.json (spec: bert.md section 1) gives the sizes (vocab_size V, hidden_size H,
+// A hub checkpoint's config.json (docs/bert.md, model directories) gives the sizes (vocab_size V, hidden_size H,
 // num_hidden_layers L, num_attention_heads A with d = H / A, intermediate_size I, max_position_embeddings P,
 // type_vocab_size), hidden_act (gelu | gelu_new = gelu_pytorch_tanh | relu), layer_norm_eps, pad_token_id,
 // position_embedding_type (only "absolute"), the dropouts, and for a classifier id2label and classifier_dropout.

@@ -1,5 +1,5 @@
 // dea/bert/dual_expert_bert.hpp: the reference's DualExpertBert (transformer.py DualExpertBert and
-// HFDualExpertSelfAttention; spec: bert.md section 7): a Hugging Face BERT whose every self-attention is a
+// HFDualExpertSelfAttention; docs/bert.md, DualExpertBert): a Hugging Face BERT whose every self-attention is a
 // Dual-Expert adapter without output projection, a Dropout + Linear head on the [CLS] position, the task
 // cross-entropy and the model-level gate loss, with hand-derived backward passes.
 //
@@ -26,7 +26,7 @@
 // its own keys), the oracle [B, T, T] (NaN = unlabelled), target_idx, gamma_mix, training and the dropout Rng; every
 // layer reads it (as the reference pushes the same context into every adapter).
 //
-// Backward contract (DESIGN.md section 3): every backward adds into the parameter gradients.
+// Backward contract (docs/architecture.md, the call contract): every backward adds into the parameter gradients.
 //   backward_task(c)        d task_loss through the head, every layer and the embeddings; never W_gate / c_gate
 //                           (the scores read alpha-hat as a constant)
 //   backward_gate(c)        d loss_gate: each layer's gate backward with scale 1 / L; only W_gate / c_gate (the gate

@@ -1,5 +1,5 @@
 // dea/bert/hf_dir.hpp: loading a Hugging Face model directory (config.json + model.safetensors, as the hub ships
-// them) into a BertModel or a BertForSequenceClassification (spec: bert.md section 4).
+// them) into a BertModel or a BertForSequenceClassification (docs/bert.md, model directories).
 //
 // What a hub checkpoint may hold, and what the loader does with it:
 //   - dtypes F32, F16 and BF16 (and F64): upcast exactly to the model's Scalar (io/safetensors.hpp: BF16 = bits << 16,

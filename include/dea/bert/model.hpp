@@ -1,5 +1,5 @@
 // dea/bert/model.hpp: Hugging Face's BertModel (the eager path of modeling_bert): embeddings, post-LN encoder
-// layers and the pooler, with hand-derived backward passes (spec: bert.md section 2).
+// layers and the pooler, with hand-derived backward passes (docs/bert.md, BertModel).
 //
 // Shapes (B batch, T tokens, N = B*T rows, row b*T + t; H hidden, V vocab, P positions):
 //   E  = word[ids] (or inputs_embeds) + token_type[tt] + position[t]    [N, H]   (tt defaults to 0, t = 0..T-1)
@@ -12,7 +12,7 @@
 // Padded query rows are computed like any other; a sequence with no real token attends uniformly
 // (self_attention.hpp).
 //
-// Backward contract (DESIGN.md section 3): backward(d_last, d_pooled, cache) adds into every parameter gradient
+// Backward contract (docs/architecture.md): backward(d_last, d_pooled, cache) adds into every parameter gradient
 // the objective reaches and returns dL/dE [N, H], which is the gradient with respect to inputs_embeds (E is
 // inputs_embeds plus constants). Either upstream gradient may be absent (a null pointer). The word embedding's
 // row pad_token_id receives no gradient (nn.Embedding's padding_idx), as in PyTorch.

@@ -1,5 +1,5 @@
 // dea/bert/sentence_embedding.hpp: sentence embeddings as sentence-transformers' all-MiniLM-L6-v2 computes them
-// (spec: bert.md section 6): mean pooling of BertModel's last_hidden_state over the attention mask, then L2
+// (docs/bert.md, the NLI oracle): mean pooling of BertModel's last_hidden_state over the attention mask, then L2
 // normalisation. The pooler is not used.
 //
 // Shapes: h [B*T, H] (row b*T + t), mask [B, T] (non-zero = real; absent = all real) -> e [B, H]:

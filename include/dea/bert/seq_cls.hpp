@@ -1,4 +1,4 @@
-// dea/bert/seq_cls.hpp: Hugging Face's BertForSequenceClassification (spec: bert.md section 3): a BertModel, dropout
+// dea/bert/seq_cls.hpp: Hugging Face's BertForSequenceClassification (docs/bert.md): a BertModel, dropout
 // on its pooler output and a linear classifier, with the mean cross-entropy of integer labels.
 //
 // Shapes (B batch, C = num_labels = len(id2label)):

@@ -1,4 +1,4 @@
-// dea/data/dalpha.hpp: the D_alpha relation-pair data set (spec section 4.3): synthetic bAbI-like, CLUTRR-like
+// dea/data/dalpha.hpp: the D_alpha relation-pair data set (docs/training.md, data): synthetic bAbI-like, CLUTRR-like
 // and ConceptNet-like positives, 1:1 random negatives, the 10/1/1 split, the mock oracle by strength band and
 // mock_alpha with the 45/25/30 density.
 //

@@ -2,7 +2,7 @@
 // corpus the word-level tokenizer always learns from.
 //
 // The lists are this library's own (the reference ships its own lists of the same sizes): the sizes are
-// part of the specification (47 capitals, 25 whole->part, 20 IsA, 8 analogy, 12 weak, 10 "none" pairs;
+// the reference's data set (47 capitals, 25 whole->part, 20 IsA, 8 analogy, 12 weak, 10 "none" pairs;
 // 20 names, 6 colours, 6 animals, 8 containers; a 12-entry kinship composition table), the words are not.
 // Every capital is the real capital of its country.
 #pragma once

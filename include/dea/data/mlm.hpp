@@ -1,5 +1,5 @@
 // dea/data/mlm.hpp: masked-LM data from a local plain-text corpus, the offline equivalent of the reference's
-// Wikipedia path (spec section 4.4).
+// Wikipedia path (docs/training.md, data).
 //
 //  1. split_sentences: citation markers "[12]" become spaces; the text is cut into paragraphs at '\n'; a
 //     paragraph is kept when it has more than 40 characters (code points); paragraphs are cut into sentences

@@ -1,4 +1,4 @@
-// dea/eval/metrics.hpp: the evaluation metrics of the reference's eval.py (spec section 6).
+// dea/eval/metrics.hpp: the evaluation metrics of the reference's eval.py (docs/training.md, evaluation).
 //
 //  accuracy           correct / counted, positions whose label is ignore_index (-100) not counted
 //  alpha_mae          mean |alpha_hat - alpha|

@@ -1,4 +1,4 @@
-// dea/interop/bert_case.hpp: runs the BERT golden kinds (golden/bert/FORMAT.md) through bert::BertModel and
+// dea/interop/bert_case.hpp: runs the BERT golden kinds (tests/data/bert/README.md) through bert::BertModel and
 // bert::BertForSequenceClassification, and a Hugging Face model directory on a case's inputs.
 //
 // A case holds its BERT configuration as the JSON string metadata `config`, the parameters under their HF names,
@@ -13,7 +13,7 @@
 // and the objective's backward, and returns every out.* and grad.* (one per parameter) as F64.
 // run_hf_model_case() loads the BertModel of a model directory (bert/hf_dir.hpp) and writes out.last_hidden_state and
 // out.pooler_output for the case's in.* tensors (the hf_fixtures' expected.safetensors are such cases).
-// compare_bert_case() applies FORMAT.md's tolerances: relative to each tensor's largest magnitude, 1e-9 in double;
+// compare_bert_case() applies the golden set's tolerances: relative to each tensor's largest magnitude, 1e-9 in double;
 // in float 1e-4 for out.* and 1e-3 for grad.*; a gradient that is zero in exact arithmetic (the key biases) is
 // measured relative to the case's largest gradient instead (see there).
 #pragma once
@@ -186,7 +186,7 @@ SafeTensors run_hf_model_case(const std::string& dir, const SafeTensors& cs, ber
   return res;
 }
 
-/// FORMAT.md's tolerance for tensor `name`: 1e-9 in double; in float 1e-4 for out.*, 1e-3 for grad.*.
+/// The golden set's tolerance for tensor `name`: 1e-9 in double; in float 1e-4 for out.*, 1e-3 for grad.*.
 inline double bert_tolerance(const std::string& name, bool is_float) {
   if (!is_float) return 1e-9;
   return name.rfind("grad.", 0) == 0 ? 1e-3 : 1e-4;

@@ -1,4 +1,4 @@
-// dea/interop/dea_bert_case.hpp: runs the `dea_bert` golden kind (golden/bert/FORMAT.md) through
+// dea/interop/dea_bert_case.hpp: runs the `dea_bert` golden kind (tests/data/bert/README.md) through
 // bert::DualExpertBert.
 //
 // A case holds the BERT configuration (metadata `config`), gamma_mix and n_classes, the parameters under the
@@ -10,7 +10,7 @@
 // present with its shape, nothing extra), loads them, runs an evaluation-mode forward (dropout 0) and the
 // backward of L, and returns every out.* and grad.* (one per parameter; the pooler's are zeros) as F64, with the
 // gate statistics of each layer as metadata stats.{l}.* (as the case stores the reference's). Compare with
-// compare_bert_case() (bert_case.hpp: FORMAT.md's tolerances).
+// compare_bert_case() (bert_case.hpp: the golden set's tolerances).
 #pragma once
 
 #include "../bert/dual_expert_bert.hpp"
@@ -113,7 +113,7 @@ SafeTensors run_dea_bert_case(const SafeTensors& cs) {
 }
 
 /// "layer l: n_decision_pairs ours N, the reference's M" for every layer whose count the case's metadata records
-/// and `got` differs from (FORMAT.md: a pair on the border of the beta window can flip with round-off); empty when
+/// and `got` differs from (a pair on the border of the beta window can flip with round-off); empty when
 /// every recorded count agrees.
 inline std::vector<std::string> dea_bert_decision_pair_differences(const SafeTensors& expected,
                                                                    const SafeTensors& got) {

@@ -1,4 +1,4 @@
-// dea/interop/lm_case.hpp: runs one `kind = lm_model` golden case (golden/lm/FORMAT.md) through DecoderLM and compares.
+// dea/interop/lm_case.hpp: runs one `kind = lm_model` golden case (layout below) through DecoderLM and compares.
 //
 // A case file holds one call of the reference's decoder LM with its loss: `in.input_ids` [B,S], pre-shifted
 // `in.labels` [B,S], the parameters under their state_dict names, the expected `out.logits` [B,S,V], `out.loss` [],
@@ -7,7 +7,7 @@
 // z_loss_coef). run_lm_case builds a DecoderLM<S> from the config, loads the parameters by name, runs forward, the
 // loss and backward, and compares every out.* and grad.* tensor:
 //   |ours - stored| <= tol * max(1, max|stored|) per tensor,
-//   tol = 2e-6 in double (spec/tr_moe_lm.md §8: a pure-float64 evaluation is within 1.5e-7 of the reference, which
+//   tol = 2e-6 in double (a pure-float64 evaluation is within 1.5e-7 of the reference, which
 //   rounds the RoPE table, the softmaxes and the z-loss through float32), 1e-4 in float (float32 arithmetic
 //   throughout; the measured worst error on lm_a_mha_dense is about 5e-7 of the tensor scale, so the tolerance
 //   leaves two orders of magnitude for larger sizes and other seeds).

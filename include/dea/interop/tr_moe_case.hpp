@@ -1,4 +1,4 @@
-// dea/interop/tr_moe_case.hpp: runs one `kind = tr_moe_mlp` golden case (golden/lm/FORMAT.md) and compares.
+// dea/interop/tr_moe_case.hpp: runs one `kind = tr_moe_mlp` golden case (layout below) and compares.
 //
 // A case file holds one call of one TR-MoE MLP layer of the reference (`TRHashEngineMLP`): inputs `in.x` [B,S,D],
 // `in.token_ids` [B,S], `in.grad_output` [B,S,D], the parameters under their state_dict names (relative to the MLP
@@ -8,14 +8,14 @@
 // lm::TrMoeMlp<S> from config_json, loads the parameters by name (and a stored buffer `engine.route_table` [k,V],
 // should a file carry one), runs forward and backward and compares:
 //   out.output, out.route_weights, grad.in.x, grad.<param>:
-//       |ours - stored| <= tol * max(1, max|stored|) per tensor; tol 2e-6 in double (spec §8), 1e-4 in float
+//       |ours - stored| <= tol * max(1, max|stored|) per tensor; tol 2e-6 in double (as lm_case.hpp), 1e-4 in float
 //   out.routes, out.route_table, stat.expert_slot_counts_in_batch: exactly
 //   telemetry.topk_w / active_num_experts / active_expert_width: within 1e-6
 // out.route_weights are compared with the exact slot weights (0.7, not the reference's float32 0.699999988), which
 // is the rule's point: the difference, 1.2e-8, is far inside it.
 // Float: the inputs and parameters are rounded to float (relative 6e-8) and the sums run in float over inner
 // dimensions of at most max(D, w, W_s); the measured float errors of the public cases are below 2e-6 relative,
-// so 1e-4 (golden/lm/FORMAT.md's suggestion, and tr_mha_case's float rule) leaves a wide margin while still
+// so 1e-4 (the golden set's suggestion, and tr_mha_case's float rule) leaves a wide margin while still
 // catching any wrong term (a missing slot or a wrong weight moves the result by O(0.1) relative).
 //
 //   auto r = dea::interop::run_tr_moe_case<double>("tests/data/golden/lm/mlp_e4_k2_shared_l0.safetensors");

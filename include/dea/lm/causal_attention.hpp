@@ -1,7 +1,7 @@
 // dea/lm/causal_attention.hpp: causal multi-head self-attention with grouped KV heads (MHA / GQA / MQA), per-head
 // qk RMSNorm and rotate-half RoPE, forward, hand-derived backward and a KV cache for incremental decoding.
 //
-// The attention of the reference's decoder (spec/tr_moe_lm.md §3.2; complexity/core/attention/gqa.py). No biases.
+// The attention of the reference's decoder (docs/lm.md; complexity/core/attention/gqa.py). No biases.
 //
 //   x [N, D], N = B*T rows (b*T + t); H query heads, H_kv KV heads, d_h = D / H, group size G = H / H_kv
 //   K = x W_k^T [N, H_kv d_h],  Q = x W_q^T [N, H d_h],  V = x W_v^T [N, H_kv d_h]

@@ -1,6 +1,6 @@
 // dea/lm/config.hpp: the configuration of the decoder-only causal language model (DecoderLM, lm/model.hpp).
 //
-// Field names and defaults follow the reference's ModelConfig (complexity-framework, spec/tr_moe_lm.md §3.4), so a
+// Field names and defaults follow the reference's ModelConfig (complexity-framework; docs/lm.md), so a
 // config written for it reads the same here. Parsing from JSON lives in interop/lm_case.hpp; this header needs
 // Eigen only.
 //
@@ -71,7 +71,7 @@ struct DecoderConfig {
   double norm_eps = 1e-6;              ///< every RMSNorm (blocks, final, qk-norm)
   bool tie_word_embeddings = true;     ///< logits = h Emb^T (no lm_head tensor)
   std::string mlp_type = "tr_hash_engine";
-  double initializer_range = 0.02;     ///< sigma of the init (§5)
+  double initializer_range = 0.02;     ///< sigma of the init (docs/lm.md)
 
   // TR-MoE MLP fields (mlp_type tr_hash_engine)
   Index num_experts = 1;               ///< E
@@ -81,7 +81,7 @@ struct DecoderConfig {
   std::string routing_strategy = "modulo_cyclic";
   double top_k_primary_weight = -1;    ///< < 0: none (uniform 1 / k)
 
-  // token-routed attention fields (attention_type tr_mha / tr_mha_v2), spec/tr_mha.md §8
+  // token-routed attention fields (attention_type tr_mha / tr_mha_v2), docs/token_routed.md
   Index tr_mha_num_experts = 4;
   Index tr_mha_adapter_rank = 8;
   Index tr_mha_top_k = 2;

@@ -1,4 +1,4 @@
-// dea/lm/loss.hpp: the causal language-model loss of the reference trainer (spec/tr_moe_lm.md §4), value and
+// dea/lm/loss.hpp: the causal language-model loss of the reference trainer (docs/lm.md, the decoder model), value and
 // d loss / d logits.
 //
 // Shapes: logits [B*S, V] (rows b*S + t), labels [B*S] PRE-SHIFTED: labels[b, t] is the target of position t (token

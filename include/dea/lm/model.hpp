@@ -1,5 +1,5 @@
-// dea/lm/model.hpp: the decoder-only causal language model of the reference (ComplexityModel; spec/tr_moe_lm.md
-// §3-§5), forward, hand-derived backward, the causal LM loss and KV-cached incremental decoding.
+// dea/lm/model.hpp: the decoder-only causal language model of the reference (ComplexityModel; docs/lm.md),
+// forward, hand-derived backward, the causal LM loss and KV-cached incremental decoding.
 //
 //   h_0 = Emb[t]                                            ids t [B, S] -> [N, D], N = B*S rows (b*S + s)
 //   for l in 0..L-1 (pre-norm blocks):
@@ -16,9 +16,9 @@
 // norm.weight [D]; lm_head.weight [V, D] only when untied. With a tied head the gradient of embed_tokens.weight is the
 // sum of the lookup and the output-projection contributions.
 //
-// Init (§5; the distribution, not the reference's bits): sigma = initializer_range; embedding, q/k/v, gate/up and
+// Init (the reference's distribution, not its bits): sigma = initializer_range; embedding, q/k/v, gate/up and
 // lm_head N(0, sigma^2); o_proj and down_proj N(0, sigma^2 / (2 L)); every gain 1; the token-routed attention draws its
-// own adapters (spec/tr_mha.md §4).
+// own adapters (docs/token_routed.md).
 //
 // The contract of the library: forward fills a Cache, backward ADDS into the parameter gradients and returns the
 // gradient of the embedding output h_0; every kernel is bitwise identical for any thread count.
@@ -108,7 +108,7 @@ public:
     }
   };
 
-  /// Builds the model and draws the init of §5 from `rng`. Throws dea::Error naming a bad config field.
+  /// Builds the model and draws the init above from `rng`. Throws dea::Error naming a bad config field.
   DecoderLM(const DecoderConfig& cfg, Rng& rng) : cfg_(cfg) { build_(rng); }
   explicit DecoderLM(const DecoderConfig& cfg, std::uint64_t seed = 0) : cfg_(cfg) {
     Rng rng(seed);
@@ -268,7 +268,7 @@ private:
         o.routing_strategy = cfg_.routing_strategy;
         o.layer_idx = l;
         o.vocab_size = V_;
-        // §5: experts and the shared gate/up N(0, sigma^2); expert_down and shared_down N(0, sigma_res^2)
+        // the init: experts and the shared gate/up N(0, sigma^2); expert_down and shared_down N(0, sigma_res^2)
         return MlpImpl(std::in_place_type<TrMoeMlp<S>>, D_, o, rng, sigma, sigma_res);
       }
     }

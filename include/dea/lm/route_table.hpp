@@ -1,23 +1,23 @@
 // dea/lm/route_table.hpp: the per-layer token-id route tables of the TR-MoE MLP (`tr_hash_engine`).
 //
 // A re-implementation of the route-table construction of the public complexity-framework (commit 17371ce5,
-// complexity/tr_hash/routing.py), specified in spec/tr_moe_lm.md §2. A table R [V, k] gives, for every token id
+// complexity/tr_hash/routing.py), stated in docs/lm.md (route tables). A table R [V, k] gives, for every token id
 // t in [0, V), the k experts e_j = R(t, j) of slot j = 0..k-1. It is built once per layer, on the CPU, from the
 // layer index l and the fixed seed 0x71D5A17; it does not depend on any learned value.
 //
-//   token_id_balanced_hash (§2.1)
+//   token_id_balanced_hash
 //     E = 1: R = 0.
 //     order = randperm(V, seed + 104729 l)                  rank q -> token order[q]
 //     perm  = randperm(E, (seed ^ 0x5EC0D) + 104729 l)      the layer's expert relabelling
 //     odd   = [1, 3, ..., E-1]
 //     q = 0..V-1: group = q / E, pos = q mod E, stride = odd[mix32(group + seed + l 0x9E3779B1) mod (E/2)]
 //                 R(order[q], j) = perm[(pos + j stride) mod E]
-//   modulo_cyclic, alias modulo (§2.2)
+//   modulo_cyclic, alias modulo
 //     perm = randperm(E, (seed ^ 0xC0DE) + 104729 l),  R(t, j) = (perm[t mod E] + j) mod E
 //
 // randperm(n, s) is torch's CPU randperm under a generator seeded with s: MT19937 seeded with s mod 2^32 (the
 // standard init_genrand, i.e. std::mt19937) and a forward Fisher-Yates shuffle, z = mt() mod (n - i),
-// swap(a[i], a[i + z]) for i = 0..n-2 (§2.3). That loop is torch's for n < 2^32 / 20, far above any vocabulary.
+// swap(a[i], a[i + z]) for i = 0..n-2. That loop is torch's for n < 2^32 / 20, far above any vocabulary.
 //
 // Every complete block of E consecutive ranks of the balanced hash uses each expert once per slot; the odd stride
 // makes the k experts of a token distinct (E is a power of two). The framework's buffer `engine.route_table` is
@@ -64,7 +64,7 @@ inline RoutingStrategy parse_routing_strategy(const std::string& s) {
   ::dea::detail::raise("routing_strategy: expected one of token_id_balanced_hash, modulo_cyclic, modulo, got '" + s + "'");
 }
 
-/// The "lowbias32" hash, all steps modulo 2^32; the argument is first reduced modulo 2^32 (§2.1 step 6).
+/// The "lowbias32" hash, all steps modulo 2^32; the argument is first reduced modulo 2^32.
 inline std::uint32_t mix32(std::uint64_t v) {
   std::uint32_t x = static_cast<std::uint32_t>(v & 0xFFFFFFFFu);
   x ^= x >> 16;
@@ -76,7 +76,7 @@ inline std::uint32_t mix32(std::uint64_t v) {
 }
 
 /// torch.randperm(n, generator seeded with `seed`) on the CPU: std::mt19937(seed mod 2^32) and a forward
-/// Fisher-Yates shuffle of 0..n-1 (§2.3). n >= 0, n < 2^32 / 20 (torch switches algorithm above).
+/// Fisher-Yates shuffle of 0..n-1 (torch's randperm). n >= 0, n < 2^32 / 20 (torch switches algorithm above).
 inline std::vector<std::int64_t> torch_randperm(std::int64_t n, std::uint64_t seed) {
   check(n >= 0 && n < std::int64_t(214748364), "torch_randperm: n must be in [0, 214748364), got ", n);
   std::vector<std::int64_t> a(static_cast<std::size_t>(n));
@@ -100,7 +100,7 @@ inline void check_route_sizes(Index vocab_size, Index num_experts, Index top_k, 
   check(layer_idx >= 0, who, ": layer_idx must be >= 0, got ", layer_idx);
 }
 
-/// The route table [V, k] of layer `layer_idx` (§2.1 / §2.2). Throws dea::Error on sizes outside the reference's
+/// The route table [V, k] of layer `layer_idx`. Throws dea::Error on sizes outside the reference's
 /// constraints (check_route_sizes).
 inline RouteTable build_route_table(RoutingStrategy strategy, Index vocab_size, Index num_experts, Index top_k,
                                     Index layer_idx, std::uint64_t seed = kRouteSeed) {

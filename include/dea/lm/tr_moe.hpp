@@ -1,8 +1,8 @@
 // dea/lm/tr_moe.hpp: the TR-MoE MLP (`mlp_type = "tr_hash_engine"`) of the decoder-only language model.
 //
 // A re-implementation, with a hand-derived backward pass, of `TRHashEngineMLP` / `TRHashEngine` of the public
-// complexity-framework (commit 17371ce5, complexity/core/mlp/tr_hash_engine.py, complexity/tr_hash/), specified in
-// spec/tr_moe_lm.md §1-§2 (section numbers below refer to it). For a token with input x [D] and id t:
+// complexity-framework (commit 17371ce5, complexity/core/mlp/tr_hash_engine.py, complexity/tr_hash/), stated in
+// docs/lm.md (TR-MoE MLP). For a token with input x [D] and id t:
 //
 //   t^ = clamp(t, 0, V-1)                                  ids outside the vocabulary are clamped, not rejected
 //   e_j = R(t^, j), j = 0..k-1                             fixed per-layer route table (route_table.hpp)
@@ -16,7 +16,7 @@
 // k > 1) contributes nothing and is not evaluated, so its expert gets no gradient from it.
 //
 // Slot weights are computed in double from the exact decimal values and then cast to S. The reference holds them
-// in a float32 buffer, so in double its 0.7 acts as 0.699999988 (a difference <= 2.3e-8 relative, §1.2); in float
+// in a float32 buffer, so in double its 0.7 acts as 0.699999988 (a difference <= 2.3e-8 relative); in float
 // the two agree.
 //
 // Speed: every expert runs only on its own tokens. forward groups the (token, slot) pairs by expert (expert order,
@@ -47,7 +47,7 @@
 namespace dea {
 namespace lm {
 
-/// Construction options, named after the reference's MLPConfig fields (§1.1), with its defaults where it has them.
+/// Construction options, named after the reference's MLPConfig fields, with its defaults where it has them.
 struct TrMoeOptions {
   Index num_experts = 1;                 ///< E in {1, 2, 4, 8, 16}
   Index top_k = 1;                       ///< k in {1, 2, 4}, k <= E
@@ -57,12 +57,12 @@ struct TrMoeOptions {
   double top_k_primary_weight = -1;      ///< p: negative = None (uniform 1/k); otherwise clamped to [0, 1]
   double shared_output_scale = 1.0;      ///< s_s (fixed, not a parameter)
   double routed_output_scale = 1.0;      ///< s_r (fixed, not a parameter)
-  std::string routing_strategy = "modulo_cyclic";  ///< token_id_balanced_hash, modulo_cyclic or modulo (§2)
+  std::string routing_strategy = "modulo_cyclic";  ///< token_id_balanced_hash, modulo_cyclic or modulo
   Index layer_idx = 0;                   ///< l: selects the layer's route table
   Index vocab_size = 32000;              ///< V of the route table
 };
 
-/// Telemetry of the last forward call (§1.2 training_telemetry(), plus the per-expert load).
+/// Telemetry of the last forward call (the reference's training_telemetry(), plus the per-expert load).
 struct TrMoeTelemetry {
   double topk_w = 0;                     ///< a_0, the primary slot weight (the exact value, in double)
   Index active_num_experts = 0;          ///< E (dea has no runtime shrinking: always all experts)
@@ -119,7 +119,7 @@ public:
   };
 
   /// Builds the MLP and draws its parameters: expert_gate, expert_up, shared gate and up N(0, init_std^2);
-  /// expert_down and shared_down N(0, down_std^2) (the host model passes 0.02 / sqrt(2 L) for the down maps, §5).
+  /// expert_down and shared_down N(0, down_std^2) (the host model passes 0.02 / sqrt(2 L) for the down maps).
   /// Builds the route table of layer opt.layer_idx. Throws dea::Error naming a bad option.
   TrMoeMlp(Index d_model, TrMoeOptions opt, Rng& rng, double init_std = 0.02, double down_std = 0.02)
       : opt_(std::move(opt)), D_(d_model) {
@@ -178,7 +178,7 @@ public:
   /// The slot weights a [k] in double (the exact decimal values).
   const std::vector<double>& route_weights() const { return a_; }
 
-  /// Sets p = top_k_primary_weight (negative = None -> 1/k, else clamped to [0, 1]) and recomputes a (§1.2);
+  /// Sets p = top_k_primary_weight (negative = None -> 1/k, else clamped to [0, 1]) and recomputes a;
   /// for curricula. Ignored for k = 1 (a = 1).
   void set_top_k_primary_weight(double p) {
     check(!std::isnan(p), "TrMoeMlp::set_top_k_primary_weight: p must not be NaN");
@@ -200,12 +200,12 @@ public:
   /// The table in use, per-token rows [V, k].
   const RouteTable& route_table() const { return table_; }
 
-  /// The table §2 builds for this layer's options (what a fresh reference module holds).
+  /// The table route_table.hpp builds for this layer's options (what a fresh reference module holds).
   RouteTable generated_route_table() const {
     return build_route_table(strategy_, opt_.vocab_size, E_, k_, opt_.layer_idx);
   }
 
-  /// True when the table in use equals generated_route_table() (a checkpoint's table may differ, §2.3).
+  /// True when the table in use equals generated_route_table() (a checkpoint's table may differ).
   bool route_table_is_generated() const { return table_ == generated_route_table(); }
 
   /// Installs a table [V, k] after validate_route_table (shape, 0 <= e < E, no repeated expert in a row).

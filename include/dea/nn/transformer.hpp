@@ -18,7 +18,7 @@
 // (The reference also passes target_idx to unsupervised layers, where it has no effect without an oracle.)
 // The cache keeps that AttnInputs until backward, so the model holds one oracle, however many layers read it.
 //
-// Backward contract (DESIGN.md section 3): every backward *adds* into the parameter gradients.
+// Backward contract (docs/architecture.md, the call contract): every backward *adds* into the parameter gradients.
 //   backward_task(cache)   d task_loss: through the heads, ln_f, every layer's task path and the embeddings; it
 //                          never writes W_gate / c_gate (the scores read alpha-hat as a constant).
 //   backward_gate(cache)   d loss_gate: each supervised layer's gate backward with scale 1 / max(1, n_supervised);

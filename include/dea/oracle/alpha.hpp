@@ -1,4 +1,4 @@
-// dea/oracle/alpha.hpp: tools for the real oracle alpha (spec section 4.2), computed offline from scores that
+// dea/oracle/alpha.hpp: the real oracle alpha (docs/training.md, the oracle), computed offline from scores that
 // frozen NLI / sentence-embedding models produced elsewhere.
 //
 //  * oracle_alpha: alpha = clamp(sigmoid(Phi - 0.3 Sim), 0, 0.95), Phi = entailment logit of

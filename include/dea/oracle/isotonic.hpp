@@ -1,6 +1,6 @@
 // dea/oracle/isotonic.hpp: increasing isotonic regression with bounded outputs, computed as scikit-learn's
 // IsotonicRegression(y_min, y_max, increasing=True, out_of_bounds="clip") computes it. The NLI oracle calibrates
-// alpha_raw on human labels with it (spec: bert.md section 8, y_min 0, y_max 0.95).
+// alpha_raw on human labels with it (docs/bert.md, calibration: y_min 0, y_max 0.95).
 //
 // fit(x, y, w):
 //   1. points of weight 0 are dropped (a negative or non-finite weight, and a non-finite x or y, is an error);

@@ -1,5 +1,5 @@
-// dea/oracle/nli_oracle.hpp: the oracle alpha of the DEA reference (data.py precompute_oracle_alpha; spec: bert.md
-// sections 6 and 8) computed from two frozen BERT-architecture models: an NLI cross-encoder and a sentence embedder.
+// dea/oracle/nli_oracle.hpp: the oracle alpha of the DEA reference (data.py precompute_oracle_alpha; docs/bert.md,
+// the NLI oracle) computed from two frozen BERT-architecture models: an NLI cross-encoder and a sentence embedder.
 //
 // For a pair (q_text, k_text):
 //   phi       = NLI logits[entailment index] of premise = q_text, hypothesis = k_text, encoded [CLS] q [SEP] k [SEP]

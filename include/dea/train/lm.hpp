@@ -17,7 +17,7 @@
 // intermediate_size d_ff, vocab_size 256, attention_type --attention (gqa with --kv_heads, 0 = H / 4), mlp_type
 // dense_deterministic (--mlp swiglu) or tr_hash_engine (--mlp tr_moe: --experts, --top_k, --shared_expert,
 // --shared_d_ff: the shared expert's width, 0 = d_ff; --routing modulo_cyclic or balanced_hash), tied embeddings, the
-// initialisation of §5 from Rng(seed). The optimiser is the trainer's AdamW (lr_main, weight_decay, grad_clip; every
+// initialisation of docs/lm.md, Rng(seed). The optimiser is the trainer's AdamW (lr_main, weight_decay, grad_clip; every
 // LM parameter is in the main group). The learning rate of step s (lr_at): a linear warmup lr_main * s / warmup_steps
 // over the first warmup_steps steps, then lr_main (--lr_schedule constant) or a cosine from lr_main down to
 // 0.1 lr_main at step `steps` (--lr_schedule cosine). --label_smoothing applies to the training loss; the validation
