@@ -116,8 +116,8 @@ TEST_CASE("check_layer rejects a backward that returns the wrong input gradients
   Toy toy;
   Mat<double> x = testing::random_projection(5, 4, 3);
   auto forward = [&] { return toy.forward(x); };
-  REQUIRE_THROWS_AS(check_layer(toy.parameters(), {{"x", &x}}, forward, [&](const Mat<double>&) { return InputGrads{}; }),
-                    Error);
+  REQUIRE_THROWS_AS(
+      check_layer(toy.parameters(), {{"x", &x}}, forward, [&](const Mat<double>&) { return InputGrads{}; }), Error);
   REQUIRE_THROWS_AS(check_layer(toy.parameters(), {{"x", &x}}, forward,
                                 [&](const Mat<double>& dy) { return InputGrads{toy.backward(dy).transpose()}; }),
                     Error);
