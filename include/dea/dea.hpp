@@ -81,4 +81,5 @@
 #include "eval/metrics.hpp"
 #include "eval/stats.hpp"
 
+#include "testing/check_layer.hpp"
 #include "testing/gradcheck.hpp"

@@ -1,6 +1,7 @@
-// Fuzz target: loading a training checkpoint (dea/train/run_dir.hpp, load_checkpoint) into a tiny model and its
-// AdamW optimiser. Properties: an accepted checkpoint leaves only finite parameters; a refused one (dea::Error)
-// leaves the model's parameters exactly as they were (loading is all or nothing).
+// Fuzz target: loading a training checkpoint (dea::train::load_checkpoint) into a tiny encoder and its AdamW
+// optimiser. It uses the checkpoint functions that take any model, so no run configuration is involved. Properties:
+// an accepted checkpoint leaves only finite parameters; a refused one (dea::Error) leaves the model's parameters
+// exactly as they were (loading is all or nothing).
 //
 // With DEA_FUZZ_WRITE_SEED=<dir> in the environment the target writes the tiny model's real checkpoint to
 // <dir>/checkpoint.safetensors (how the seed corpus was made) and exits.
@@ -16,27 +17,28 @@
 
 namespace {
 
-using namespace dea::train;
-using namespace dea::train::encoder;
 using Scalar = float;
 using Model = dea::nn::TransformerModel<Scalar>;
 
-TrainConfig tiny_config() {
-  TrainConfig c;
+// The smallest encoder with every kind of parameter (one layer, two heads), over a vocabulary of 7 tokens.
+dea::nn::ModelConfig tiny_config() {
+  dea::nn::ModelConfig c;
+  c.vocab_size = 7;
   c.d_model = 4;
   c.n_heads = 2;
   c.n_layers = 1;
   c.d_ff = 4;
   c.max_len = 6;
-  c.seed = 7;
   return c;
 }
 
+constexpr std::uint64_t kSeed = 7;
+
+// The model and the reference's optimiser (groups "main" and "gate"): what a checkpoint holds.
 struct Tiny {
-  TrainConfig cfg = tiny_config();
-  dea::Rng rng{7};
-  Model model{model_config(cfg, 7, dea::nn::Task::cls), rng};
-  dea::optim::AdamW<Scalar> opt = make_optimizer(model, cfg);
+  dea::Rng rng{kSeed};
+  Model model{tiny_config(), rng};
+  dea::optim::AdamW<Scalar> opt = dea::optim::build_optimizer(model.parameters());
 };
 
 std::vector<std::vector<float>> snapshot(Model& m) {
@@ -50,8 +52,7 @@ std::vector<std::vector<float>> snapshot(Model& m) {
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (const char* dir = std::getenv("DEA_FUZZ_WRITE_SEED")) {
     Tiny t;
-    dea::data::SimpleTokenizer tok;
-    save_checkpoint(dir, t.cfg, tok, t.model, &t.opt, 3);
+    dea::train::save_checkpoint(dir, t.model, &t.opt, 3, kSeed);
     std::exit(0);
   }
   return 0;
@@ -61,14 +62,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static Tiny t;
   const std::string& dir = dea_fuzz::temp_path("checkpoint_dir");
   std::filesystem::create_directories(dir);
-  const std::string file = checkpoint_path(dir);
+  const std::string file = dea::train::checkpoint_path(dir);
   {
     std::FILE* f = std::fopen(file.c_str(), "wb");
     if (!f || (size && std::fwrite(data, 1, size, f) != size) || std::fclose(f) != 0) std::abort();
   }
   const auto before = snapshot(t.model);
   try {
-    (void)load_checkpoint(dir, t.model, &t.opt, t.cfg.seed);
+    (void)dea::train::load_checkpoint(dir, t.model, &t.opt, kSeed);
     for (auto* prm : t.model.parameters())
       for (dea::Index i = 0; i < prm->value.size(); ++i)
         dea_fuzz::fuzz_require(std::isfinite(prm->value[i]), "loaded parameters are finite");
