@@ -770,17 +770,14 @@ void plot(const std::string& dir, const std::string& name, const Draw& draw) {
   }
 }
 
-/// What rank 0 does at an evaluation step: the validation pass (its console and log lines, its histograms), the
-/// training curves, the checkpoint.
+/// What rank 0 does at an evaluation step before the checkpoint: the validation pass (its console and log lines,
+/// its histograms), the training curves.
 template <class Model>
 struct Evaluation {
-  const TrainConfig& cfg;     // the run's
-  const TrainConfig& saved;   // config.json's (with data_hash)
+  const TrainConfig& cfg;
   const BasicTrainOptions<Model>& o;
-  const ModelFamily<Model>& family;
   const RunData& d;
   Model& model;
-  optim::AdamW<typename Model::Scalar>& opt;
   TrainLog& log;
   ProgressLine& progress;
   AlphaSample& sample;
@@ -793,7 +790,6 @@ struct Evaluation {
       plot(o.plot_dir, "training_curves.svg", [&] {
         return plots::training_curves(read_file(log_path(cfg.out_dir)), "training: " + cfg.out_dir);
       });
-    if (o.checkpoint) save_run(cfg.out_dir, saved, family, d, model, &opt, step);
   }
 
   void validate(std::int64_t step) {
@@ -911,7 +907,9 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
     detail::log_fields(steps, st, b, j);
   };
   h.progress_fields = [&](const auto& st) { return detail::progress_fields(steps, st); };
-  h.evaluate = detail::Evaluation<Model>{cfg, saved_cfg, o, family, d, model, opt, log, progress, sample, res, verbose};
+  h.evaluate = detail::Evaluation<Model>{cfg, o, d, model, log, progress, sample, res, verbose};
+  if (o.checkpoint)
+    h.checkpoint = [&](std::int64_t step) { save_run(cfg.out_dir, saved_cfg, family, d, model, &opt, step); };
 
   const auto t_loop = std::chrono::steady_clock::now();
   const std::int64_t done =

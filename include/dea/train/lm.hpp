@@ -461,7 +461,7 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
   h.progress_fields = [&](const auto& st) {
     return fmt::format("loss {:.4f}  |g| {:.3f}", st.losses.task, grad_norm(st.norms));
   };
-  h.evaluate = [&](std::int64_t step) {  // the validation line and the checkpoint
+  h.evaluate = [&](std::int64_t step) {
     const EvalResult er = evaluate(model, d, cfg.batch_size, T, static_cast<std::size_t>(cfg.eval_batches));
     if (verbose) {
       progress.finish_line();
@@ -473,6 +473,8 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
     j["event"] = "eval";
     log.write(j);
     res.last_eval = er;
+  };
+  h.checkpoint = [&](std::int64_t step) {
     write_config(config_path(cfg.out_dir), saved_cfg);
     save_checkpoint(cfg.out_dir, model, &opt, step, cfg.seed);
   };

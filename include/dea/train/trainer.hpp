@@ -7,7 +7,7 @@
 //       hooks.on_step                                       // the family's bookkeeping (results, plot samples)
 //       the log line (every log_every steps, step 1, the last): "step", hooks.log_fields, "steps_per_s"
 //       the progress line: "step s/N  <hooks.progress_fields>  r it/s  ETA t"
-//       hooks.evaluate on rank 0 (every eval_every steps and after the last: evaluation and checkpoint)
+//       hooks.evaluate, hooks.checkpoint on rank 0 (every eval_every steps and after the last)
 //     a non-finite loss or gradient norm stops every rank with one message naming the step (and micro-batch, rank)
 //     and the checkpoint it keeps
 //
@@ -267,7 +267,7 @@ public:
     std::int64_t steps = 0;      ///< the run's last step
     std::int64_t log_every = 1;  ///< a log line every log_every steps (and at steps 1 and the last)
     std::int64_t eval_every = 0; ///< evaluate every eval_every steps (0: only after the last)
-    /// A run with no step to take still evaluates (and so writes its checkpoint) once, at its first step.
+    /// A run with no step to take still evaluates and writes its checkpoint once, at its first step.
     bool evaluate_when_idle = false;
     std::string checkpoint_dir;  ///< where the checkpoint a non-finite stop keeps is (for its message)
     TrainLog* log = nullptr;           ///< written when open (rank 0)
@@ -275,7 +275,8 @@ public:
     std::function<void(const Step&, const Batch& first)> on_step;  ///< after every step, on every rank
     std::function<void(const Step&, const Batch& first, nlohmann::json& line)> log_fields;  ///< a log line's fields
     std::function<std::string(const Step&)> progress_fields;  ///< the family's part of the progress line
-    std::function<void(std::int64_t step)> evaluate;          ///< on rank 0: evaluation, plots, checkpoint
+    std::function<void(std::int64_t step)> evaluate;          ///< on rank 0: evaluation, its log line, plots
+    std::function<void(std::int64_t step)> checkpoint;        ///< on rank 0 after evaluate: the run directory
   };
 
   /// `lr_main(step)` (when given) sets the main group's learning rate of each step before the optimiser step;
@@ -474,13 +475,15 @@ private:
     return j;
   }
 
-  /// hooks.evaluate on rank 0; a failure there stops every rank.
+  /// hooks.evaluate and hooks.checkpoint on rank 0; a failure there stops every rank.
   void evaluate(const Hooks& h, std::int64_t step) {
-    if (!h.evaluate) return;
-    if (!comm_) return h.evaluate(step);
-    dist::together(*comm_, [&] {
-      if (comm_->rank() == 0) h.evaluate(step);
-    });
+    auto on_root = [&] {
+      if (comm_ && comm_->rank() != 0) return;
+      if (h.evaluate) h.evaluate(step);
+      if (h.checkpoint) h.checkpoint(step);
+    };
+    if (comm_) return dist::together(*comm_, on_root);
+    on_root();
   }
 
   Family& family_;
