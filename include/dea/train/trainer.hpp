@@ -20,6 +20,10 @@
 //   std::string describe(const Losses&) const;            // the losses in the non-finite message: "task_loss 0.7, ..."
 //   std::string describe(const optim::GradNorms&) const;  // the norms after it (" (main nan, gate 0.2)"), or ""
 //
+// Around the loop: open_run builds a run's model and optimiser on every rank (and loads a resumed run's checkpoint);
+// a LossFault the caller installs sees every task loss before the checks (a program's rehearsal of the failure path;
+// the library installs none and reads no environment variable).
+//
 // Randomness: step s (1-based) draws its dropout masks from Rng(stream_seed(seed, kDropoutStream, s)) (seeds.hpp),
 // so a run resumed at step k continues as the uninterrupted run does.
 //
@@ -269,7 +273,7 @@ public:
     std::int64_t eval_every = 0; ///< evaluate every eval_every steps (0: only after the last)
     /// A run with no step to take still evaluates and writes its checkpoint once, at its first step.
     bool evaluate_when_idle = false;
-    std::string checkpoint_dir;  ///< where the checkpoint a non-finite stop keeps is (for its message)
+    std::string checkpoint_dir;  ///< the run directory, named by a non-finite stop's message (its checkpoint stays)
     TrainLog* log = nullptr;           ///< written when open (rank 0)
     ProgressLine* progress = nullptr;  ///< the console's progress line
     std::function<void(const Step&, const Batch& first)> on_step;  ///< after every step, on every rank
