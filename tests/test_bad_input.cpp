@@ -340,7 +340,8 @@ TEST_CASE("bad input B5 a loss fault the caller installs: the run stops at its m
     Calls calls;
     o.fault = nan_at(calls, 4, 0);
     CHECK_THROWS_WITH(train::lm_run::run_training<float>(cfg, o),
-                      "dea: non-finite loss at step 4 (nan); stopping. The last good checkpoint in " + dir + " is kept.");
+                      "dea: non-finite loss at step 4 (nan); stopping. The last good checkpoint in " + dir +
+                          " is kept.");
     CHECK(calls == Calls{{1, 0}, {2, 0}, {3, 0}, {4, 0}});
     CHECK(checkpoint_step(dir) == 2);
   }

@@ -39,9 +39,9 @@
 #include "../optim/schedule.hpp"
 #include "../plot/figures.hpp"
 #include "config.hpp"
+#include "dual_expert_family.hpp"
 #include "run_dir.hpp"
 #include "seeds.hpp"
-#include "dual_expert_family.hpp"
 #include "trainer.hpp"
 
 #include <fmt/core.h>
@@ -652,7 +652,8 @@ public:
     const std::vector<std::size_t>& all = order_.at(step);
     const std::vector<std::size_t> idx(all.begin() + static_cast<std::ptrdiff_t>(sp.first),
                                        all.begin() + static_cast<std::ptrdiff_t>(sp.second));
-    Rng mrng(micro_stream_seed(cfg_.seed, kMaskStream, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(k)));
+    Rng mrng(micro_stream_seed(cfg_.seed, kMaskStream, static_cast<std::uint64_t>(step),
+                               static_cast<std::uint64_t>(k)));
     return make_batch<S>(d_, Split::train, idx, cfg_.max_len, &mrng);
   }
   /// The trainer's view of them.
@@ -696,12 +697,13 @@ void check_isolation(Model& model, const RunData& d, const TrainConfig& cfg,
     res.isolation = model.verify_gradient_isolation(b0, S(0.5), cfg.seed);
     const auto& r = res.isolation;
     if (verbose)
-      fmt::print("gradient isolation: task->gate {:.3g}  task->W_rel {:.3g}  gate->main {:.3g}  gate->gate {:.3g}  {}\n",
-                 r.task_gate_grad, r.task_rel_grad, r.gate_main_grad, r.gate_gate_grad, r.ok ? "OK" : "FAILED");
+      fmt::print("gradient isolation: task->gate {:.3g}  task->W_rel {:.3g}  gate->main {:.3g}  gate->gate {:.3g}  "
+                 "{}\n", r.task_gate_grad, r.task_rel_grad, r.gate_main_grad, r.gate_gate_grad, r.ok ? "OK" : "FAILED");
     check(r.ok, "gradient isolation check failed on the first batch (task->gate ", r.task_gate_grad, ", task->W_rel ",
           r.task_rel_grad, ", gate->main ", r.gate_main_grad, ", gate->gate ", r.gate_gate_grad, ")");
   }
-  if (verbose && !res.isolation_skipped.empty()) fmt::print("gradient isolation: skipped ({})\n", res.isolation_skipped);
+  if (verbose && !res.isolation_skipped.empty())
+    fmt::print("gradient isolation: skipped ({})\n", res.isolation_skipped);
 }
 
 /// train.py's histogram sample of the training steps since the last evaluation: the last layer's labelled cells
@@ -715,9 +717,9 @@ struct AlphaSample {
     std::vector<double> ah, ao;
     collect_last_layer<Model>(cache, b, ah, ao);
     const std::size_t k = std::min<std::size_t>(ah.size(), 4000);
+    const std::uint64_t draw = stream_seed(seed, kPlotStream, static_cast<std::uint64_t>(step));
     const std::vector<std::size_t> idx =
-        k < ah.size() ? eval::subsample_indices(ah.size(), k, stream_seed(seed, kPlotStream, static_cast<std::uint64_t>(step)))
-                      : std::vector<std::size_t>();
+        k < ah.size() ? eval::subsample_indices(ah.size(), k, draw) : std::vector<std::size_t>();
     for (std::size_t i = 0; i < k; ++i) {
       hat.push_back(ah[idx.empty() ? i : idx[i]]);
       oracle.push_back(ao[idx.empty() ? i : idx[i]]);

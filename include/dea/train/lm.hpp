@@ -358,8 +358,9 @@ void print_data_line(const TrainConfig& cfg, const LmData& d, Model<S>& model, i
              "parameters (D={} H={} kv={} L={} d_ff={} attention {} mlp {}{}), {} steps, batch {}{}{}\n",
              d.train.size(), d.val.size(), val_starts(d, T).size(), T + 1, static_cast<double>(n_params) / 1e6,
              cfg.d_model, cfg.n_heads, model.num_kv_heads(), cfg.n_layers, cfg.d_ff, cfg.attention, cfg.mlp,
-             cfg.mlp == "tr_moe" ? fmt::format(" E={} k={}{}", cfg.experts, cfg.top_k, cfg.shared_expert ? " +shared" : "")
-                                 : std::string(),
+             cfg.mlp == "tr_moe"
+                 ? fmt::format(" E={} k={}{}", cfg.experts, cfg.top_k, cfg.shared_expert ? " +shared" : "")
+                 : std::string(),
              cfg.steps, cfg.batch_size,
              M > 1 || ranks > 1 ? fmt::format(" ({} micro-batches of {} on {} rank{})", M, cfg.batch_size / M, ranks,
                                               ranks > 1 ? "s" : "")
