@@ -11,6 +11,7 @@
 #include <dea/text/simple_tokenizer.hpp>
 #include <dea/io/jsonl.hpp>
 #include <dea/train.hpp>
+#include <dea/train/lm.hpp>
 #include <dea/io/safetensors.hpp>
 #include <dea/nn/transformer.hpp>
 #include <dea/ops/cross_entropy.hpp>
@@ -24,6 +25,7 @@
 #include <fstream>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 // (the file in a namespace of its own: a test program compiles several test files as one translation unit)
@@ -32,6 +34,8 @@ namespace test_bad_input {
 using namespace dea;
 namespace fs = std::filesystem;
 using Catch::Contains;
+using Catch::EndsWith;
+using Catch::StartsWith;
 // The model and attention rows run in float, the type the training pipeline uses (so this file instantiates the
 // model once: it is built under the sanitizers in CI, where compile time counts).
 using S = float;
@@ -282,6 +286,65 @@ TEST_CASE("bad input B5 the fault-injection variable: STEP:MICRO parsed, anythin
   for (const char* bad : {"", "12", "12:", ":3", "a:3", "12:3x", "-1:0", "1:2:3", "99999999999999999999:0"})
     CHECK_THROWS_WITH(train::parse_injected_fault("DEA_INJECT_NONFINITE_LOSS", bad),
                       Contains("DEA_INJECT_NONFINITE_LOSS='" + std::string(bad) + "'") && Contains("STEP:MICRO_BATCH"));
+}
+
+TEST_CASE("bad input B5 a loss fault the caller installs: the run stops at its micro-batch, the checkpoint before it "
+          "stays", "[bad_input]") {
+  using Calls = std::vector<std::pair<std::int64_t, std::int64_t>>;
+  auto nan_at = [](Calls& calls, std::int64_t step, std::int64_t micro) {
+    return [&calls, step, micro](double loss, std::int64_t s, std::int64_t k) {
+      calls.emplace_back(s, k);
+      return s == step && k == micro ? std::nan("") : loss;
+    };
+  };
+  auto checkpoint_step = [](const std::string& dir) {
+    return io::SafeTensors::load(train::checkpoint_path(dir)).get<std::int64_t>("train.step")[0];
+  };
+  SECTION("the encoder, one batch a step") {
+    const std::string dir = temp_dir("b5_fault");
+    train::TrainConfig cfg = tiny_train(dir);
+    cfg.steps = 5;
+    train::encoder::TrainOptions<float> o = quiet();
+    Calls calls;
+    o.fault = nan_at(calls, 3, 0);
+    CHECK_THROWS_WITH(train::encoder::run_training(cfg, o),
+                      StartsWith("dea: non-finite loss at step 3 (task_loss nan, loss_gate ") &&
+                          EndsWith("); stopping. The last good checkpoint in " + dir + " is kept."));
+    CHECK(calls == Calls{{1, 0}, {2, 0}, {3, 0}});
+    CHECK(checkpoint_step(dir) == 2);
+  }
+  SECTION("the encoder, micro-batches: the fault sees each of them, last to first, and the message names it") {
+    const std::string dir = temp_dir("b5_fault_micro");
+    train::TrainConfig cfg = tiny_train(dir);
+    cfg.steps = 5;
+    cfg.micro_batches = 2;
+    train::encoder::TrainOptions<float> o = quiet();
+    Calls calls;
+    o.fault = nan_at(calls, 3, 1);
+    CHECK_THROWS_WITH(train::encoder::run_training(cfg, o),
+                      StartsWith("dea: non-finite loss at step 3, micro-batch 1 of 2 (task_loss nan, loss_gate ") &&
+                          Contains("The last good checkpoint in " + dir + " is kept."));
+    CHECK(calls == Calls{{1, 1}, {1, 0}, {2, 1}, {2, 0}, {3, 1}});
+    CHECK(checkpoint_step(dir) == 2);
+  }
+  SECTION("the decoder LM") {
+    const std::string dir = temp_dir("b5_fault_lm");
+    train::TrainConfig cfg = tiny_train(dir);
+    cfg.model = "lm";
+    cfg.data_source = "text";
+    cfg.text = std::string(DEA_TEST_DATA_DIR) + "/lm/tiny_corpus.txt";
+    cfg.max_len = 16;
+    cfg.steps = 5;
+    train::lm_run::TrainOptions o;
+    o.verbose = false;
+    Calls calls;
+    o.fault = nan_at(calls, 4, 0);
+    CHECK_THROWS_WITH(train::lm_run::run_training<float>(cfg, o),
+                      "dea: non-finite loss at step 4 (nan); stopping. The last good checkpoint in " + dir +
+                          " is kept.");
+    CHECK(calls == Calls{{1, 0}, {2, 0}, {3, 0}, {4, 0}});
+    CHECK(checkpoint_step(dir) == 2);
+  }
 }
 
 TEST_CASE("bad input B6 out-of-range ids: a dea::Error naming the position and the range", "[bad_input]") {

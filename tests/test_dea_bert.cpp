@@ -12,6 +12,7 @@
 #include <dea/interop/dea_bert_case.hpp>
 #include <dea/io/safetensors.hpp>
 #include <dea/testing/gradcheck.hpp>
+#include <dea/train/dual_expert_family.hpp>
 #include <dea/train/trainer.hpp>
 
 #include <cmath>
@@ -656,18 +657,19 @@ TEST_CASE("DualExpertBert: masks never give NaN; dropout comes from the Rng; bad
 }
 
 TEST_CASE("DualExpertBert: the generic trainer runs it as it runs the native model", "[dea_bert][train]") {
-  // train::Trainer<Model> needs forward(batch, gamma, training, rng, cache) -> {task_loss, loss_gate},
+  // train::DualExpertFamily<Model> needs forward(batch, gamma, training, rng, cache) -> {task_loss, loss_gate},
   // backward(cache) and parameters(): a step with the reference's two groups, clipped, changes the parameters
   DB model = tiny_model(0.1);
   optim::AdamW<double> opt = model.make_optimizer();
-  train::Trainer<DB> t(model, opt, 42, 10);
+  train::DualExpertFamily<DB> family(model, 10);
+  train::Trainer<train::DualExpertFamily<DB>> t(family, opt, 42);
   const auto batch = tiny_batch({true, false, 13});
   std::vector<Vec<double>> before;
   for (Param<double>* p : model.parameters()) before.push_back(p->value);
   const auto s1 = t.step(batch, 1);
-  CHECK(s1.gamma == 1.0);
-  CHECK(std::isfinite(s1.task_loss));
-  CHECK(s1.loss_gate > 0);
+  CHECK(family.gamma(1) == 1.0);
+  CHECK(std::isfinite(s1.losses.task));
+  CHECK(s1.losses.gate > 0);
   CHECK(s1.norms.at("main") > 0);
   CHECK(s1.norms.at("gate") > 0);
   const auto params = model.parameters();
@@ -675,11 +677,11 @@ TEST_CASE("DualExpertBert: the generic trainer runs it as it runs the native mod
     INFO(params[i]->name);
     if (!is_pooler(params[i]->name)) CHECK(params[i]->value != before[i]);
   }
-  const auto s2 = t.step(batch, 2);
-  CHECK(s2.gamma == Approx(0.9));
-  CHECK(t.output().layer_stats.size() == 2);
+  t.step(batch, 2);
+  CHECK(family.gamma(2) == Approx(0.9));
+  CHECK(family.output().layer_stats.size() == 2);
   // the cache has the shape of the native model's where the training metrics read it: B, T, layers[l].attn
-  const DB::Cache& c = t.cache();
+  const DB::Cache& c = family.cache();
   CHECK(c.layers.size() == 2);
   CHECK(static_cast<Index>(c.layers.back().attn.alpha_hat.size()) == c.B * 2 * c.T * c.T);
   CHECK(c.inputs.has_oracle());

@@ -41,6 +41,9 @@
 
 #include <fmt/core.h>
 
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <iostream>
@@ -124,6 +127,19 @@ private:
   dist::Comm* comm_;
 };
 
+/// The program's debug option DEA_INJECT_NONFINITE_LOSS=STEP:MICRO (docs/training.md): the trainer's loss fault
+/// that makes the loss of micro-batch MICRO (0 without --micro_batches) at step STEP NaN on whichever rank computes
+/// it, to rehearse a non-finite stop end to end. None when the variable is unset; a malformed value stops the run at
+/// its first step with a message naming the variable.
+train::LossFault injected_fault() {
+  static const char* const kName = "DEA_INJECT_NONFINITE_LOSS";
+  if (!std::getenv(kName)) return nullptr;
+  return [](double loss, std::int64_t step, std::int64_t micro) {
+    static const train::InjectedFault f = train::parse_injected_fault(kName, std::getenv(kName));
+    return f.step == step && f.micro == micro ? std::nan("") : loss;
+  };
+}
+
 /// The dea_bert part of dea train, once the configuration and the data are checked: the pretrained directory of a
 /// fresh run is loaded and validated (a bad one is 2, nothing written), then the run.
 int run_dea_bert(Console& con, const train::ValidConfig& cfg, const train::encoder::RunData& data, bool overwrite,
@@ -149,6 +165,7 @@ int run_dea_bert(Console& con, const train::ValidConfig& cfg, const train::encod
     opts.overwrite = overwrite;
     opts.plot_dir = plot_dir;
     opts.comm = con.comm();
+    opts.fault = injected_fault();
     if (con.root())
       opts.on_finish = [](bert::DualExpertBert<S>& model, const train::encoder::RunData& d) {
         dea_cli::print_paris_probe(dea_cli::paris_probe(model, d.tok));
@@ -190,6 +207,7 @@ int run_lm(Console& con, const train::ValidConfig& cfg, bool overwrite) {
     opts.data = &*data;
     opts.overwrite = overwrite;
     opts.comm = con.comm();
+    opts.fault = injected_fault();
     const lr::TrainResult r = lr::run_training<S>(cfg, opts);
     if (con.root()) {
       if (r.last_eval) fmt::print("final val: {}\n", lr::to_json(*r.last_eval).dump());
@@ -335,6 +353,7 @@ int dea_train(int argc, char** argv) {
     opts.data = &*data;
     opts.overwrite = overwrite;
     opts.comm = con.comm();
+    opts.fault = train_cmd::injected_fault();
     if (!no_plots) opts.plot_dir = plot_dir.empty() ? c.out_dir : plot_dir;
     if (con.root())
       opts.on_finish = [](nn::TransformerModel<S>& model, const train::encoder::RunData& d) {

@@ -39,6 +39,7 @@
 #include "../optim/schedule.hpp"
 #include "../plot/figures.hpp"
 #include "config.hpp"
+#include "dual_expert_family.hpp"
 #include "run_dir.hpp"
 #include "seeds.hpp"
 #include "trainer.hpp"
@@ -589,6 +590,8 @@ struct BasicTrainOptions {
   /// files apart from failures of the run does so); nullptr: run_training builds it, its notices on stdout when
   /// verbose.
   const RunData* data = nullptr;
+  /// A fault the trainer applies to every micro-batch's task loss (trainer.hpp LossFault; none by default).
+  LossFault fault;
 };
 
 /// The encoder's options.
@@ -606,19 +609,235 @@ struct TrainResult {
   double seconds = 0;
   double seconds_per_step = 0;
   double comm_seconds = 0;  ///< of the steps, in the transport (allgathers of a data-parallel run)
-  bool stopped_nonfinite = false;
-  std::string message;
 };
+
+namespace detail {
+
+/// The console's "data:" line.
+template <class Model>
+void print_data_line(const TrainConfig& cfg, const RunData& d, const std::string& name, Model& model, int ranks,
+                     std::int64_t step0) {
+  std::size_t n_params = 0;
+  for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
+  const std::int64_t M = cfg.micro_batches;
+  fmt::print("data: {} train / {} val / {} test ({}), vocab {} ({}), {} {:.2f}M parameters (D={} H={} L={} "
+             "d_ff={}), {} steps, batch {}{}, gamma_steps {}{}\n",
+             d.size(Split::train), d.size(Split::val), d.size(Split::test), d.source, d.tok.vocab_size(), d.tok.kind(),
+             name, static_cast<double>(n_params) / 1e6, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, cfg.steps,
+             cfg.batch_size,
+             M > 1 || ranks > 1 ? fmt::format(" ({} micro-batches on {} rank{})", M, ranks, ranks > 1 ? "s" : "")
+                                : std::string(),
+             cfg.gamma_steps, step0 ? fmt::format(", resumed at step {}", step0) : std::string());
+}
+
+/// The training split's batches (see the file comment): the whole batch of a step, or micro-batch k of it (M > 1):
+/// n / M of its n examples, one more for the first n % M micro-batches (a short last batch of an epoch leaves the
+/// last ones empty, never micro-batch 0), masked from its own stream.
+template <class S>
+class TrainBatches {
+public:
+  TrainBatches(const RunData& d, const TrainConfig& cfg)
+      : d_(d), cfg_(cfg), order_(d.size(Split::train), static_cast<std::size_t>(cfg.batch_size), cfg.seed) {}
+
+  nn::ModelBatch<S> whole(std::int64_t step) {
+    Rng mrng(stream_seed(cfg_.seed, kMaskStream, static_cast<std::uint64_t>(step)));
+    return make_batch<S>(d_, Split::train, order_.at(step), cfg_.max_len, &mrng);
+  }
+  Index rows(std::int64_t step, std::int64_t k) {
+    const auto sp = span(step, k);
+    return static_cast<Index>(sp.second - sp.first);
+  }
+  nn::ModelBatch<S> micro(std::int64_t step, std::int64_t k) {
+    const auto sp = span(step, k);
+    const std::vector<std::size_t>& all = order_.at(step);
+    const std::vector<std::size_t> idx(all.begin() + static_cast<std::ptrdiff_t>(sp.first),
+                                       all.begin() + static_cast<std::ptrdiff_t>(sp.second));
+    Rng mrng(micro_stream_seed(cfg_.seed, kMaskStream, static_cast<std::uint64_t>(step),
+                               static_cast<std::uint64_t>(k)));
+    return make_batch<S>(d_, Split::train, idx, cfg_.max_len, &mrng);
+  }
+  /// The trainer's view of them.
+  template <class Batches>
+  Batches functions() {
+    Batches b;
+    b.whole = [this](std::int64_t s) { return whole(s); };
+    b.rows = [this](std::int64_t s, std::int64_t k) { return rows(s, k); };
+    b.micro = [this](std::int64_t s, std::int64_t k) { return micro(s, k); };
+    return b;
+  }
+
+private:
+  std::pair<std::size_t, std::size_t> span(std::int64_t step, std::int64_t k) {
+    const std::size_t n = order_.at(step).size(), m = static_cast<std::size_t>(cfg_.micro_batches);
+    const std::size_t kk = static_cast<std::size_t>(k);
+    const auto start = [&](std::size_t j) { return j * (n / m) + std::min(j, n % m); };
+    return std::make_pair(start(kk), start(kk + 1));
+  }
+
+  const RunData& d_;
+  const TrainConfig& cfg_;
+  BatchOrder order_;
+};
+
+/// The gradient-isolation check on the first batch `b0` (micro-batch 0 with M > 1; it changes no parameter):
+/// res.isolation, or why it was skipped in res.isolation_skipped; a failed check is a dea::Error.
+template <class Model>
+void check_isolation(Model& model, const RunData& d, const TrainConfig& cfg,
+                     const nn::ModelBatch<typename Model::Scalar>& b0, bool verbose, TrainResult& res) {
+  using S = typename Model::Scalar;
+  if (cfg.no_isolation_check) {
+    res.isolation_skipped = "--no_isolation_check";
+  } else if (!b0.alpha_oracle.dim()) {
+    res.isolation_skipped = d.task == nn::Task::mlm && !d.mock_mlm_oracle
+                                ? "--text_alpha none: the batches carry no oracle, so there is no gate loss"
+                                : "no oracle on the first batch";
+  } else if (cfg.n_layers == 0) {
+    res.isolation_skipped = "the model has no layers";
+  } else {
+    res.isolation = model.verify_gradient_isolation(b0, S(0.5), cfg.seed);
+    const auto& r = res.isolation;
+    if (verbose)
+      fmt::print("gradient isolation: task->gate {:.3g}  task->W_rel {:.3g}  gate->main {:.3g}  gate->gate {:.3g}  "
+                 "{}\n", r.task_gate_grad, r.task_rel_grad, r.gate_main_grad, r.gate_gate_grad, r.ok ? "OK" : "FAILED");
+    check(r.ok, "gradient isolation check failed on the first batch (task->gate ", r.task_gate_grad, ", task->W_rel ",
+          r.task_rel_grad, ", gate->main ", r.gate_main_grad, ", gate->gate ", r.gate_gate_grad, ")");
+  }
+  if (verbose && !res.isolation_skipped.empty())
+    fmt::print("gradient isolation: skipped ({})\n", res.isolation_skipped);
+}
+
+/// train.py's histogram sample of the training steps since the last evaluation: the last layer's labelled cells
+/// (alpha-hat, oracle), at most 4,000 per step (a uniform subset drawn from stream kPlotStream).
+struct AlphaSample {
+  std::vector<double> hat, oracle;
+
+  template <class Model>
+  void add(const typename Model::Cache& cache, const nn::ModelBatch<typename Model::Scalar>& b, std::int64_t step,
+           std::uint64_t seed) {
+    std::vector<double> ah, ao;
+    collect_last_layer<Model>(cache, b, ah, ao);
+    const std::size_t k = std::min<std::size_t>(ah.size(), 4000);
+    const std::uint64_t draw = stream_seed(seed, kPlotStream, static_cast<std::uint64_t>(step));
+    const std::vector<std::size_t> idx =
+        k < ah.size() ? eval::subsample_indices(ah.size(), k, draw) : std::vector<std::size_t>();
+    for (std::size_t i = 0; i < k; ++i) {
+      hat.push_back(ah[idx.empty() ? i : idx[i]]);
+      oracle.push_back(ao[idx.empty() ? i : idx[i]]);
+    }
+  }
+  void clear() {
+    hat.clear();
+    oracle.clear();
+  }
+};
+
+/// A training log line's fields: gamma, the losses and norms of the step, the last layer's gate statistics and
+/// alpha-hat of its (first) batch.
+template <class Family, class Step>
+void log_fields(const Family& f, const Step& st, const typename Family::Batch& b, nlohmann::json& j) {
+  std::vector<double> ah, ao;
+  collect_last_layer<typename Family::ModelType>(f.cache(), b, ah, ao);
+  const GateStats gs = f.output().layer_stats.empty() ? GateStats{} : f.output().layer_stats.back();
+  j["gamma"] = static_cast<double>(f.gamma(st.step));
+  j["task_loss"] = json_number(st.losses.task);
+  j["loss_gate"] = json_number(st.losses.gate);
+  j["grad_norm_main"] = json_number(st.norms.at("main"));
+  j["grad_norm_gate"] = json_number(st.norms.at("gate"));
+  j["loss_reg"] = json_number(gs.loss_reg);
+  j["loss_spot"] = json_number(gs.loss_spot);
+  j["loss_decision"] = json_number(gs.loss_decision);
+  j["decision_side_acc"] = json_number(gs.decision_side_acc);
+  j["n_decision_pairs"] = gs.n_decision_pairs;
+  j["n_labelled"] = gs.n_labelled;
+  j["alpha_hat_mean"] = json_number(eval::mean(ah));
+  j["alpha_mae"] = json_number(eval::alpha_mae(ah, ao));
+}
+
+/// The family's part of the progress line.
+template <class Family, class Step>
+std::string progress_fields(const Family& f, const Step& st) {
+  return fmt::format("gamma {:.3f}  task {:.4f}  gate {:.4f}  |g| main {:.3f} gate {:.3f}",
+                     static_cast<double>(f.gamma(st.step)), st.losses.task, st.losses.gate, st.norms.at("main"),
+                     st.norms.at("gate"));
+}
+
+/// Writes a plot into `dir`; a failed plot warns and training goes on.
+template <class Draw>
+void plot(const std::string& dir, const std::string& name, const Draw& draw) {
+  try {
+    std::filesystem::create_directories(dir);
+    draw().save((std::filesystem::path(dir) / name).string());
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "warning: plot {} not written: {}\n", name, e.what());
+  }
+}
+
+/// What rank 0 does at an evaluation step before the checkpoint: the validation pass (its console and log lines,
+/// its histograms), the training curves.
+template <class Model>
+struct Evaluation {
+  const TrainConfig& cfg;
+  const BasicTrainOptions<Model>& o;
+  const RunData& d;
+  Model& model;
+  TrainLog& log;
+  ProgressLine& progress;
+  AlphaSample& sample;
+  TrainResult& res;
+  bool verbose;
+
+  void operator()(std::int64_t step) {
+    if (o.evaluate && d.size(Split::val) > 0) validate(step);
+    if (!o.plot_dir.empty() && o.write_log)
+      plot(o.plot_dir, "training_curves.svg", [&] {
+        return plots::training_curves(read_file(log_path(cfg.out_dir)), "training: " + cfg.out_dir);
+      });
+  }
+
+  void validate(std::int64_t step) {
+    EvalResult er = evaluate(model, d, Split::val, cfg.batch_size, cfg.max_len, cfg.seed,
+                             static_cast<std::size_t>(cfg.eval_batches));
+    if (verbose) {
+      progress.finish_line();
+      fmt::print("[eval step {}] val: acc {:.4f}  task_loss {:.4f}  alpha_mae {:.4f}  pearson {:.4f}  side_acc {:.4f} "
+                 "({} pairs)\n",
+                 step, er.accuracy, er.task_loss, er.alpha.mae, er.alpha.pearson, er.decision_side_acc,
+                 er.n_decision_pairs);
+    }
+    nlohmann::json j = to_json(er);
+    j["step"] = step;
+    j["event"] = "eval";
+    log.write(j);
+    if (!o.plot_dir.empty()) {
+      using S = typename Model::Scalar;
+      const double g = static_cast<double>(optim::gamma_mix<S>(std::max<std::int64_t>(0, step - 1), cfg.gamma_steps));
+      if (!sample.hat.empty())
+        plot(o.plot_dir, "alpha_hist_train_step" + std::to_string(step) + ".svg", [&] {
+          return plots::alpha_histogram(sample.hat, sample.oracle,
+                                        fmt::format("train step {}: alpha_hat vs oracle (g_mix={:.2f})", step, g));
+        });
+      plot(o.plot_dir, "alpha_hist_val_step" + std::to_string(step) + ".svg", [&] {
+        return plots::alpha_histogram(er.alpha_hat_points, er.alpha_oracle_points, fmt::format("val step {}", step));
+      });
+    }
+    sample.clear();
+    er.alpha_hat_points = {};
+    er.alpha_oracle_points = {};
+    res.last_eval = std::move(er);
+  }
+};
+
+}  // namespace detail
 
 /// train.py's run of the model `family` builds (see the file comment). With cfg.resume, the checkpoint in
 /// cfg.out_dir is loaded (its tokenizer too) and the run continues from its step. Throws dea::Error on bad input, on
 /// a failed isolation check and on a non-finite loss or gradient (the last good checkpoint on disk is left as it
-/// was).
+/// was). The steps are the Trainer's (trainer.hpp) with the Dual-Expert family (dual_expert_family.hpp).
 template <class Model>
 TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<Model>& o,
                               const ModelFamily<Model>& family) {
   using S = typename Model::Scalar;
-  using Batch = nn::ModelBatch<S>;
+  using Steps = DualExpertFamily<Model>;
   const TrainConfig& cfg = vcfg;
   dist::SingleProcessComm single;
   dist::Comm& comm = o.comm ? *o.comm : single;
@@ -627,240 +846,76 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
   check(M % comm.size() == 0, "--micro_batches ", M, ": must be a multiple of the ", comm.size(),
         " ranks (each rank computes micro_batches / ranks micro-batches)");
   const bool fresh_dir = !cfg.resume && (o.write_log || o.checkpoint || o.evaluate);
+  const bool plain = M == 1 && comm.size() == 1;
   if (cfg.threads > 0) set_num_threads(cfg.threads);
   const auto t_start = std::chrono::steady_clock::now();
   TrainResult res;
 
+  // the data; config.json records its fingerprint, so that eval and --resume rebuild exactly this data
   std::optional<RunData> built;
   dist::together(comm, [&] {
     if (fresh_dir) check_fresh_run_dir(cfg.out_dir, o.overwrite);
     if (!o.data) built.emplace(build_run_data(vcfg, verbose ? &std::cout : nullptr));
   });
   const RunData& d = o.data ? *o.data : *built;
-  // config.json records the data's fingerprint, so that eval and --resume rebuild exactly this data
   TrainConfig saved_cfg = cfg;
   saved_cfg.data_hash = d.hash;
-  std::unique_ptr<Model> model_ptr;
-  std::optional<optim::AdamW<S>> opt_holder;
-  std::int64_t step0 = 0;
-  dist::together(comm, [&] {
-    model_ptr = family.build(d);
-    opt_holder.emplace(make_optimizer(*model_ptr, cfg));
-    // --overwrite: only now that the new run's data and model exist
-    if (fresh_dir && root) remove_run_files(cfg.out_dir);
-    if (cfg.resume) {
-      step0 = load_checkpoint(cfg.out_dir, *model_ptr, &*opt_holder, cfg.seed);
-      check(step0 <= cfg.steps, "--resume: the checkpoint is at step ", step0, ", beyond --steps ", cfg.steps);
-    }
+  // the model and optimiser (--overwrite deletes the old run's files only once they exist)
+  RunStart start;
+  start.out_dir = cfg.out_dir;
+  start.resume = cfg.resume;
+  start.replace_files = fresh_dir;
+  start.steps = cfg.steps;
+  start.config_json = to_json(saved_cfg).dump();
+  auto opened = open_run(
+      comm, start, [&] { return family.build(d); }, [&](Model& m) { return make_optimizer(m, cfg); },
+      [&](Model& m, optim::AdamW<S>& opt) { return load_checkpoint(cfg.out_dir, m, &opt, cfg.seed); });
+  Model& model = *opened.model;
+  optim::AdamW<S>& opt = *opened.opt;
+  const std::int64_t step0 = res.start_step = opened.step0;
+  if (verbose) detail::print_data_line(cfg, d, family.name, model, comm.size(), step0);
+
+  detail::TrainBatches<S> batches(d, cfg);
+  dist::together(comm, [&] {  // on rank 0: it changes no parameter
+    if (root) detail::check_isolation(model, d, cfg, plain ? batches.whole(1) : batches.micro(1, 0), verbose, res);
   });
-  Model& model = *model_ptr;
-  optim::AdamW<S>& opt = *opt_holder;
-  check_ranks_agree(comm, to_json(saved_cfg).dump(), cfg.resume, [&] { return model_state_hash(model, &opt); });
-  res.start_step = step0;
-
-  std::size_t n_params = 0;
-  for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
-  if (verbose)
-    fmt::print("data: {} train / {} val / {} test ({}), vocab {} ({}), {} {:.2f}M parameters (D={} H={} L={} "
-               "d_ff={}), {} steps, batch {}{}, gamma_steps {}{}\n",
-               d.size(Split::train), d.size(Split::val), d.size(Split::test), d.source, d.tok.vocab_size(), d.tok.kind(),
-               family.name, static_cast<double>(n_params) / 1e6, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff,
-               cfg.steps, cfg.batch_size,
-               M > 1 || comm.size() > 1 ? fmt::format(" ({} micro-batches on {} rank{})", M, comm.size(),
-                                                      comm.size() > 1 ? "s" : "")
-                                        : std::string(),
-               cfg.gamma_steps, step0 ? fmt::format(", resumed at step {}", step0) : std::string());
-
-  BatchOrder order(d.size(Split::train), static_cast<std::size_t>(cfg.batch_size), cfg.seed);
-  auto train_batch = [&](std::int64_t step) {
-    Rng mrng(stream_seed(cfg.seed, kMaskStream, static_cast<std::uint64_t>(step)));
-    return make_batch<S>(d, Split::train, order.at(step), cfg.max_len, &mrng);
-  };
-  // micro-batch k of a step (M > 1): n / M of its n examples, one more for the first n % M micro-batches (a short
-  // last batch of an epoch leaves the last ones empty, never micro-batch 0), masked from its own stream
-  auto micro_span = [&](std::int64_t step, std::int64_t k) {
-    const std::size_t n = order.at(step).size(), m = static_cast<std::size_t>(M), kk = static_cast<std::size_t>(k);
-    const auto start = [&](std::size_t j) { return j * (n / m) + std::min(j, n % m); };
-    return std::make_pair(start(kk), start(kk + 1));
-  };
-  auto micro_rows = [&](std::int64_t step, std::int64_t k) {
-    const auto sp = micro_span(step, k);
-    return static_cast<Index>(sp.second - sp.first);
-  };
-  auto micro_batch = [&](std::int64_t step, std::int64_t k) {
-    const auto sp = micro_span(step, k);
-    const std::vector<std::size_t>& all = order.at(step);
-    const std::vector<std::size_t> idx(all.begin() + static_cast<std::ptrdiff_t>(sp.first),
-                                       all.begin() + static_cast<std::ptrdiff_t>(sp.second));
-    Rng mrng(micro_stream_seed(cfg.seed, kMaskStream, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(k)));
-    return make_batch<S>(d, Split::train, idx, cfg.max_len, &mrng);
-  };
-  const bool plain = M == 1 && comm.size() == 1;
-
-  // isolation check on the first batch (micro-batch 0 with M > 1; on rank 0: it changes no parameter)
-  dist::together(comm, [&] {
-    if (!root) return;
-    const Batch b0 = plain ? train_batch(1) : micro_batch(1, 0);
-    if (cfg.no_isolation_check) {
-      res.isolation_skipped = "--no_isolation_check";
-    } else if (!b0.alpha_oracle.dim()) {
-      res.isolation_skipped = d.task == nn::Task::mlm && !d.mock_mlm_oracle
-                                  ? "--text_alpha none: the batches carry no oracle, so there is no gate loss"
-                                  : "no oracle on the first batch";
-    } else if (cfg.n_layers == 0) {
-      res.isolation_skipped = "the model has no layers";
-    } else {
-      res.isolation = model.verify_gradient_isolation(b0, S(0.5), cfg.seed);
-      const auto& r = res.isolation;
-      if (verbose)
-        fmt::print("gradient isolation: task->gate {:.3g}  task->W_rel {:.3g}  gate->main {:.3g}  gate->gate {:.3g}  {}\n",
-                   r.task_gate_grad, r.task_rel_grad, r.gate_main_grad, r.gate_gate_grad, r.ok ? "OK" : "FAILED");
-      check(r.ok, "gradient isolation check failed on the first batch (task->gate ", r.task_gate_grad, ", task->W_rel ",
-            r.task_rel_grad, ", gate->main ", r.gate_main_grad, ", gate->gate ", r.gate_gate_grad, ")");
-    }
-    if (verbose && !res.isolation_skipped.empty())
-      fmt::print("gradient isolation: skipped ({})\n", res.isolation_skipped);
-  });
-
   TrainLog log;
   dist::together(comm, [&] {
     if (o.write_log && root) log = TrainLog(cfg.out_dir, step0);
   });
   ProgressLine progress(verbose);
-  std::vector<double> hist_hat, hist_oracle;  // training cells for the next alpha_hist_train_step<N>.svg
-  auto plot = [&](const std::string& name, const auto& draw) {  // a failed plot warns and training goes on
-    try {
-      std::filesystem::create_directories(o.plot_dir);
-      draw().save((std::filesystem::path(o.plot_dir) / name).string());
-    } catch (const std::exception& e) {
-      fmt::print(stderr, "warning: plot {} not written: {}\n", name, e.what());
-    }
-  };
-  auto eval_and_checkpoint_root = [&](std::int64_t step) {
-    if (o.evaluate && d.size(Split::val) > 0) {
-      EvalResult er = evaluate(model, d, Split::val, cfg.batch_size, cfg.max_len, cfg.seed,
-                               static_cast<std::size_t>(cfg.eval_batches));
-      if (verbose) {
-        progress.finish_line();
-        fmt::print("[eval step {}] val: acc {:.4f}  task_loss {:.4f}  alpha_mae {:.4f}  pearson {:.4f}  side_acc {:.4f} "
-                   "({} pairs)\n",
-                   step, er.accuracy, er.task_loss, er.alpha.mae, er.alpha.pearson, er.decision_side_acc,
-                   er.n_decision_pairs);
-      }
-      nlohmann::json j = to_json(er);
-      j["step"] = step;
-      j["event"] = "eval";
-      log.write(j);
-      if (!o.plot_dir.empty()) {
-        const double g = static_cast<double>(optim::gamma_mix<S>(std::max<std::int64_t>(0, step - 1), cfg.gamma_steps));
-        if (!hist_hat.empty())
-          plot("alpha_hist_train_step" + std::to_string(step) + ".svg", [&] {
-            return plots::alpha_histogram(hist_hat, hist_oracle,
-                                          fmt::format("train step {}: alpha_hat vs oracle (g_mix={:.2f})", step, g));
-          });
-        plot("alpha_hist_val_step" + std::to_string(step) + ".svg", [&] {
-          return plots::alpha_histogram(er.alpha_hat_points, er.alpha_oracle_points, fmt::format("val step {}", step));
-        });
-      }
-      hist_hat.clear();
-      hist_oracle.clear();
-      er.alpha_hat_points = {};
-      er.alpha_oracle_points = {};
-      res.last_eval = std::move(er);
-    }
-    if (!o.plot_dir.empty() && o.write_log)
-      plot("training_curves.svg", [&] {
-        return plots::training_curves(read_file(log_path(cfg.out_dir)), "training: " + cfg.out_dir);
-      });
-    if (o.checkpoint) save_run(cfg.out_dir, saved_cfg, family, d, model, &opt, step);
-  };
-  // rank 0 evaluates and writes; a failure there stops every rank
-  auto eval_and_checkpoint = [&](std::int64_t step) {
-    dist::together(comm, [&] {
-      if (root) eval_and_checkpoint_root(step);
-    });
-  };
+  detail::AlphaSample sample;
 
-  Trainer<Model> trainer(model, opt, cfg.seed, cfg.gamma_steps);
-  typename Trainer<Model>::Hooks hooks;
-  hooks.eval_every = cfg.eval_every;
-  hooks.on_eval = eval_and_checkpoint;
-  std::int64_t done = 0;
+  Steps steps(model, cfg.gamma_steps);
+  Trainer<Steps> trainer(steps, opt, cfg.seed, nullptr, o.fault);
+  if (!plain) trainer.set_micro_batches(comm, M);
+  typename Trainer<Steps>::Hooks h;
+  h.steps = cfg.steps;
+  h.log_every = cfg.log_every;
+  h.eval_every = cfg.eval_every;
+  h.evaluate_when_idle = o.checkpoint && !cfg.resume;
+  h.checkpoint_dir = cfg.out_dir;
+  h.log = &log;
+  h.progress = &progress;
+  h.on_step = [&](const typename Trainer<Steps>::Step& st, const nn::ModelBatch<S>& b) {
+    res.last_step = st.step;
+    res.last_task_loss = st.losses.task;
+    res.last_loss_gate = st.losses.gate;
+    res.comm_seconds += st.comm_seconds;
+    if (!o.plot_dir.empty() && root) sample.add<Model>(steps.cache(), b, st.step, cfg.seed);
+    if (o.on_step) o.on_step(st.step, st.losses.task, st.losses.gate, model);
+  };
+  h.log_fields = [&](const auto& st, const nn::ModelBatch<S>& b, nlohmann::json& j) {
+    detail::log_fields(steps, st, b, j);
+  };
+  h.progress_fields = [&](const auto& st) { return detail::progress_fields(steps, st); };
+  h.evaluate = detail::Evaluation<Model>{cfg, o, d, model, log, progress, sample, res, verbose};
+  if (o.checkpoint)
+    h.checkpoint = [&](std::int64_t step) { save_run(cfg.out_dir, saved_cfg, family, d, model, &opt, step); };
+
   const auto t_loop = std::chrono::steady_clock::now();
-  hooks.on_step = [&](const typename Trainer<Model>::Step& st, const Batch& b) {
-    const std::int64_t step = st.step;
-    ++done;
-    res.last_step = step;
-    res.last_task_loss = st.task_loss;
-    res.last_loss_gate = st.loss_gate;
-    res.comm_seconds += trainer.comm_seconds();
-    if (!o.plot_dir.empty() && root) {
-      // train.py's histogram sample: the last layer's labelled cells, at most 4,000 per step (a uniform subset)
-      std::vector<double> ah, ao;
-      collect_last_layer<Model>(trainer.cache(), b, ah, ao);
-      const std::size_t k = std::min<std::size_t>(ah.size(), 4000);
-      const std::vector<std::size_t> idx =
-          k < ah.size() ? eval::subsample_indices(ah.size(), k, stream_seed(cfg.seed, kPlotStream, static_cast<std::uint64_t>(step)))
-                        : std::vector<std::size_t>();
-      for (std::size_t i = 0; i < k; ++i) {
-        hist_hat.push_back(ah[idx.empty() ? i : idx[i]]);
-        hist_oracle.push_back(ao[idx.empty() ? i : idx[i]]);
-      }
-    }
-    if (o.on_step) o.on_step(step, st.task_loss, st.loss_gate, model);
-
-    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
-    const double rate = static_cast<double>(done) / std::max(el, 1e-9);
-    // logged steps depend on the step number alone (a resumed run logs what an uninterrupted one does); the
-    // console also shows the first step of a resumed run
-    const bool log_now = step % cfg.log_every == 0 || step == 1 || step == cfg.steps;
-    if (log_now && log.is_open()) {
-      std::vector<double> ah, ao;
-      collect_last_layer<Model>(trainer.cache(), b, ah, ao);
-      const auto& out = trainer.output();
-      const GateStats gs = out.layer_stats.empty() ? GateStats{} : out.layer_stats.back();
-      nlohmann::json j;
-      j["step"] = step;
-      j["gamma"] = static_cast<double>(st.gamma);
-      j["task_loss"] = json_number(st.task_loss);
-      j["loss_gate"] = json_number(st.loss_gate);
-      j["grad_norm_main"] = json_number(st.norms.at("main"));
-      j["grad_norm_gate"] = json_number(st.norms.at("gate"));
-      j["loss_reg"] = json_number(gs.loss_reg);
-      j["loss_spot"] = json_number(gs.loss_spot);
-      j["loss_decision"] = json_number(gs.loss_decision);
-      j["decision_side_acc"] = json_number(gs.decision_side_acc);
-      j["n_decision_pairs"] = gs.n_decision_pairs;
-      j["n_labelled"] = gs.n_labelled;
-      j["alpha_hat_mean"] = json_number(eval::mean(ah));
-      j["alpha_mae"] = json_number(eval::alpha_mae(ah, ao));
-      j["steps_per_s"] = rate;
-      log.write(j);
-    }
-    const double eta = static_cast<double>(cfg.steps - step) / rate;
-    progress.show(fmt::format("step {:>6}/{}  gamma {:.3f}  task {:.4f}  gate {:.4f}  |g| main {:.3f} gate {:.3f}  "
-                              "{:.2f} it/s  ETA {}",
-                              step, cfg.steps, static_cast<double>(st.gamma), st.task_loss, st.loss_gate,
-                              st.norms.at("main"), st.norms.at("gate"), rate, format_duration(eta)),
-                  log_now || step == step0 + 1);
-  };
-  try {
-    if (plain) {
-      trainer.run(step0, cfg.steps, train_batch, hooks);
-    } else {
-      trainer.set_micro_batches(comm, M);
-      trainer.run_micro(step0, cfg.steps, micro_rows, micro_batch, hooks);
-    }
-  } catch (const NonFiniteError& e) {
-    progress.finish_line();
-    res.stopped_nonfinite = true;
-    res.message = without_error_prefix(e.what()) + " The last good checkpoint in " + cfg.out_dir + " is kept.";
-    throw NonFiniteError("dea: " + res.message);  // (on every rank alike)
-  } catch (const dist::RankFailed&) {
-    progress.finish_line();
-    throw;
-  }
-  if (done == 0 && o.checkpoint && !cfg.resume) eval_and_checkpoint(step0);
+  const std::int64_t done =
+      trainer.run(step0, batches.template functions<typename Trainer<Steps>::Batches>(), h);
   const auto t_end = std::chrono::steady_clock::now();
   res.seconds = std::chrono::duration<double>(t_end - t_start).count();
   res.seconds_per_step =

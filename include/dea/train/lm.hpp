@@ -296,6 +296,35 @@ nlohmann::json layer_telemetry(const Model<S>& model) {
   return out;
 }
 
+/// The trainer's family of the decoder LM (trainer.hpp): DecoderLM::forward_backward with the run's label smoothing.
+/// Its losses: task = the training loss, extra = the plain cross-entropy, count = the scored predictions. There is
+/// no dropout and no gate.
+template <class S>
+class LmFamily {
+public:
+  using Scalar = S;
+  using Batch = LmBatch;
+
+  LmFamily(Model<S>& model, double label_smoothing) : model_(model) { loss_opt_.label_smoothing = label_smoothing; }
+
+  ParamList<S> parameters() { return model_.parameters(); }
+  Losses forward_backward(const LmBatch& b, std::int64_t /*step*/, Rng& /*dropout*/) {
+    const auto r = model_.forward_backward(b.ids, b.labels, cache_, loss_opt_);
+    Losses l;
+    l.task = static_cast<double>(r.loss);
+    l.extra = static_cast<double>(r.ce);
+    l.count = r.count;
+    return l;
+  }
+  std::string describe(const Losses& l) const { return fmt::format("{}", l.task); }
+  std::string describe(const optim::GradNorms&) const { return std::string(); }
+
+private:
+  Model<S>& model_;
+  ::dea::lm::CausalLmLossOptions loss_opt_;
+  typename Model<S>::Cache cache_;
+};
+
 struct TrainOptions {
   bool verbose = true;
   bool overwrite = false;
@@ -303,6 +332,8 @@ struct TrainOptions {
   /// The ranks of a data-parallel run (dist/comm.hpp; nullptr: one process). Every rank runs run_training with
   /// the same configuration; rank 0 alone prints, logs and writes the run directory.
   dist::Comm* comm = nullptr;
+  /// A fault the trainer applies to every micro-batch's loss (trainer.hpp LossFault; none by default).
+  LossFault fault;
 };
 
 struct TrainResult {
@@ -314,6 +345,31 @@ struct TrainResult {
   std::optional<EvalResult> last_eval;
 };
 
+namespace detail {
+
+/// The console's "data:" line.
+template <class S>
+void print_data_line(const TrainConfig& cfg, const LmData& d, Model<S>& model, int ranks, std::int64_t step0) {
+  std::size_t n_params = 0;
+  for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
+  const Index T = cfg.max_len;
+  const std::int64_t M = cfg.micro_batches;
+  fmt::print("data: {} train / {} val bytes ({} validation windows of {}), vocab 256 (bytes), DecoderLM {:.3f}M "
+             "parameters (D={} H={} kv={} L={} d_ff={} attention {} mlp {}{}), {} steps, batch {}{}{}\n",
+             d.train.size(), d.val.size(), val_starts(d, T).size(), T + 1, static_cast<double>(n_params) / 1e6,
+             cfg.d_model, cfg.n_heads, model.num_kv_heads(), cfg.n_layers, cfg.d_ff, cfg.attention, cfg.mlp,
+             cfg.mlp == "tr_moe"
+                 ? fmt::format(" E={} k={}{}", cfg.experts, cfg.top_k, cfg.shared_expert ? " +shared" : "")
+                 : std::string(),
+             cfg.steps, cfg.batch_size,
+             M > 1 || ranks > 1 ? fmt::format(" ({} micro-batches of {} on {} rank{})", M, cfg.batch_size / M, ranks,
+                                              ranks > 1 ? "s" : "")
+                                : std::string(),
+             step0 ? fmt::format(", resumed at step {}", step0) : std::string());
+}
+
+}  // namespace detail
+
 /// The run (see the file comment). With cfg.resume the checkpoint in cfg.out_dir is loaded and the run continues.
 /// Throws dea::Error on bad input and NonFiniteError on a non-finite loss or gradient (the last good checkpoint
 /// is kept).
@@ -322,9 +378,9 @@ struct TrainResult {
 /// rows [k B/M, (k+1) B/M) of the step's batch; its gradient is computed alone (zero_grad, forward_backward), scaled
 /// by 1/M (every window scores T - 1 predictions, so the micro-batches' counts are equal and 1/M, a power of two,
 /// makes the sum exactly the gradient of the global batch's mean) and summed in the fixed tree of dist/tree_sum.hpp;
-/// then clipping and AdamW as with M = 1. The logged loss (and ce) is the mean of the micro-batches' losses added
-/// in micro-batch order, n_tokens their sum, the layer telemetry that of micro-batch 0. Rank r computes the
-/// micro-batches [r M/R, (r+1) M/R) and collates only their windows; every rank holds the same parameters, AdamW
+/// then clipping and AdamW as with M = 1 (trainer.hpp). The logged loss (and ce) is the mean of the micro-batches'
+/// losses added in micro-batch order, n_tokens their sum, the layer telemetry that of micro-batch 0. Rank r computes
+/// the micro-batches [r M/R, (r+1) M/R) and collates only their windows; every rank holds the same parameters, AdamW
 /// state and log values for any R dividing M, the bits of one process with the same M. Rank 0 alone prints, logs,
 /// evaluates and writes the run directory. A failure on one rank (bad input, a non-finite loss) stops every rank
 /// with that rank's message (NonFiniteError or dist::RankFailed on every rank).
@@ -340,189 +396,92 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
         " ranks (each rank computes micro_batches / ranks micro-batches)");
   if (cfg.threads > 0) set_num_threads(cfg.threads);
   std::optional<LmData> built;
-  TrainConfig saved_cfg = cfg;
-  std::unique_ptr<Model<S>> model_ptr;
-  std::optional<optim::AdamW<S>> opt_holder;
-  TrainResult res;
-  std::int64_t step0 = 0;
   dist::together(comm, [&] {
     if (!cfg.resume) check_fresh_run_dir(cfg.out_dir, o.overwrite);
     if (!o.data) built.emplace(build_data(vcfg));
   });
   const LmData& d = o.data ? *o.data : *built;
+  TrainConfig saved_cfg = cfg;
   saved_cfg.data_hash = d.hash;
-  dist::together(comm, [&] {
-    model_ptr = build_model<S>(cfg);
-    opt_holder.emplace(make_optimizer(*model_ptr, cfg));
-    if (!cfg.resume && root) remove_run_files(cfg.out_dir);
-    if (cfg.resume) {
-      step0 = load_checkpoint(cfg.out_dir, *model_ptr, &*opt_holder, cfg.seed);
-      check(step0 <= cfg.steps, "--resume: the checkpoint is at step ", step0, ", beyond --steps ", cfg.steps);
-    }
-  });
-  Model<S>& model = *model_ptr;
-  optim::AdamW<S>& opt = *opt_holder;
-  // the same configuration and corpus on every rank, then the same model
-  check_ranks_agree(comm, to_json(saved_cfg).dump(), cfg.resume, [&] { return model_state_hash(model, &opt); });
+  RunStart start;
+  start.out_dir = cfg.out_dir;
+  start.resume = cfg.resume;
+  start.replace_files = !cfg.resume;
+  start.steps = cfg.steps;
+  start.config_json = to_json(saved_cfg).dump();
+  auto opened = open_run(
+      comm, start, [&] { return build_model<S>(cfg); }, [&](Model<S>& m) { return make_optimizer(m, cfg); },
+      [&](Model<S>& m, optim::AdamW<S>& opt) { return load_checkpoint(cfg.out_dir, m, &opt, cfg.seed); });
+  Model<S>& model = *opened.model;
+  optim::AdamW<S>& opt = *opened.opt;
+  const std::int64_t step0 = opened.step0;
+  if (verbose) detail::print_data_line(cfg, d, model, comm.size(), step0);
+  TrainResult res;
   res.start_step = step0;
-  std::size_t n_params = 0;
-  for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
-  const Index T = cfg.max_len;
-  if (verbose)
-    fmt::print("data: {} train / {} val bytes ({} validation windows of {}), vocab 256 (bytes), DecoderLM {:.3f}M "
-               "parameters (D={} H={} kv={} L={} d_ff={} attention {} mlp {}{}), {} steps, batch {}{}{}\n",
-               d.train.size(), d.val.size(), val_starts(d, T).size(), T + 1, static_cast<double>(n_params) / 1e6,
-               cfg.d_model, cfg.n_heads, model.num_kv_heads(), cfg.n_layers, cfg.d_ff, cfg.attention, cfg.mlp,
-               cfg.mlp == "tr_moe" ? fmt::format(" E={} k={}{}", cfg.experts, cfg.top_k,
-                                                 cfg.shared_expert ? " +shared" : "")
-                                   : std::string(),
-               cfg.steps, cfg.batch_size,
-               M > 1 || comm.size() > 1 ? fmt::format(" ({} micro-batches of {} on {} rank{})", M, cfg.batch_size / M,
-                                                      comm.size(), comm.size() > 1 ? "s" : "")
-                                        : std::string(),
-               step0 ? fmt::format(", resumed at step {}", step0) : std::string());
+  const Index T = cfg.max_len, rows = cfg.batch_size / static_cast<Index>(M);
+
+  LmFamily<S> family(model, cfg.label_smoothing);
+  Trainer<LmFamily<S>> trainer(family, opt, cfg.seed, [&cfg](std::int64_t s) { return lr_at(cfg, s); }, o.fault);
+  if (M > 1 || comm.size() > 1) trainer.set_micro_batches(comm, M);
+  typename Trainer<LmFamily<S>>::Batches batches;
+  batches.whole = [&](std::int64_t s) { return train_batch(d, cfg.batch_size, T, cfg.seed, s); };
+  batches.rows = [rows](std::int64_t, std::int64_t) { return rows; };
+  batches.micro = [&](std::int64_t s, std::int64_t k) {
+    return train_batch_rows(d, cfg.batch_size, T, cfg.seed, s, static_cast<Index>(k) * rows, rows);
+  };
 
   TrainLog log;
   dist::together(comm, [&] {
     if (root) log = TrainLog(cfg.out_dir, step0);
   });
   ProgressLine progress(verbose);
-  auto eval_and_checkpoint = [&](std::int64_t step) {
-    dist::together(comm, [&] {
-      if (!root) return;
-      const EvalResult er = evaluate(model, d, cfg.batch_size, T, static_cast<std::size_t>(cfg.eval_batches));
-      if (verbose) {
-        progress.finish_line();
-        fmt::print("[eval step {}] val: nll {:.4f}  perplexity {:.3f}  ({} bytes scored, {} windows)\n", step, er.nll,
-                   er.perplexity, er.n_tokens, er.n_windows);
-      }
-      nlohmann::json j = to_json(er);
-      j["step"] = step;
-      j["event"] = "eval";
-      log.write(j);
-      res.last_eval = er;
-      write_config(config_path(cfg.out_dir), saved_cfg);
-      save_checkpoint(cfg.out_dir, model, &opt, step, cfg.seed);
-    });
-  };
-
-  // the data-parallel step (M > 1 or several ranks): the per-micro-batch values gathered are loss, ce, count
-  const bool plain = M == 1 && comm.size() == 1;
-  std::optional<dist::GradientReducer<S>> reducer;
-  if (!plain) reducer.emplace(model.parameters(), comm, M);
-  const Index rows = cfg.batch_size / static_cast<Index>(M);
-  constexpr std::size_t kPerMicro = 3;
-  auto fail_nonfinite = [&](const std::string& m) {
-    progress.finish_line();
-    throw NonFiniteError(m);
-  };
-
-  typename Model<S>::Cache cache;
-  std::int64_t done = 0;
-  const auto t_loop = std::chrono::steady_clock::now();
-  for (std::int64_t step = step0 + 1; step <= cfg.steps; ++step) {
-    const auto t_step = std::chrono::steady_clock::now();
-    ::dea::lm::CausalLmLossOptions loss_opt;
-    loss_opt.label_smoothing = cfg.label_smoothing;
-    double loss = 0, ce = 0;
-    std::int64_t n_tokens = 0;
-    if (plain) {
-      const LmBatch b = train_batch(d, cfg.batch_size, T, cfg.seed, step);
-      opt.zero_grad();
-      const auto r = model.forward_backward(b.ids, b.labels, cache, loss_opt);
-      loss = with_injected_fault(static_cast<double>(r.loss), step, 0);
-      ce = static_cast<double>(r.ce);
-      n_tokens = r.count;
-      if (!std::isfinite(loss))
-        fail_nonfinite(fmt::format("dea: non-finite loss at step {} ({}); stopping. The last good checkpoint in {} is "
-                                   "kept.", step, loss, cfg.out_dir));
-    } else {
-      dist::GradientReducer<S>& red = *reducer;
-      const dist::LeafRange lr = red.local();
-      std::vector<double> mine(static_cast<std::size_t>(lr.size()) * kPerMicro);
-      int status = 0;
-      std::string message;
-      try {
-        red.begin();
-        for (const std::int64_t k : red.local_order()) {
-          const LmBatch b = train_batch_rows(d, cfg.batch_size, T, cfg.seed, step, static_cast<Index>(k) * rows, rows);
-          opt.zero_grad();
-          const auto r = model.forward_backward(b.ids, b.labels, cache, loss_opt);
-          const double micro_loss = with_injected_fault(static_cast<double>(r.loss), step, k);
-          if (!std::isfinite(micro_loss))
-            throw NonFiniteError(fmt::format("dea: non-finite loss at step {}, micro-batch {} of {}{} ({}); stopping. "
-                                             "The last good checkpoint in {} is kept.", step, k, M,
-                                             comm.size() > 1 ? fmt::format(" (rank {} of {})", comm.rank(), comm.size())
-                                                             : std::string(),
-                                             micro_loss, cfg.out_dir));
-          red.add(k, S(1) / static_cast<S>(M));
-          double* v = &mine[static_cast<std::size_t>(k - lr.first) * kPerMicro];
-          v[0] = micro_loss;
-          v[1] = static_cast<double>(r.ce);
-          v[2] = static_cast<double>(r.count);
-        }
-      } catch (const NonFiniteError& e) {
-        if (comm.size() == 1) fail_nonfinite(e.what());
-        status = 3;
-        message = e.what();
-      } catch (const std::exception& e) {
-        if (comm.size() == 1) throw;
-        status = 1;
-        message = dist::rank_message(comm, e.what());
-      }
-      if (comm.size() > 1) {
-        const dist::Agreement a = comm.agree(status, message);
-        if (!a.ok) {
-          if (a.status == 3) fail_nonfinite(a.message);
-          progress.finish_line();
-          throw dist::RankFailed(a);
-        }
-      }
-      const std::vector<double> all = red.gather(mine, kPerMicro);
-      red.finish();
-      res.comm_seconds += red.comm_seconds();
-      for (std::int64_t k = 0; k < M; ++k) {  // in micro-batch order
-        loss += all[static_cast<std::size_t>(k) * kPerMicro];
-        ce += all[static_cast<std::size_t>(k) * kPerMicro + 1];
-        n_tokens += static_cast<std::int64_t>(all[static_cast<std::size_t>(k) * kPerMicro + 2]);
-      }
-      loss /= static_cast<double>(M);
-      ce /= static_cast<double>(M);
-    }
-    const optim::GradNorms norms = opt.clip_grad_norms();
-    if (!norms.all_finite())
-      fail_nonfinite(fmt::format("dea: non-finite gradient norm at step {}; stopping. The last good checkpoint in {} "
-                                 "is kept.", step, cfg.out_dir));
-    const double lr = lr_at(cfg, step);
-    opt.set_lr("main", lr);
-    opt.step();
-    res.step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
+  typename Trainer<LmFamily<S>>::Hooks h;
+  h.steps = cfg.steps;
+  h.log_every = cfg.log_every;
+  h.eval_every = cfg.eval_every;
+  h.evaluate_when_idle = !cfg.resume;
+  h.checkpoint_dir = cfg.out_dir;
+  h.log = &log;
+  h.progress = &progress;
+  auto grad_norm = [](const optim::GradNorms& n) { return n.norm.count("main") ? n.norm.at("main") : 0.0; };
+  h.on_step = [&](const auto& st, const LmBatch&) {
+    res.step_seconds += st.seconds;
+    res.comm_seconds += st.comm_seconds;
     res.step_tokens += static_cast<std::int64_t>(cfg.batch_size) * static_cast<std::int64_t>(T);
-    ++done;
-    res.last_step = step;
-    res.last_loss = loss;
-    const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
-    const double rate = static_cast<double>(done) / std::max(el, 1e-9);
-    const bool log_now = step % cfg.log_every == 0 || step == 1 || step == cfg.steps;
-    if (log_now && root) {
-      nlohmann::json j;
-      j["step"] = step;
-      j["loss"] = json_number(loss);
-      if (cfg.label_smoothing > 0) j["ce"] = json_number(ce);
-      j["grad_norm"] = json_number(norms.norm.count("main") ? norms.norm.at("main") : 0.0);
-      j["lr"] = lr;
-      j["n_tokens"] = n_tokens;
-      j["layers"] = layer_telemetry(model);
-      j["steps_per_s"] = rate;
-      log.write(j);
+    res.last_step = st.step;
+    res.last_loss = st.losses.task;
+  };
+  h.log_fields = [&](const auto& st, const LmBatch&, nlohmann::json& j) {
+    j["loss"] = json_number(st.losses.task);
+    if (cfg.label_smoothing > 0) j["ce"] = json_number(st.losses.extra);
+    j["grad_norm"] = json_number(grad_norm(st.norms));
+    j["lr"] = st.lr;
+    j["n_tokens"] = st.losses.count;
+    j["layers"] = layer_telemetry(model);
+  };
+  h.progress_fields = [&](const auto& st) {
+    return fmt::format("loss {:.4f}  |g| {:.3f}", st.losses.task, grad_norm(st.norms));
+  };
+  h.evaluate = [&](std::int64_t step) {
+    const EvalResult er = evaluate(model, d, cfg.batch_size, T, static_cast<std::size_t>(cfg.eval_batches));
+    if (verbose) {
+      progress.finish_line();
+      fmt::print("[eval step {}] val: nll {:.4f}  perplexity {:.3f}  ({} bytes scored, {} windows)\n", step, er.nll,
+                 er.perplexity, er.n_tokens, er.n_windows);
     }
-    progress.show(fmt::format("step {:>6}/{}  loss {:.4f}  |g| {:.3f}  {:.2f} it/s  ETA {}", step, cfg.steps, loss,
-                              norms.norm.count("main") ? norms.norm.at("main") : 0.0, rate,
-                              format_duration(static_cast<double>(cfg.steps - step) / rate)),
-                  log_now || step == step0 + 1);
-    if (step % cfg.eval_every == 0 || step == cfg.steps) eval_and_checkpoint(step);
-  }
-  if (done == 0 && !cfg.resume) eval_and_checkpoint(step0);
+    nlohmann::json j = to_json(er);
+    j["step"] = step;
+    j["event"] = "eval";
+    log.write(j);
+    res.last_eval = er;
+  };
+  h.checkpoint = [&](std::int64_t step) {
+    write_config(config_path(cfg.out_dir), saved_cfg);
+    save_checkpoint(cfg.out_dir, model, &opt, step, cfg.seed);
+  };
+
+  const auto t_loop = std::chrono::steady_clock::now();
+  const std::int64_t done = trainer.run(step0, batches, h);
   if (verbose) {
     const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_loop).count();
     fmt::print("done: {} steps in {:.1f} s{}\n", done, el,

@@ -1,53 +1,64 @@
-// dea/train/trainer.hpp: the training loop, generic over the model: one optimiser step, the evaluation pass and
-// the loop that calls the program's hooks (logging, the progress line, plots, probes, checkpoints).
+// dea/train/trainer.hpp: the training loop, the one every model family's run follows. A family says what differs
+// between models; the trainer does the rest, once:
 //
-// The model type provides what TransformerModel provides:
-//   using Scalar; struct Cache;
-//   Output forward(const Batch&, Scalar gamma_mix, bool training, Rng* dropout_rng, Cache&);  // Output has
-//                                                                     // task_loss and loss_gate
-//   void backward(Cache&);            // adds d(task_loss + loss_gate) into the parameters' gradients
-//   parameters()                      // the ParamList the optimiser was built on
-// Step s (1-based) draws its dropout masks from Rng(stream_seed(seed, kDropoutStream, s)) and mixes the oracle with
-// gamma_mix(s - 1, gamma_steps), so a run resumed at step k continues as the uninterrupted run does.
+//   run(step0, batches, hooks)                              // steps step0+1 .. hooks.steps
+//     for each step s:
+//       step(batch(s), s)  or  step_micro(s, ...)           // forward/backward, clipping, learning rate, AdamW
+//       hooks.on_step                                       // the family's bookkeeping (results, plot samples)
+//       the log line (every log_every steps, step 1, the last): "step", hooks.log_fields, "steps_per_s"
+//       the progress line: "step s/N  <hooks.progress_fields>  r it/s  ETA t"
+//       hooks.evaluate, hooks.checkpoint on rank 0 (every eval_every steps and after the last)
+//     a non-finite loss or gradient norm stops every rank with one message naming the step (and micro-batch, rank)
+//     and the checkpoint it keeps
 //
-// A program's loop, written with it:
-//   train::Trainer<Model> t(model, opt, seed, gamma_steps);
-//   for (std::int64_t s = step0 + 1; s <= steps; ++s) {
-//     const auto st = t.step(batch_of(s), s);       // forward, backward, clip, AdamW
-//     fmt::print("step {} loss {}\n", s, st.task_loss);
-//   }
-// or t.run(step0, steps, batch_of, hooks), which calls hooks.on_step after each step and hooks.on_eval every
-// eval_every steps and at the last.
+// A family (DualExpertFamily<Model> for the encoder and DualExpertBert, lm_run::LmFamily for the decoder LM) gives:
+//   using Scalar; using Batch;
+//   ParamList<Scalar> parameters();
+//   Losses forward_backward(const Batch&, std::int64_t step, Rng& dropout);
+//       // the gradients of the batch's loss added into the (zeroed) parameters' gradients; on a non-finite loss it
+//       // may return without the backward pass
+//   std::string describe(const Losses&) const;            // the losses in the non-finite message: "task_loss 0.7, ..."
+//   std::string describe(const optim::GradNorms&) const;  // the norms after it (" (main nan, gate 0.2)"), or ""
 //
-// Micro-batches and ranks (docs/scale.md): after t.set_micro_batches(comm, M), step_micro() runs a step as M
-// micro-batches, this rank's share of them (dist/reducer.hpp): micro-batch k's gradient alone (its dropout masks
-// from Rng(micro_stream_seed(seed, kDropoutStream, s, k))), weighted by its share of the batch's examples, summed
-// in the fixed tree, then clipping and AdamW as in step(). The step's task_loss and loss_gate are the weighted
-// sums of the micro-batches' losses in micro-batch order; the cache and output are those of the rank's first
-// micro-batch (micro-batch 0 on rank 0). run() then calls micro(s, k) for the batch of micro-batch k and rows(s, k)
-// for its example count.
+// Around the loop: open_run builds a run's model and optimiser on every rank (and loads a resumed run's checkpoint);
+// a LossFault the caller installs sees every task loss before the checks (a program's rehearsal of the failure path;
+// the library installs none and reads no environment variable).
+//
+// Randomness: step s (1-based) draws its dropout masks from Rng(stream_seed(seed, kDropoutStream, s)) (seeds.hpp),
+// so a run resumed at step k continues as the uninterrupted run does.
+//
+// Micro-batches and ranks (docs/scale.md): after set_micro_batches(comm, M), a step runs as M micro-batches, this
+// rank's share of them (dist/reducer.hpp): micro-batch k's gradient alone (its dropout masks from
+// Rng(micro_stream_seed(seed, kDropoutStream, s, k))), weighted by its share of the batch's examples, summed in the
+// fixed tree, then clipping and AdamW as for one batch. The step's losses are the weighted sums of the micro-batches'
+// losses in micro-batch order (Losses::count the plain sum); the family's caches end on the rank's first
+// micro-batch, whose batch the hooks see. Every micro-batch phase ends with the exchange of every rank's RankStatus,
+// so a failure on one rank stops all of them with its message.
 #pragma once
 
 #include "../core/error.hpp"
+#include "../core/param.hpp"
 #include "../core/rng.hpp"
 #include "../dist/comm.hpp"
 #include "../dist/grad_buffer.hpp"
 #include "../dist/reducer.hpp"
-#include "../nn/transformer.hpp"
 #include "../optim/adamw.hpp"
-#include "../optim/schedule.hpp"
+#include "run_dir.hpp"
 #include "seeds.hpp"
 
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -63,14 +74,35 @@ public:
   explicit NonFiniteError(const std::string& what) : Error(what) {}
 };
 
-/// Fault injection, for testing the failure paths end to end: with the environment variable
-/// DEA_INJECT_NONFINITE_LOSS=STEP:MICRO, the loss of micro-batch MICRO (0 when a step is one batch) at step STEP
-/// reads as NaN on whichever rank computes it, as if that micro-batch's data had driven it there; the run then stops
-/// as a genuine non-finite loss stops it. Unset (the normal case) it costs one comparison per micro-batch.
+/// How a rank ended its part of a step, as every rank tells the others (dist::Comm::agree): the lowest failing
+/// rank's status and message reach every rank, which then throws NonFiniteError (non_finite) or dist::RankFailed.
+enum class RankStatus : int {
+  ok = 0,
+  failed = 1,      ///< an error (bad input, out of memory, ...): exit status 1
+  non_finite = 3,  ///< a non-finite loss
+};
+
+/// The loss values of one (micro-)batch, as a family's forward_backward measures them.
+struct Losses {
+  double task = 0;         ///< the loss the step descends (checked: a non-finite one stops the run)
+  double gate = 0;         ///< the Dual-Expert gate loss (checked; 0 for a family without a gate)
+  double extra = 0;        ///< a further value the family logs, averaged like task (the LM's plain cross-entropy)
+  std::int64_t count = 0;  ///< summed over the micro-batches, not averaged (the LM's scored predictions)
+  bool finite() const { return std::isfinite(task) && std::isfinite(gate); }
+};
+
+/// A fault the caller installs to rehearse the failure paths end to end: the trainer passes it the task loss of
+/// micro-batch `micro` (0 when a step is one batch) of step `step` and uses what it returns.
+using LossFault = std::function<double(double loss, std::int64_t step, std::int64_t micro)>;
+
+/// A "STEP:MICRO_BATCH" fault (the `dea train` program's debug variable): the loss of that micro-batch at that step
+/// reads as NaN on whichever rank computes it.
 struct InjectedFault {
   std::int64_t step = -1, micro = -1;
 };
 
+/// Parses `value` of the variable `name` (nullptr: no fault); anything but two non-negative integers is a dea::Error
+/// naming the variable.
 inline InjectedFault parse_injected_fault(const char* name, const char* value) {
   InjectedFault f;
   if (!value) return f;
@@ -93,13 +125,6 @@ inline InjectedFault parse_injected_fault(const char* name, const char* value) {
   check(f.step >= 0 && f.micro >= 0, "environment variable ", name, "='", v,
         "': expected STEP:MICRO_BATCH, two non-negative integers (for example 3:1)");
   return f;
-}
-
-/// The loss of micro-batch `micro` at step `step`, or NaN where DEA_INJECT_NONFINITE_LOSS names them.
-inline double with_injected_fault(double loss, std::int64_t step, std::int64_t micro) {
-  static const char* const kName = "DEA_INJECT_NONFINITE_LOSS";
-  static const InjectedFault f = parse_injected_fault(kName, std::getenv(kName));
-  return f.step == step && f.micro == micro ? std::nan("") : loss;
 }
 
 /// A hash of `model`'s parameters and (when given) `opt`'s state: two ranks hold the same model exactly when their
@@ -127,7 +152,44 @@ inline void check_ranks_agree(dist::Comm& comm, const std::string& config_json, 
                                         : "the initial parameters (built from --seed on every rank)");
 }
 
-/// Evaluation mode (gamma 0, no dropout) over batches 0 .. n-1 of `model`: batch(k) gives batch k, and
+/// How a run starts (open_run).
+struct RunStart {
+  std::string out_dir;
+  bool resume = false;         ///< load out_dir's checkpoint
+  bool replace_files = false;  ///< a fresh run: delete the files of the run in out_dir (rank 0) once the model exists
+  std::int64_t steps = 0;      ///< the run's last step: a checkpoint beyond it is refused
+  std::string config_json;     ///< the configuration with the data's fingerprint, compared across the ranks
+};
+
+/// The model and optimiser open_run gives.
+template <class Model>
+struct OpenedRun {
+  std::unique_ptr<Model> model;
+  std::optional<optim::AdamW<typename Model::Scalar>> opt;
+  std::int64_t step0 = 0;  ///< the step of the checkpoint resumed from (0: a fresh run)
+};
+
+/// Builds a run's model (build()) and its optimiser (make_optimizer(model)) on every rank of `comm`; a resumed run
+/// then loads them (load(model, opt) returns the checkpoint's step). A failure on one rank stops every rank; then
+/// every rank must hold the same configuration and the same model (check_ranks_agree).
+template <class Build, class MakeOptimizer, class Load>
+auto open_run(dist::Comm& comm, const RunStart& rs, Build&& build, MakeOptimizer&& make_optimizer, Load&& load) {
+  using Model = typename std::decay_t<decltype(build())>::element_type;
+  OpenedRun<Model> r;
+  dist::together(comm, [&] {
+    r.model = build();
+    r.opt.emplace(make_optimizer(*r.model));
+    if (rs.replace_files && comm.rank() == 0) remove_run_files(rs.out_dir);
+    if (rs.resume) {
+      r.step0 = load(*r.model, *r.opt);
+      check(r.step0 <= rs.steps, "--resume: the checkpoint is at step ", r.step0, ", beyond --steps ", rs.steps);
+    }
+  });
+  check_ranks_agree(comm, rs.config_json, rs.resume, [&] { return model_state_hash(*r.model, &*r.opt); });
+  return r;
+}
+
+/// Evaluation mode (gamma 0, no dropout) over batches 0 .. n-1 of a Dual-Expert `model`: batch(k) gives batch k, and
 /// visit(k, batch, output, cache) after its forward measures what the caller wants.
 template <class Model, class BatchFn, class Visit>
 void evaluation_pass(Model& model, std::size_t n, BatchFn&& batch, Visit&& visit) {
@@ -139,196 +201,6 @@ void evaluation_pass(Model& model, std::size_t n, BatchFn&& batch, Visit&& visit
     visit(k, b, o, c);
   }
 }
-
-template <class Model, class Batch = nn::ModelBatch<typename Model::Scalar>>
-class Trainer {
-public:
-  using Scalar = typename Model::Scalar;
-  using Cache = typename Model::Cache;
-  using Output = decltype(std::declval<Model&>().forward(std::declval<const Batch&>(), Scalar(), true,
-                                                         static_cast<Rng*>(nullptr), std::declval<Cache&>()));
-
-  /// What one step did.
-  struct Step {
-    std::int64_t step = 0;
-    Scalar gamma = 0;
-    double task_loss = 0, loss_gate = 0;
-    optim::GradNorms norms;
-  };
-
-  /// What the loop calls (each may be empty).
-  struct Hooks {
-    std::int64_t eval_every = 0;                                   ///< 0: on_eval only after the last step
-    std::function<void(const Step&, const Batch&)> on_step;       ///< after every step
-    std::function<void(std::int64_t step)> on_eval;                ///< every eval_every steps and after the last
-  };
-
-  Trainer(Model& model, optim::AdamW<Scalar>& opt, std::uint64_t seed, std::int64_t gamma_steps)
-      : model_(model), opt_(opt), seed_(seed), gamma_steps_(gamma_steps) {}
-
-  /// One optimiser step on `b`, the batch of step `step` (1-based). NonFiniteError when the loss or a gradient
-  /// norm is not finite (before the optimiser step).
-  Step step(const Batch& b, std::int64_t step) {
-    Step s;
-    s.step = step;
-    s.gamma = optim::gamma_mix<Scalar>(step - 1, gamma_steps_);
-    Rng drng(stream_seed(seed_, kDropoutStream, static_cast<std::uint64_t>(step)));
-    out_ = model_.forward(b, s.gamma, true, &drng, cache_);
-    s.task_loss = with_injected_fault(static_cast<double>(out_.task_loss), step, 0);
-    s.loss_gate = static_cast<double>(out_.loss_gate);
-    if (!std::isfinite(s.task_loss) || !std::isfinite(s.loss_gate))
-      throw NonFiniteError(fmt::format("dea: non-finite loss at step {} (task_loss {}, loss_gate {}); stopping.", step,
-                                       s.task_loss, s.loss_gate));
-    opt_.zero_grad();
-    model_.backward(cache_);
-    s.norms = opt_.clip_grad_norms();
-    if (!s.norms.all_finite()) {
-      std::string groups;
-      for (const auto& kv : s.norms.norm) groups += fmt::format("{}{} {}", groups.empty() ? "" : ", ", kv.first, kv.second);
-      throw NonFiniteError(fmt::format("dea: non-finite gradient norm at step {} ({}); stopping.", step, groups));
-    }
-    opt_.step();
-    return s;
-  }
-
-  /// Steps first+1 .. last; batch(step) gives each step's batch. Returns the number of steps run.
-  template <class BatchFn>
-  std::int64_t run(std::int64_t first, std::int64_t last, BatchFn&& batch, const Hooks& h) {
-    std::int64_t done = 0;
-    for (std::int64_t s = first + 1; s <= last; ++s) {
-      const Batch b = batch(s);
-      const Step st = step(b, s);
-      ++done;
-      if (h.on_step) h.on_step(st, b);
-      if (h.on_eval && ((h.eval_every > 0 && s % h.eval_every == 0) || s == last)) h.on_eval(s);
-    }
-    return done;
-  }
-
-  /// Steps run as `micro_batches` micro-batches on the ranks of `comm` (see the file comment).
-  void set_micro_batches(dist::Comm& comm, std::int64_t micro_batches) {
-    comm_ = &comm;
-    reducer_ = std::make_unique<dist::GradientReducer<Scalar>>(model_.parameters(), comm, micro_batches);
-  }
-  bool micro_batched() const { return reducer_ != nullptr; }
-  /// Seconds the last step spent in the transport.
-  double comm_seconds() const { return reducer_ ? reducer_->comm_seconds() : 0.0; }
-
-  /// One optimiser step of step `step` as micro-batches: rows(k) gives micro-batch k's example count (0: empty),
-  /// micro(k) its batch (called for this rank's micro-batches only). `first` receives the batch of this rank's
-  /// first micro-batch (whose cache and output the trainer keeps). NonFiniteError on every rank when a loss is not
-  /// finite on any rank, or the gradient norm is not; dist::RankFailed on every rank when micro() threw on one.
-  template <class RowsFn, class MicroFn>
-  Step step_micro(std::int64_t step, RowsFn&& rows, MicroFn&& micro, Batch* first = nullptr) {
-    check(reducer_ != nullptr, "Trainer::step_micro: set_micro_batches first");
-    dist::GradientReducer<Scalar>& red = *reducer_;
-    const std::int64_t M = red.micro_batches();
-    Step s;
-    s.step = step;
-    s.gamma = optim::gamma_mix<Scalar>(step - 1, gamma_steps_);
-    std::vector<double> weight(static_cast<std::size_t>(M));
-    double total = 0;
-    for (std::int64_t k = 0; k < M; ++k) total += static_cast<double>(weight[static_cast<std::size_t>(k)] =
-                                                                          static_cast<double>(rows(k)));
-    check(total > 0, "Trainer::step_micro: the batch of step ", step, " is empty");
-    for (double& w : weight) w /= total;
-    const dist::LeafRange lr = red.local();
-    std::vector<double> mine(static_cast<std::size_t>(lr.size()) * 2, 0.0);
-    int status = 0;
-    std::string message;
-    try {
-      red.begin();
-      for (const std::int64_t k : red.local_order()) {
-        const double w = weight[static_cast<std::size_t>(k)];
-        if (w == 0) {
-          red.add_zero(k);
-          continue;
-        }
-        Batch b = micro(k);
-        Rng drng(micro_stream_seed(seed_, kDropoutStream, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(k)));
-        out_ = model_.forward(b, s.gamma, true, &drng, cache_);
-        const double task = with_injected_fault(static_cast<double>(out_.task_loss), step, k);
-        const double gate = static_cast<double>(out_.loss_gate);
-        if (!std::isfinite(task) || !std::isfinite(gate))
-          throw NonFiniteError(fmt::format("dea: non-finite loss at step {}, micro-batch {} of {}{} (task_loss {}, "
-                                           "loss_gate {}); stopping.", step, k, M,
-                                           comm_->size() > 1 ? fmt::format(" (rank {} of {})", comm_->rank(),
-                                                                           comm_->size())
-                                                             : std::string(),
-                                           task, gate));
-        opt_.zero_grad();
-        model_.backward(cache_);
-        red.add(k, static_cast<Scalar>(w));
-        mine[static_cast<std::size_t>(k - lr.first) * 2] = task;
-        mine[static_cast<std::size_t>(k - lr.first) * 2 + 1] = gate;
-        if (first && k == lr.first) *first = std::move(b);
-      }
-    } catch (const std::exception& e) {
-      if (comm_->size() == 1) throw;
-      status = dynamic_cast<const NonFiniteError*>(&e) ? 3 : 1;
-      message = status == 1 ? dist::rank_message(*comm_, e.what()) : std::string(e.what());
-    }
-    if (comm_->size() > 1) {
-      const dist::Agreement a = comm_->agree(status, message);
-      if (!a.ok) {
-        if (a.status == 3) throw NonFiniteError(a.message);
-        throw dist::RankFailed(a);
-      }
-    }
-    const std::vector<double> all = red.gather(mine, 2);
-    red.finish();
-    for (std::int64_t k = 0; k < M; ++k) {  // in micro-batch order
-      s.task_loss += weight[static_cast<std::size_t>(k)] * all[static_cast<std::size_t>(k) * 2];
-      s.loss_gate += weight[static_cast<std::size_t>(k)] * all[static_cast<std::size_t>(k) * 2 + 1];
-    }
-    s.norms = opt_.clip_grad_norms();
-    if (!s.norms.all_finite()) {
-      std::string groups;
-      for (const auto& kv : s.norms.norm) groups += fmt::format("{}{} {}", groups.empty() ? "" : ", ", kv.first, kv.second);
-      throw NonFiniteError(fmt::format("dea: non-finite gradient norm at step {} ({}); stopping.", step, groups));
-    }
-    opt_.step();
-    return s;
-  }
-
-  /// Steps first+1 .. last as micro-batches (set_micro_batches): rows(step, k) and micro(step, k) give micro-batch
-  /// k's example count and batch; hooks.on_step sees the batch of this rank's first micro-batch.
-  template <class RowsFn, class MicroFn>
-  std::int64_t run_micro(std::int64_t first, std::int64_t last, RowsFn&& rows, MicroFn&& micro, const Hooks& h) {
-    std::int64_t done = 0;
-    for (std::int64_t s = first + 1; s <= last; ++s) {
-      Batch b;
-      const Step st = step_micro(
-          s, [&](std::int64_t k) { return rows(s, k); }, [&](std::int64_t k) { return micro(s, k); }, &b);
-      ++done;
-      if (h.on_step) h.on_step(st, b);
-      if (h.on_eval && ((h.eval_every > 0 && s % h.eval_every == 0) || s == last)) h.on_eval(s);
-    }
-    return done;
-  }
-
-  /// Evaluation mode over batches 0 .. n-1 (see evaluation_pass).
-  template <class BatchFn, class Visit>
-  void evaluate(std::size_t n, BatchFn&& batch, Visit&& visit) {
-    evaluation_pass(model_, n, std::forward<BatchFn>(batch), std::forward<Visit>(visit));
-  }
-
-  Model& model() { return model_; }
-  optim::AdamW<Scalar>& optimizer() { return opt_; }
-  /// The forward cache and output of the last step (hooks read the attention maps from it).
-  const Cache& cache() const { return cache_; }
-  const Output& output() const { return out_; }
-
-private:
-  Model& model_;
-  optim::AdamW<Scalar>& opt_;
-  std::uint64_t seed_;
-  std::int64_t gamma_steps_;
-  Cache cache_;
-  Output out_{};
-  dist::Comm* comm_ = nullptr;
-  std::unique_ptr<dist::GradientReducer<Scalar>> reducer_;
-};
 
 /// The console's progress line: on a terminal one line rewritten in place (and kept at the steps asked for),
 /// elsewhere only the kept lines.
@@ -369,5 +241,262 @@ inline std::string format_duration(double s) {
   if (t >= 60) return fmt::format("{}m{:02d}s", t / 60, static_cast<int>(t % 60));
   return fmt::format("{}s", t);
 }
+
+template <class Family>
+class Trainer {
+public:
+  using Scalar = typename Family::Scalar;
+  using Batch = typename Family::Batch;
+
+  /// What one step did.
+  struct Step {
+    std::int64_t step = 0;
+    Losses losses;            ///< of the whole batch (micro-batches: weighted by their examples)
+    optim::GradNorms norms;   ///< per group, before clipping
+    double lr = 0;            ///< the main group's learning rate of the schedule (0 without one)
+    double seconds = 0;       ///< wall time: batch, forward/backward, reduction, optimiser
+    double comm_seconds = 0;  ///< of which in the transport (allgathers of a data-parallel step)
+  };
+
+  /// Where run() takes a step's batch: the whole batch of step s, or (micro-batched) micro-batch k's example count
+  /// (0: empty) and its batch (asked for this rank's micro-batches only).
+  struct Batches {
+    std::function<Batch(std::int64_t step)> whole;
+    std::function<Index(std::int64_t step, std::int64_t k)> rows;
+    std::function<Batch(std::int64_t step, std::int64_t k)> micro;
+  };
+
+  /// What run() does besides the steps; each function may be empty.
+  struct Hooks {
+    std::int64_t steps = 0;      ///< the run's last step
+    std::int64_t log_every = 1;  ///< a log line every log_every steps (and at steps 1 and the last)
+    std::int64_t eval_every = 0; ///< evaluate every eval_every steps (0: only after the last)
+    /// A run with no step to take still evaluates and writes its checkpoint once, at its first step.
+    bool evaluate_when_idle = false;
+    std::string checkpoint_dir;  ///< the run directory, named by a non-finite stop's message (its checkpoint stays)
+    TrainLog* log = nullptr;           ///< written when open (rank 0)
+    ProgressLine* progress = nullptr;  ///< the console's progress line
+    std::function<void(const Step&, const Batch& first)> on_step;  ///< after every step, on every rank
+    std::function<void(const Step&, const Batch& first, nlohmann::json& line)> log_fields;  ///< a log line's fields
+    std::function<std::string(const Step&)> progress_fields;  ///< the family's part of the progress line
+    std::function<void(std::int64_t step)> evaluate;          ///< on rank 0: evaluation, its log line, plots
+    std::function<void(std::int64_t step)> checkpoint;        ///< on rank 0 after evaluate: the run directory
+  };
+
+  /// `lr_main(step)` (when given) sets the main group's learning rate of each step before the optimiser step;
+  /// `fault` (when given) sees every task loss first (see LossFault).
+  Trainer(Family& family, optim::AdamW<Scalar>& opt, std::uint64_t seed,
+          std::function<double(std::int64_t step)> lr_main = nullptr, LossFault fault = nullptr)
+      : family_(family), opt_(opt), seed_(seed), lr_main_(std::move(lr_main)), fault_(std::move(fault)) {}
+
+  /// Steps run as `micro_batches` micro-batches on the ranks of `comm` (see the file comment).
+  void set_micro_batches(dist::Comm& comm, std::int64_t micro_batches) {
+    comm_ = &comm;
+    reducer_ = std::make_unique<dist::GradientReducer<Scalar>>(family_.parameters(), comm, micro_batches);
+  }
+  bool micro_batched() const { return reducer_ != nullptr; }
+
+  /// Steps first+1 .. hooks.steps (see the file comment). Returns the number of steps run. NonFiniteError (on every
+  /// rank) naming the step and the checkpoint kept; dist::RankFailed on every rank when a rank failed.
+  std::int64_t run(std::int64_t first, const Batches& batches, const Hooks& h) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::int64_t done = 0;
+    try {
+      for (std::int64_t s = first + 1; s <= h.steps; ++s) {
+        Batch b;
+        const Step st = take_step(s, batches, b);
+        ++done;
+        if (h.on_step) h.on_step(st, b);
+        const double rate = static_cast<double>(done) / std::max(seconds_since(t0), 1e-9);
+        // logged steps depend on the step number alone (a resumed run logs what an uninterrupted one does); the
+        // console also keeps the first step of a resumed run
+        const bool log_now = s % h.log_every == 0 || s == 1 || s == h.steps;
+        if (log_now && h.log && h.log->is_open()) h.log->write(log_line(st, b, rate, h));
+        if (h.progress)
+          h.progress->show(fmt::format("step {:>6}/{}  {}  {:.2f} it/s  ETA {}", s, h.steps,
+                                       h.progress_fields ? h.progress_fields(st) : std::string(), rate,
+                                       format_duration(static_cast<double>(h.steps - s) / rate)),
+                           log_now || s == first + 1);
+        if ((h.eval_every > 0 && s % h.eval_every == 0) || s == h.steps) evaluate(h, s);
+      }
+    } catch (const NonFiniteError& e) {
+      if (h.progress) h.progress->finish_line();
+      throw NonFiniteError("dea: " + without_error_prefix(e.what()) + " The last good checkpoint in " +
+                           h.checkpoint_dir + " is kept.");  // (on every rank alike)
+    } catch (const dist::RankFailed&) {
+      if (h.progress) h.progress->finish_line();
+      throw;
+    }
+    if (done == 0 && h.evaluate_when_idle) evaluate(h, first);
+    return done;
+  }
+
+  /// One optimiser step on `b`, the batch of step `step` (1-based). NonFiniteError when the loss or a gradient
+  /// norm is not finite (before the optimiser step).
+  Step step(const Batch& b, std::int64_t step) {
+    Step s;
+    s.step = step;
+    Rng drng(stream_seed(seed_, kDropoutStream, static_cast<std::uint64_t>(step)));
+    s.losses = forward_backward(b, step, 0, drng);
+    if (!s.losses.finite())
+      throw NonFiniteError(fmt::format("dea: non-finite loss at step {} ({}); stopping.", step,
+                                       family_.describe(s.losses)));
+    update(s);
+    return s;
+  }
+
+  /// One optimiser step of step `step` as micro-batches (set_micro_batches): rows(k) gives micro-batch k's example
+  /// count (0: empty), micro(k) its batch (called for this rank's micro-batches only). `first` receives the batch
+  /// of this rank's first micro-batch. NonFiniteError on every rank when a loss is not finite on any rank, or the
+  /// gradient norm is not; dist::RankFailed on every rank when micro() or the family threw on one.
+  template <class RowsFn, class MicroFn>
+  Step step_micro(std::int64_t step, RowsFn&& rows, MicroFn&& micro, Batch* first = nullptr) {
+    check(reducer_ != nullptr, "Trainer::step_micro: set_micro_batches first");
+    dist::GradientReducer<Scalar>& red = *reducer_;
+    const std::int64_t M = red.micro_batches();
+    std::vector<double> weight(static_cast<std::size_t>(M));
+    double total = 0;
+    for (std::int64_t k = 0; k < M; ++k)
+      total += static_cast<double>(weight[static_cast<std::size_t>(k)] = static_cast<double>(rows(k)));
+    check(total > 0, "Trainer::step_micro: the batch of step ", step, " is empty");
+    for (double& w : weight) w /= total;
+    const dist::LeafRange lr = red.local();
+    std::vector<double> mine(static_cast<std::size_t>(lr.size()) * kGathered, 0.0);
+    RankStatus status = RankStatus::ok;
+    std::string message;
+    try {
+      red.begin();
+      for (const std::int64_t k : red.local_order()) {  // last to first
+        const double w = weight[static_cast<std::size_t>(k)];
+        if (w == 0) {
+          red.add_zero(k);
+          continue;
+        }
+        Batch b = micro(k);
+        Rng drng(micro_stream_seed(seed_, kDropoutStream, static_cast<std::uint64_t>(step),
+                                   static_cast<std::uint64_t>(k)));
+        const Losses l = forward_backward(b, step, k, drng);
+        if (!l.finite())
+          throw NonFiniteError(fmt::format("dea: non-finite loss at step {}, micro-batch {} of {}{} ({}); stopping.",
+                                           step, k, M, rank_tag(), family_.describe(l)));
+        red.add(k, static_cast<Scalar>(w));
+        double* v = &mine[static_cast<std::size_t>(k - lr.first) * kGathered];
+        v[0] = l.task;
+        v[1] = l.gate;
+        v[2] = l.extra;
+        v[3] = static_cast<double>(l.count);
+        if (first && k == lr.first) *first = std::move(b);
+      }
+    } catch (const std::exception& e) {
+      if (comm_->size() == 1) throw;
+      const bool non_finite = dynamic_cast<const NonFiniteError*>(&e) != nullptr;
+      status = non_finite ? RankStatus::non_finite : RankStatus::failed;
+      message = non_finite ? std::string(e.what()) : dist::rank_message(*comm_, e.what());
+    }
+    agree(status, message);
+    const std::vector<double> all = red.gather(mine, kGathered);
+    red.finish();
+    Step s;
+    s.step = step;
+    for (std::int64_t k = 0; k < M; ++k) {  // in micro-batch order
+      const double w = weight[static_cast<std::size_t>(k)];
+      const double* v = &all[static_cast<std::size_t>(k) * kGathered];
+      s.losses.task += w * v[0];
+      s.losses.gate += w * v[1];
+      s.losses.extra += w * v[2];
+      s.losses.count += static_cast<std::int64_t>(v[3]);
+    }
+    s.comm_seconds = red.comm_seconds();
+    update(s);
+    return s;
+  }
+
+  Family& family() { return family_; }
+  optim::AdamW<Scalar>& optimizer() { return opt_; }
+
+private:
+  static constexpr std::size_t kGathered = 4;  // the values of Losses a micro-batch contributes
+
+  static double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  Step take_step(std::int64_t s, const Batches& batches, Batch& first) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Step st;
+    if (micro_batched()) {
+      st = step_micro(
+          s, [&](std::int64_t k) { return batches.rows(s, k); }, [&](std::int64_t k) { return batches.micro(s, k); },
+          &first);
+    } else {
+      first = batches.whole(s);
+      st = step(first, s);
+    }
+    st.seconds = seconds_since(t0);
+    return st;
+  }
+
+  /// zero_grad, the family's forward/backward, and the fault (when installed) on its task loss.
+  Losses forward_backward(const Batch& b, std::int64_t step, std::int64_t micro, Rng& dropout) {
+    opt_.zero_grad();
+    Losses l = family_.forward_backward(b, step, dropout);
+    if (fault_) l.task = fault_(l.task, step, micro);
+    return l;
+  }
+
+  /// Clipping, the non-finite norm check, the learning rate of the step and the optimiser step.
+  void update(Step& s) {
+    s.norms = opt_.clip_grad_norms();
+    if (!s.norms.all_finite())
+      throw NonFiniteError(fmt::format("dea: non-finite gradient norm at step {}{}; stopping.", s.step,
+                                       family_.describe(s.norms)));
+    if (lr_main_) {
+      s.lr = lr_main_(s.step);
+      opt_.set_lr("main", s.lr);
+    }
+    opt_.step();
+  }
+
+  /// Every rank's status exchanged: NonFiniteError or dist::RankFailed on every rank when one failed.
+  void agree(RankStatus status, const std::string& message) {
+    if (comm_->size() == 1) return;
+    const dist::Agreement a = comm_->agree(static_cast<int>(status), message);
+    if (a.ok) return;
+    if (a.status == static_cast<int>(RankStatus::non_finite)) throw NonFiniteError(a.message);
+    throw dist::RankFailed(a);
+  }
+
+  /// " (rank r of R)" on several ranks, else "".
+  std::string rank_tag() const {
+    return comm_->size() > 1 ? fmt::format(" (rank {} of {})", comm_->rank(), comm_->size()) : std::string();
+  }
+
+  nlohmann::json log_line(const Step& st, const Batch& b, double rate, const Hooks& h) const {
+    nlohmann::json j;
+    j["step"] = st.step;
+    if (h.log_fields) h.log_fields(st, b, j);
+    j["steps_per_s"] = rate;
+    return j;
+  }
+
+  /// hooks.evaluate and hooks.checkpoint on rank 0; a failure there stops every rank.
+  void evaluate(const Hooks& h, std::int64_t step) {
+    auto on_root = [&] {
+      if (comm_ && comm_->rank() != 0) return;
+      if (h.evaluate) h.evaluate(step);
+      if (h.checkpoint) h.checkpoint(step);
+    };
+    if (comm_) return dist::together(*comm_, on_root);
+    on_root();
+  }
+
+  Family& family_;
+  optim::AdamW<Scalar>& opt_;
+  std::uint64_t seed_;
+  std::function<double(std::int64_t)> lr_main_;
+  LossFault fault_;
+  dist::Comm* comm_ = nullptr;
+  std::unique_ptr<dist::GradientReducer<Scalar>> reducer_;
+};
 
 }  // namespace dea::train
