@@ -37,7 +37,7 @@
 // 2 bad command line; 3 the kernels disagree (or the check process crashed).
 #include <dea/attention/dual_expert.hpp>
 #include <dea/core/allocator.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 
 #include <fmt/core.h>
 

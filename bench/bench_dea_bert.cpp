@@ -39,7 +39,7 @@
 #include <dea/bert/dual_expert_bert.hpp>
 #include <dea/core/allocator.hpp>
 #include <dea/core/parallel.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/seeds.hpp>
 
 #include <fmt/core.h>

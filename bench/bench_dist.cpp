@@ -25,7 +25,7 @@
 #include <dea/dist/mpi_comm.hpp>
 #include <dea/dist/reducer.hpp>
 #include <dea/train/encoder.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>

@@ -16,7 +16,7 @@
 #include <dea/core/allocator.hpp>
 #include <dea/core/init.hpp>
 #include <dea/core/rng.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/ops/gemm.hpp>
 #include <dea/ops/linear.hpp>
 

@@ -70,7 +70,7 @@
 #include <dea/ops/gemm.hpp>
 #include <dea/ops/linear.hpp>
 #include <dea/optim/adamw.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/seeds.hpp>
 
 #include <fmt/core.h>

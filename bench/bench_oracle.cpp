@@ -21,7 +21,7 @@
 #include <dea/oracle/nli_oracle.hpp>
 #include <dea/core/parallel.hpp>
 #include <dea/ops/linear.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>

@@ -34,7 +34,7 @@
 // configuration, so it never holds half of one. --dump-only writes the file and measures nothing.
 #include <dea/core/allocator.hpp>
 #include <dea/core/atomic_file.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/encoder.hpp>
 
 #include <fmt/core.h>

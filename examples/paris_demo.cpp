@@ -13,7 +13,7 @@
 //
 //   paris_demo [--steps 300 (0..10000000)] [--lr 0.01 (> 0, <= 1000)] [--seed 1 (>= 0)] [--threads N (1..4096)]
 #include <dea/attention/dual_expert.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/optim/adamw.hpp>
 
 #include <fmt/core.h>

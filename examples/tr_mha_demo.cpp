@@ -17,7 +17,7 @@
 // bit-identical to plain MHA at init, the v2 loss not falling, a golden case) or an error, 2 bad command line (a value that is not an integer in
 // its range, an unknown flag, a missing value).
 #include <dea/attention/token_routed.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/plot/svg.hpp>
 #include <dea/interop/tr_mha_case.hpp>
 

@@ -16,7 +16,7 @@
 #include <dea/train/config.hpp>
 #include <dea/train/dea_bert.hpp>
 #include <dea/train/encoder.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/lm.hpp>
 
 #include <fmt/core.h>

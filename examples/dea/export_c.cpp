@@ -29,7 +29,7 @@
 #include "commands.hpp"
 
 #include <dea/train/config.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/run_dir.hpp>
 #include <dea/io/safetensors.hpp>
 #include <dea/nn/inference.hpp>

@@ -12,7 +12,7 @@
 #include <dea/core/parallel.hpp>
 #include <dea/core/rng.hpp>
 #include <dea/text/byte_tokenizer.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/lm.hpp>
 
 #include <fmt/core.h>

@@ -30,7 +30,7 @@
 // examples/dea/import_reference_checkpoint.py turns a checkpoint of the reference into a run directory.
 #include "commands.hpp"
 
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/core/parallel.hpp>
 #include <dea/interop/bert_case.hpp>
 #include <dea/interop/dea_bert_case.hpp>

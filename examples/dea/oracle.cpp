@@ -17,7 +17,7 @@
 #include <dea/oracle/run.hpp>
 #include <dea/core/parallel.hpp>
 #include <dea/oracle/files.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/trainer.hpp>
 
 #include <fmt/core.h>

@@ -21,7 +21,7 @@
 #include <dea/core/files.hpp>
 #include <dea/io/json_limits.hpp>
 #include <dea/text/wordpiece.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>

@@ -33,7 +33,7 @@
 #include <dea/train/config.hpp>
 #include <dea/train/dea_bert.hpp>
 #include <dea/train/encoder.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/lm.hpp>
 #if defined(DEA_WITH_MPI)
 #include <dea/dist/mpi_comm.hpp>

@@ -37,7 +37,7 @@
 #include "commands.hpp"
 
 #include <dea/train/encoder.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/plot/figures.hpp>
 #include <dea/plot/svg.hpp>
 

@@ -38,7 +38,7 @@
 #include <dea/core/parallel.hpp>
 #include <dea/core/files.hpp>
 #include <dea/eval/stats.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/io/safetensors.hpp>
 
 #include <fmt/core.h>

@@ -34,7 +34,7 @@
 #include <dea/core/rng.hpp>
 #include <dea/eval/stats.hpp>
 #include <dea/plot/svg.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/lm.hpp>
 
 #include <fmt/core.h>

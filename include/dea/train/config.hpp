@@ -10,7 +10,7 @@
 #include "../core/files.hpp"
 #include "../core/tensor.hpp"
 #include "../io/json_limits.hpp"
-#include "flags.hpp"
+#include "../cli/flags.hpp"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
