@@ -317,7 +317,7 @@ int main(int argc, char** argv) try {
       } else if (args.is("--no-retain")) {
         retain = false;
       } else if (args.is("--max-ref-gb")) {
-        max_ref_gb = args.double_value(0, 1e6);
+        max_ref_gb = args.double_value(cli::Range::closed(0, 1e6));
       } else {
         args.unknown();
       }

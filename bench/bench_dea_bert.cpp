@@ -277,7 +277,7 @@ int main(int argc, char** argv) {
       } else if (args.is("--tokens")) {
         opt.tokens = static_cast<Index>(args.int_value(5, 512));  // [CLS] a [SEP] b [SEP]: at least one of each
       } else if (args.is("--gamma")) {
-        opt.gamma = args.double_value(0, 1);
+        opt.gamma = args.double_value(cli::Range::closed(0, 1));
       } else if (args.is("--kernel")) {
         const std::string v = args.value();
         if (v == "tiled") opt.kernel = DeaKernel::tiled;

@@ -327,7 +327,7 @@ int main(int argc, char** argv) {
       } else if (args.is("--warmup")) {
         opt.warmup = static_cast<int>(args.int_value(0, 1000000));
       } else if (args.is("--gamma")) {
-        opt.gamma = args.double_value(0, 1);
+        opt.gamma = args.double_value(cli::Range::closed(0, 1));
       } else if (args.is("--kernel")) {
         const std::string v = args.value();
         if (v == "tiled") opt.kernel = dea::DeaKernel::tiled;

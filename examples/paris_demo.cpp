@@ -67,7 +67,7 @@ int main(int argc, char** argv) try {
       if (args.is("--steps")) steps = static_cast<long>(args.int_value(0, 10000000));
       else if (args.is("--seed")) seed = args.int_value(0, std::numeric_limits<std::int64_t>::max());
       else if (args.is("--threads")) threads = args.threads_value();
-      else if (args.is("--lr")) lr = args.double_value(0, 1e3, /*lo_open=*/true);  // AdamW refuses inf and NaN
+      else if (args.is("--lr")) lr = args.double_value(dea::cli::Range::open_closed(0, 1e3));  // AdamW refuses inf and NaN
       else args.unknown();
     }
   } catch (const std::exception& e) {

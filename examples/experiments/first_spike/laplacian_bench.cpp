@@ -132,9 +132,9 @@ Args parse_args(int argc, char** argv) {
     if (args.is("--task")) a.task = args.value();
     else if (args.is("--seeds")) a.seeds = parse_seeds("--seeds", args.value());
     else if (args.is("--sweep-seeds")) a.sweep_seeds = parse_seeds("--sweep-seeds", args.value());
-    else if (args.is("--lr-grid")) a.lr_grid = dea::cli::parse_double_list("--lr-grid", args.value(), 0, 1e3, true);
+    else if (args.is("--lr-grid")) a.lr_grid = dea::cli::parse_double_list("--lr-grid", args.value(), dea::cli::Range::open_closed(0, 1e3));
     else if (args.is("--sigma-grid"))
-      a.sigma_grid = dea::cli::parse_double_list("--sigma-grid", args.value(), 0, 1e6, true);
+      a.sigma_grid = dea::cli::parse_double_list("--sigma-grid", args.value(), dea::cli::Range::open_closed(0, 1e6));
     else if (args.is("--epochs")) a.epochs = int(args.int_value(1, 100000));
     else if (args.is("--batch")) a.batch = args.int_value(1, 1 << 20);
     else if (args.is("--n-train")) a.n_train = args.int_value(2, 10000000);
@@ -516,7 +516,7 @@ int main(int argc, char** argv) try {
       const auto m = md.find(key);
       dea::check(m != md.end(), "--anchor ", A.anchor, ": no metadata '", key, "'");
       return dea::cli::parse_double(dea::detail::concat("--anchor ", A.anchor, ": metadata '", key, "'"), m->second,
-                                    0, 1e9, /*lo_open=*/true);
+                                    dea::cli::Range::open_closed(0, 1e9));
     };
     C.anchor_lr = number("best_lr");
     C.anchor_sigma0 = number("sigma0_lap");

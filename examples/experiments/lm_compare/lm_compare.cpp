@@ -153,8 +153,8 @@ Args parse_args(int argc, char** argv, bool& help) {
   f.choice("routing", a.routing, {"balanced_hash", "modulo_cyclic"}, "TR-MoE: the route table");
   f.integer("max_len", a.max_len, 3, 4096, "window length T (T + 1 bytes per window)");
   f.integer("batch_size", a.batch_size, 1, 4096, "windows per step");
-  f.real("lr", a.lr, 0, 1, true, false, "AdamW learning rate (constant, as the framework's runs)");
-  f.real("weight_decay", a.weight_decay, 0, 10, false, false, "AdamW weight decay");
+  f.real("lr", a.lr, dea::cli::Range::open_closed(0, 1), "AdamW learning rate (constant, as the framework's runs)");
+  f.real("weight_decay", a.weight_decay, dea::cli::Range::closed(0, 10), "AdamW weight decay");
   f.integer("threads", a.threads, 0, dea::cli::kMaxThreads, "OpenMP threads (0 = the library default)");
   f.toggle("smoke", a.smoke, "a tiny setting for tests (2 seeds, 12 steps, D 32, L 2; flags given still apply)");
   f.toggle("fresh", a.fresh, "retrain every run (by default finished runs of the same setting are reused)");
