@@ -323,7 +323,7 @@ int main(int argc, char** argv) try {
       }
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_dea: {}\n{}", e.what(), kUsage);
+    fmt::print(stderr, "bench_dea: {}\n{}", dea::without_error_prefix(e.what()), kUsage);
     return 2;
   }
   if (shapes.empty()) shapes.push_back({32, 128, 512, 8});
@@ -353,7 +353,8 @@ int main(int argc, char** argv) try {
           std::fflush(stderr);
           _exit(1);
         } catch (const std::exception& e) {
-          fmt::print(stderr, "bench_dea: the kernel check at shape {} failed: {}\n", shape_text(cs), e.what());
+          fmt::print(stderr, "bench_dea: the kernel check at shape {} failed: {}\n", shape_text(cs),
+                     dea::without_error_prefix(e.what()));
           std::fflush(stderr);
           _exit(1);
         }
@@ -418,6 +419,6 @@ int main(int argc, char** argv) try {
   fmt::print(stderr, "bench_dea: out of memory\n");
   return 1;
 } catch (const std::exception& e) {
-  fmt::print(stderr, "bench_dea: {}\n", e.what());
+  fmt::print(stderr, "bench_dea: {}\n", dea::without_error_prefix(e.what()));
   return 1;
 }

@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_dea_bert: {}\n{}", e.what(), kUsage);
+    fmt::print(stderr, "bench_dea_bert: {}\n{}", dea::without_error_prefix(e.what()), kUsage);
     return 2;
   }
   dea::retain_freed_memory();  // as `dea train`: reuse freed activations instead of faulting pages in every step
@@ -302,7 +302,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "bench_dea_bert: out of memory\n");
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_dea_bert: error: {}\n", e.what());
+    fmt::print(stderr, "bench_dea_bert: error: {}\n", dea::without_error_prefix(e.what()));
     return 1;
   }
 }

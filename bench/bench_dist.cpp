@@ -271,7 +271,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const std::exception& e) {
-    if (comm->rank() == 0) usage(e.what());
+    if (comm->rank() == 0) usage(dea::without_error_prefix(e.what()));
     return 2;
   }
   if (opt.mode != "step" && opt.mode != "comm") {
@@ -290,7 +290,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_dist (rank {}): {}\n", comm->rank(), e.what());
+    fmt::print(stderr, "bench_dist (rank {}): {}\n", comm->rank(), dea::without_error_prefix(e.what()));
     comm->abort(1);
   }
   return 0;

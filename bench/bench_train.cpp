@@ -347,7 +347,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const dea::Error& e) {
-    usage(e.what());
+    usage(dea::without_error_prefix(e.what()));
   }
   if (opt.dump_only && opt.dump.empty()) usage("--dump-only needs --dump-batches FILE");
   try {
@@ -356,7 +356,7 @@ int main(int argc, char** argv) {
       for (const auto& bc : kConfigs)
         if (bc.name == name) run_config(bc, opt, opt.dump.empty() ? nullptr : &dump);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_train: error: {}\n", e.what());
+    fmt::print(stderr, "bench_train: error: {}\n", dea::without_error_prefix(e.what()));
     return 1;
   }
   return 0;

@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
       else args.unknown();
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tr_mha_demo: %s\n%s", e.what(), kUsage);
+    std::fprintf(stderr, "tr_mha_demo: %s\n%s", dea::without_error_prefix(e.what()).c_str(), kUsage);
     return 2;
   }
   set_num_threads(threads);
@@ -248,7 +248,8 @@ int main(int argc, char** argv) {
       write_plots(plot_dir, snaps);
       std::printf("plots: %s/route_shares.svg, %s/route_weights.svg\n", plot_dir.c_str(), plot_dir.c_str());
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "tr_mha_demo: warning: plots not written: %s\n", e.what());
+      std::fprintf(stderr, "tr_mha_demo: warning: plots not written: %s\n",
+                   dea::without_error_prefix(e.what()).c_str());
     }
 
     // ---- golden cases ----
@@ -265,7 +266,7 @@ int main(int argc, char** argv) {
     for (const std::string& f : failed) std::printf("  failed: %s\n", f.c_str());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tr_mha_demo: %s\n", e.what());
+    std::fprintf(stderr, "tr_mha_demo: %s\n", dea::without_error_prefix(e.what()).c_str());
     return 1;
   }
 }

@@ -188,7 +188,20 @@ TEST_CASE("flag table: what a given flag implies is filled in, an explicit flag 
   CHECK(t.apply_implications(o, {}).empty());  // nothing given: the defaults stay
   CHECK(o.mode == "fast");
 
+  // the help says what each flag implies
+  Options shown;
+  cli::FlagSet fs("prog");
+  t.bind(fs, shown);
+  CHECK_THAT(fs.help(), Contains("a file (default none; implies --mode slow)") &&
+                            Contains("(default plain; --kind odd implies --mode slow)"));
+
   // dea train
+  train::TrainConfig tc;
+  cli::FlagSet train_fs("dea train");
+  train::add_config_flags(train_fs, tc);
+  CHECK_THAT(train_fs.help(), Contains("(default none; implies --data_source text)") &&
+                                  Contains("(default encoder; --model lm implies --data_source text)") &&
+                                  Contains("range [0, 1048576]; implies --shared_expert)"));
   train::ParsedArgs p = train::parse_args({"--model", "lm", "--text", "corpus.txt"});
   CHECK(p.config.data_source == "dalpha");  // parse_args reads the line as written
   CHECK(train::apply_implications(p.config, p.explicit_flags) == std::set<std::string>{"data_source"});

@@ -73,7 +73,8 @@ int dea_generate(int argc, char** argv) {
   fs.text("ckpt", dir, "DIR", "the run directory of dea train --model lm (required)");
   fs.text("prompt", prompt, "TEXT", "the text to continue (at least one byte; required)");
   fs.integer("max_new", max_new, 0, 1 << 20, "bytes to generate");
-  fs.real("temperature", temperature, cli::Range::closed(0, 1e6), "0: greedy; > 0: sample from softmax(logits / T)", "T");
+  fs.real("temperature", temperature, cli::Range::closed(0, 1e6), "0: greedy; > 0: sample from softmax(logits / T)",
+          "T");
   fs.integer("top_k", top_k, 0, 256, "sampling: only the K most likely bytes (0 = all)", "K");
   fs.integer("seed", seed, 0, cli::kNoMax, "seed of the sampling draws", "S");
   fs.integer("threads", threads, 0, cli::kMaxThreads, "OpenMP threads (0 = the library default)");
@@ -98,7 +99,7 @@ int dea_generate(int argc, char** argv) {
     fmt::print(stderr, "dea generate: out of memory loading the run in '{}'\n", dir);
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "{}", dea::cli::message("dea generate", "--ckpt '" + dir + "': " + without_error_prefix(e.what())));
+    fmt::print(stderr, "{}", cli::message("dea generate", "--ckpt '" + dir + "': " + without_error_prefix(e.what())));
     return 2;
   }
   try {

@@ -132,7 +132,8 @@ Args parse_args(int argc, char** argv) {
     if (args.is("--task")) a.task = args.value();
     else if (args.is("--seeds")) a.seeds = parse_seeds("--seeds", args.value());
     else if (args.is("--sweep-seeds")) a.sweep_seeds = parse_seeds("--sweep-seeds", args.value());
-    else if (args.is("--lr-grid")) a.lr_grid = dea::cli::parse_double_list("--lr-grid", args.value(), dea::cli::Range::open_closed(0, 1e3));
+    else if (args.is("--lr-grid"))
+      a.lr_grid = dea::cli::parse_double_list("--lr-grid", args.value(), dea::cli::Range::open_closed(0, 1e3));
     else if (args.is("--sigma-grid"))
       a.sigma_grid = dea::cli::parse_double_list("--sigma-grid", args.value(), dea::cli::Range::open_closed(0, 1e6));
     else if (args.is("--epochs")) a.epochs = int(args.int_value(1, 100000));
@@ -496,7 +497,7 @@ int main(int argc, char** argv) try {
   try {
     C.args = parse_args(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "laplacian_bench: %s (see --help)\n", e.what());
+    std::fprintf(stderr, "laplacian_bench: %s (see --help)\n", dea::without_error_prefix(e.what()).c_str());
     return 2;
   }
   const Args& A = C.args;
@@ -967,7 +968,8 @@ int main(int argc, char** argv) try {
       plot_sigma_entropy(plot_files.back(), A.task, plot_scale_ent, plot_dot_ent, static_cast<long>(C.data.begin()->second.win()));
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "laplacian_bench: warning: plots not written: %s\n", e.what());
+    std::fprintf(stderr, "laplacian_bench: warning: plots not written: %s\n",
+                 dea::without_error_prefix(e.what()).c_str());
     plot_files.clear();
   }
 
@@ -1008,6 +1010,6 @@ int main(int argc, char** argv) try {
                        "fewer --threads, need less\n");
   return 1;
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "laplacian_bench: %s\n", e.what());
+  std::fprintf(stderr, "laplacian_bench: %s\n", dea::without_error_prefix(e.what()).c_str());
   return 1;
 }

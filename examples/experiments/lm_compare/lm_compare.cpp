@@ -620,7 +620,7 @@ int run(const Args& a) {
         plot_paired(plots.back(), a.seeds, cmps);
       }
     } catch (const std::exception& e) {
-      fmt::print(stderr, "lm_compare: warning: plots not written: {}\n", e.what());
+      fmt::print(stderr, "lm_compare: warning: plots not written: {}\n", dea::without_error_prefix(e.what()));
       plots.clear();
     }
 
@@ -669,7 +669,7 @@ int main(int argc, char** argv) {
     a = parse_args(argc, argv, help);
     if (help) return 0;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "lm_compare: {}\n(lm_compare --help lists the flags)\n", e.what());
+    fmt::print(stderr, "lm_compare: {}\n(lm_compare --help lists the flags)\n", dea::without_error_prefix(e.what()));
     return 2;
   }
   try {
@@ -678,7 +678,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "lm_compare: out of memory; a smaller --batch_size, --max_len or --d_model needs less\n");
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "lm_compare: {}\n", e.what());
+    fmt::print(stderr, "lm_compare: {}\n", dea::without_error_prefix(e.what()));
     return 1;
   }
 }

@@ -152,7 +152,8 @@ inline std::int64_t parse_int(const std::string& flag, const std::string& v, Int
   return static_cast<std::int64_t>(x);
 }
 /// An integer in [lo, hi], all of `v`.
-inline std::int64_t parse_int(const std::string& flag, const std::string& v, std::int64_t lo, std::int64_t hi = kNoMax) {
+inline std::int64_t parse_int(const std::string& flag, const std::string& v, std::int64_t lo,
+                              std::int64_t hi = kNoMax) {
   return parse_int(flag, v, IntRange::closed(lo, hi));
 }
 
@@ -270,7 +271,9 @@ public:
     std::ostringstream def;
     def << field;
     return add(name, std::move(value_name), std::move(help), def.str(), range.text(),
-               [&field, range](const std::string& flag, const std::string& v) { field = parse_double(flag, v, range); });
+               [&field, range](const std::string& flag, const std::string& v) {
+                 field = parse_double(flag, v, range);
+               });
   }
   /// A text flag; Empty::refused refuses "" (naming `what`, e.g. "a directory path").
   FlagSet& text(const std::string& name, std::string& field, std::string value_name, std::string help,
@@ -291,7 +294,8 @@ public:
   }
   /// A switch (no value; "--name=1" and "--name=true" are accepted too): sets `field` to true.
   FlagSet& toggle(const std::string& name, bool& field, std::string help) {
-    return add(name, {}, std::move(help), "off", {}, [&field](const std::string&, const std::string&) { field = true; });
+    return add(name, {}, std::move(help), "off", {},
+               [&field](const std::string&, const std::string&) { field = true; });
   }
   /// Any other flag: `set(flag, value)` parses and stores it (dea::Error on a bad value).
   FlagSet& custom(const std::string& name, std::string value_name, std::string default_text, std::string range,
@@ -493,9 +497,9 @@ public:
     };
     f.check = [field, range, name](const Config& c) {
       const auto v = c.*field;
-      const bool in = std::is_unsigned<T>::value ? static_cast<std::uint64_t>(v) <= static_cast<std::uint64_t>(kNoMax) &&
-                                                       range.contains(static_cast<std::int64_t>(v))
-                                                 : range.contains(static_cast<std::int64_t>(v));
+      bool in = true;
+      if constexpr (std::is_unsigned<T>::value) in = static_cast<std::uint64_t>(v) <= static_cast<std::uint64_t>(kNoMax);
+      in = in && range.contains(static_cast<std::int64_t>(v));
       ::dea::check(in, "--", name, ": ", v, " is outside the range ", range.text());
     };
     f.value_text = [field](const Config& c) { return ::dea::detail::concat(c.*field); };
@@ -516,7 +520,9 @@ public:
       ::dea::check(range.contains(c.*field), "--", name, ": ", c.*field, " is outside the range ", range.text());
     };
     f.value_text = [field](const Config& c) { return ::dea::detail::concat(c.*field); };
-    f.set_text = [field, range, name](Config& c, const std::string& v) { c.*field = parse_double("--" + name, v, range); };
+    f.set_text = [field, range, name](Config& c, const std::string& v) {
+      c.*field = parse_double("--" + name, v, range);
+    };
     return *this;
   }
   template <class C>
@@ -560,6 +566,7 @@ public:
     bool Config::*field = member;
     Flag& f = add(name, field);
     f.declare = [field, help](FlagSet& fs, Config& c, const std::string& n) { fs.toggle(n, c.*field, help); };
+    f.takes_value = false;
     f.value_text = [field](const Config& c) { return std::string(c.*field ? "true" : "false"); };
     f.set_text = [field](Config& c, const std::string&) { c.*field = true; };
     return *this;
@@ -590,7 +597,9 @@ public:
     return *this;
   }
   /// Giving the flag declared last implies `flag` = `value` (unless `flag` is given too).
-  FlagTable& implies(std::string flag, std::string value) { return implies_when({}, std::move(flag), std::move(value)); }
+  FlagTable& implies(std::string flag, std::string value) {
+    return implies_when({}, std::move(flag), std::move(value));
+  }
   /// Giving the flag declared last with the value `when` implies `flag` = `value` (unless `flag` is given too).
   FlagTable& implies_when(std::string when, std::string flag, std::string value) {
     last().implies.push_back({std::move(when), std::move(flag), std::move(value)});
@@ -607,9 +616,11 @@ public:
     for (const Flag& f : flags_) {
       f.declare(fs, c, f.name);
       if (f.resumable) fs.note("a resumed run may change it");
-      for (const Implication& i : f.implies)
-        fs.note(i.when.empty() ? ::dea::detail::concat("implies --", i.flag, " ", i.value)
-                               : ::dea::detail::concat("--", f.name, " ", i.when, " implies --", i.flag, " ", i.value));
+      for (const Implication& i : f.implies) {
+        const Flag* target = find(i.flag);
+        const std::string what = target && !target->takes_value ? "--" + i.flag : "--" + i.flag + " " + i.value;
+        fs.note(i.when.empty() ? "implies " + what : ::dea::detail::concat("--", f.name, " ", i.when, " implies ", what));
+      }
       for (const auto& [name, help] : f.aliases) fs.alias(name, f.name, help);
     }
   }
@@ -673,6 +684,7 @@ private:
     std::function<std::string(const Config&)> value_text;
     std::function<void(Config&, const std::string&)> set_text;
     bool resumable = false;
+    bool takes_value = true;  ///< false: a switch
     std::vector<Implication> implies;
     std::vector<std::pair<std::string, std::string>> aliases;  ///< name, help
   };

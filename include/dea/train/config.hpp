@@ -283,7 +283,8 @@ inline const cli::FlagTable<TrainConfig>& config_flags() {
     f.text("babi", &C::babi, "DIR", "bAbI: a directory with the qa16 / qa17 / qa18 *_train.txt task files, or one file")
         .implies("dalpha_source", "files");
     f.text("clutrr", &C::clutrr, "FILE", "CLUTRR: a CSV file of the public data set").implies("dalpha_source", "files");
-    f.text("conceptnet", &C::conceptnet, "FILE", "ConceptNet: an (uncompressed) assertion dump; IsA and PartOf are read")
+    f.text("conceptnet", &C::conceptnet, "FILE",
+           "ConceptNet: an (uncompressed) assertion dump; IsA and PartOf are read")
         .implies("dalpha_source", "files");
     f.text("capitals", &C::capitals, "FILE", "ConceptNet's capitals: capital<TAB>country lines (none: the 47 built in)")
         .implies("dalpha_source", "files");
