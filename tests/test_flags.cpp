@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -82,6 +83,10 @@ TEST_CASE("flag table: a range written once shows in the help, the parse error a
   CHECK_THROWS_WITH(train::parse_args({"--dropout", "1"}), Contains("--dropout: expected a number in [0, 1), got '1'"));
   c.dropout = 1;
   CHECK_THROWS_WITH(train::validate(c), Contains("--dropout: 1 is outside the range [0, 1)"));
+  // a seed beyond int64 (a config.json may hold one) is inside the seed's range, which has no upper bound
+  train::TrainConfig big_seed;
+  big_seed.seed = std::numeric_limits<std::uint64_t>::max();
+  CHECK_NOTHROW(train::validate(big_seed));
   // and a choice list: the one of --attention
   CHECK_THAT(train_fs.help(), Contains("--attention mha|gqa|tr_mha|tr_mha_v2|dea"));
   train::TrainConfig a;

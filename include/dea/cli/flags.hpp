@@ -497,9 +497,13 @@ public:
     };
     f.check = [field, range, name](const Config& c) {
       const auto v = c.*field;
-      bool in = true;
-      if constexpr (std::is_unsigned<T>::value) in = static_cast<std::uint64_t>(v) <= static_cast<std::uint64_t>(kNoMax);
-      in = in && range.contains(static_cast<std::int64_t>(v));
+      bool in = false;
+      if constexpr (std::is_unsigned<T>::value)  // beyond int64: inside a range without an upper bound
+        in = static_cast<std::uint64_t>(v) > static_cast<std::uint64_t>(kNoMax)
+                 ? range.hi() == kNoMax
+                 : range.contains(static_cast<std::int64_t>(v));
+      else
+        in = range.contains(static_cast<std::int64_t>(v));
       ::dea::check(in, "--", name, ": ", v, " is outside the range ", range.text());
     };
     f.value_text = [field](const Config& c) { return ::dea::detail::concat(c.*field); };
