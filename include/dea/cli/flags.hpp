@@ -663,7 +663,7 @@ public:
       for (const Flag& f : flags_) {
         if (!known.count(f.name)) continue;
         for (const Implication& i : f.implies) {
-          if (known.count(i.flag) || (!i.when.empty() && f.value_text(c) != i.when)) continue;
+          if (known.count(i.flag) || (!i.when.empty() && (!f.value_text || f.value_text(c) != i.when))) continue;
           const Flag* target = find(i.flag);
           ::dea::check(target != nullptr, "FlagTable: --", f.name, " implies the undeclared flag --", i.flag);
           target->set_text(c, i.value);
