@@ -37,7 +37,7 @@
 // 2 bad command line; 3 the kernels disagree (or the check process crashed).
 #include <dea/attention/dual_expert.hpp>
 #include <dea/core/allocator.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 
 #include <fmt/core.h>
 
@@ -317,13 +317,13 @@ int main(int argc, char** argv) try {
       } else if (args.is("--no-retain")) {
         retain = false;
       } else if (args.is("--max-ref-gb")) {
-        max_ref_gb = args.double_value(0, 1e6);
+        max_ref_gb = args.double_value(cli::Range::closed(0, 1e6));
       } else {
         args.unknown();
       }
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_dea: {}\n{}", e.what(), kUsage);
+    fmt::print(stderr, "bench_dea: {}\n{}", dea::without_error_prefix(e.what()), kUsage);
     return 2;
   }
   if (shapes.empty()) shapes.push_back({32, 128, 512, 8});
@@ -353,7 +353,8 @@ int main(int argc, char** argv) try {
           std::fflush(stderr);
           _exit(1);
         } catch (const std::exception& e) {
-          fmt::print(stderr, "bench_dea: the kernel check at shape {} failed: {}\n", shape_text(cs), e.what());
+          fmt::print(stderr, "bench_dea: the kernel check at shape {} failed: {}\n", shape_text(cs),
+                     dea::without_error_prefix(e.what()));
           std::fflush(stderr);
           _exit(1);
         }
@@ -418,6 +419,6 @@ int main(int argc, char** argv) try {
   fmt::print(stderr, "bench_dea: out of memory\n");
   return 1;
 } catch (const std::exception& e) {
-  fmt::print(stderr, "bench_dea: {}\n", e.what());
+  fmt::print(stderr, "bench_dea: {}\n", dea::without_error_prefix(e.what()));
   return 1;
 }

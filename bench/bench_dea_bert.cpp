@@ -39,7 +39,7 @@
 #include <dea/bert/dual_expert_bert.hpp>
 #include <dea/core/allocator.hpp>
 #include <dea/core/parallel.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/seeds.hpp>
 
 #include <fmt/core.h>
@@ -277,7 +277,7 @@ int main(int argc, char** argv) {
       } else if (args.is("--tokens")) {
         opt.tokens = static_cast<Index>(args.int_value(5, 512));  // [CLS] a [SEP] b [SEP]: at least one of each
       } else if (args.is("--gamma")) {
-        opt.gamma = args.double_value(0, 1);
+        opt.gamma = args.double_value(cli::Range::closed(0, 1));
       } else if (args.is("--kernel")) {
         const std::string v = args.value();
         if (v == "tiled") opt.kernel = DeaKernel::tiled;
@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_dea_bert: {}\n{}", e.what(), kUsage);
+    fmt::print(stderr, "bench_dea_bert: {}\n{}", dea::without_error_prefix(e.what()), kUsage);
     return 2;
   }
   dea::retain_freed_memory();  // as `dea train`: reuse freed activations instead of faulting pages in every step
@@ -302,7 +302,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "bench_dea_bert: out of memory\n");
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_dea_bert: error: {}\n", e.what());
+    fmt::print(stderr, "bench_dea_bert: error: {}\n", dea::without_error_prefix(e.what()));
     return 1;
   }
 }

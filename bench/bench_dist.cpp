@@ -25,7 +25,7 @@
 #include <dea/dist/mpi_comm.hpp>
 #include <dea/dist/reducer.hpp>
 #include <dea/train/encoder.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -271,7 +271,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const std::exception& e) {
-    if (comm->rank() == 0) usage(e.what());
+    if (comm->rank() == 0) usage(dea::without_error_prefix(e.what()));
     return 2;
   }
   if (opt.mode != "step" && opt.mode != "comm") {
@@ -290,7 +290,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_dist (rank {}): {}\n", comm->rank(), e.what());
+    fmt::print(stderr, "bench_dist (rank {}): {}\n", comm->rank(), dea::without_error_prefix(e.what()));
     comm->abort(1);
   }
   return 0;

@@ -16,7 +16,7 @@
 #include <dea/core/allocator.hpp>
 #include <dea/core/init.hpp>
 #include <dea/core/rng.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/ops/gemm.hpp>
 #include <dea/ops/linear.hpp>
 
@@ -182,7 +182,7 @@ int main(int argc, char** argv) try {
       }
     }
   } catch (const Error& e) {
-    fmt::print(stderr, "bench_gemm: {}\n{}", e.what(), kUsage);
+    fmt::print(stderr, "bench_gemm: {}\n{}", dea::without_error_prefix(e.what()), kUsage);
     return 2;
   }
   if (shapes.empty()) shapes = {{4096, 512, 512}, {2048, 256, 128}, {2048, 1024, 256}, {4096, 2048, 512}};
@@ -197,6 +197,6 @@ int main(int argc, char** argv) try {
   fmt::print(stderr, "bench_gemm: out of memory\n");
   return 1;
 } catch (const std::exception& e) {
-  fmt::print(stderr, "bench_gemm: {}\n", e.what());
+  fmt::print(stderr, "bench_gemm: {}\n", dea::without_error_prefix(e.what()));
   return 1;
 }

@@ -70,7 +70,7 @@
 #include <dea/ops/gemm.hpp>
 #include <dea/ops/linear.hpp>
 #include <dea/optim/adamw.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/seeds.hpp>
 
 #include <fmt/core.h>
@@ -790,7 +790,7 @@ int main(int argc, char** argv) {
             "': not a directory");
     validate(opt);
   } catch (const dea::Error& e) {
-    fmt::print(stderr, "bench_lm: {}\n{}", e.what(), kUsage);
+    fmt::print(stderr, "bench_lm: {}\n{}", dea::without_error_prefix(e.what()), kUsage);
     return 2;
   }
   try {
@@ -805,7 +805,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "bench_lm: out of memory\n");
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_lm: error: {}\n", e.what());
+    fmt::print(stderr, "bench_lm: error: {}\n", dea::without_error_prefix(e.what()));
     return 1;
   }
   return 0;

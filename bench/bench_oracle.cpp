@@ -21,7 +21,7 @@
 #include <dea/oracle/nli_oracle.hpp>
 #include <dea/core/parallel.hpp>
 #include <dea/ops/linear.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
     }
     threads = cli::parse_int_list("--threads", threads_text, 1, cli::kMaxThreads);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_oracle: {}\n", e.what());
+    fmt::print(stderr, "bench_oracle: {}\n", dea::without_error_prefix(e.what()));
     return 2;
   }
   return use_double ? run<double>(threads, n_pairs, warmup, tokens, seed)

@@ -34,7 +34,7 @@
 // configuration, so it never holds half of one. --dump-only writes the file and measures nothing.
 #include <dea/core/allocator.hpp>
 #include <dea/core/atomic_file.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/encoder.hpp>
 
 #include <fmt/core.h>
@@ -327,7 +327,7 @@ int main(int argc, char** argv) {
       } else if (args.is("--warmup")) {
         opt.warmup = static_cast<int>(args.int_value(0, 1000000));
       } else if (args.is("--gamma")) {
-        opt.gamma = args.double_value(0, 1);
+        opt.gamma = args.double_value(cli::Range::closed(0, 1));
       } else if (args.is("--kernel")) {
         const std::string v = args.value();
         if (v == "tiled") opt.kernel = dea::DeaKernel::tiled;
@@ -347,7 +347,7 @@ int main(int argc, char** argv) {
       }
     }
   } catch (const dea::Error& e) {
-    usage(e.what());
+    usage(dea::without_error_prefix(e.what()));
   }
   if (opt.dump_only && opt.dump.empty()) usage("--dump-only needs --dump-batches FILE");
   try {
@@ -356,7 +356,7 @@ int main(int argc, char** argv) {
       for (const auto& bc : kConfigs)
         if (bc.name == name) run_config(bc, opt, opt.dump.empty() ? nullptr : &dump);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_train: error: {}\n", e.what());
+    fmt::print(stderr, "bench_train: error: {}\n", dea::without_error_prefix(e.what()));
     return 1;
   }
   return 0;

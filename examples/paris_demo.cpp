@@ -13,7 +13,7 @@
 //
 //   paris_demo [--steps 300 (0..10000000)] [--lr 0.01 (> 0, <= 1000)] [--seed 1 (>= 0)] [--threads N (1..4096)]
 #include <dea/attention/dual_expert.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/optim/adamw.hpp>
 
 #include <fmt/core.h>
@@ -67,11 +67,11 @@ int main(int argc, char** argv) try {
       if (args.is("--steps")) steps = static_cast<long>(args.int_value(0, 10000000));
       else if (args.is("--seed")) seed = args.int_value(0, std::numeric_limits<std::int64_t>::max());
       else if (args.is("--threads")) threads = args.threads_value();
-      else if (args.is("--lr")) lr = args.double_value(0, 1e3, /*lo_open=*/true);  // AdamW refuses inf and NaN
+      else if (args.is("--lr")) lr = args.double_value(dea::cli::Range::open_closed(0, 1e3));  // AdamW: no inf, NaN
       else args.unknown();
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "paris_demo: {}\n{}", e.what(), kUsage);
+    fmt::print(stderr, "paris_demo: {}\n{}", dea::without_error_prefix(e.what()), kUsage);
     return 2;
   }
   if (threads > 0) set_num_threads(threads);
@@ -202,6 +202,6 @@ int main(int argc, char** argv) try {
   fmt::print("done in {:.2f} s\n", secs);
   return iso_violated ? 1 : 0;
 } catch (const std::exception& e) {
-  fmt::print(stderr, "paris_demo: {}\n", e.what());
+  fmt::print(stderr, "paris_demo: {}\n", dea::without_error_prefix(e.what()));
   return 1;
 }

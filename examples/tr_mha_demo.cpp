@@ -17,7 +17,7 @@
 // bit-identical to plain MHA at init, the v2 loss not falling, a golden case) or an error, 2 bad command line (a value that is not an integer in
 // its range, an unknown flag, a missing value).
 #include <dea/attention/token_routed.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/plot/svg.hpp>
 #include <dea/interop/tr_mha_case.hpp>
 
@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
       else args.unknown();
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tr_mha_demo: %s\n%s", e.what(), kUsage);
+    std::fprintf(stderr, "tr_mha_demo: %s\n%s", dea::without_error_prefix(e.what()).c_str(), kUsage);
     return 2;
   }
   set_num_threads(threads);
@@ -248,7 +248,8 @@ int main(int argc, char** argv) {
       write_plots(plot_dir, snaps);
       std::printf("plots: %s/route_shares.svg, %s/route_weights.svg\n", plot_dir.c_str(), plot_dir.c_str());
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "tr_mha_demo: warning: plots not written: %s\n", e.what());
+      std::fprintf(stderr, "tr_mha_demo: warning: plots not written: %s\n",
+                   dea::without_error_prefix(e.what()).c_str());
     }
 
     // ---- golden cases ----
@@ -265,7 +266,7 @@ int main(int argc, char** argv) {
     for (const std::string& f : failed) std::printf("  failed: %s\n", f.c_str());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tr_mha_demo: %s\n", e.what());
+    std::fprintf(stderr, "tr_mha_demo: %s\n", dea::without_error_prefix(e.what()).c_str());
     return 1;
   }
 }

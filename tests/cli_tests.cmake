@@ -4,13 +4,13 @@
 # dea_cli_sh(NAME PROGRAM STATUS REGEX SCRIPT [ARG...]): runs the sh script SCRIPT, in which "$0" is the program's
 # path and "$@" the ARGs. It passes when the output (stdout and stderr together) matches REGEX and the exit status
 # of the script's last command (the program, unless the script goes on) is exactly STATUS; an uncaught exception
-# never passes, nor does a run that takes more than 30 s (each takes well under a second: a check that came after
-# the work would time out).
+# never passes, nor does a message with two prefixes ("dea train: dea: ..."), nor a run that takes more than 30 s
+# (each takes well under a second: a check that came after the work would time out).
 function(dea_cli_sh name program status regex script)
   add_test(NAME ${name} COMMAND sh -c "exec 2>&1; ${script}; echo \"[exit status $?]\"" $<TARGET_FILE:${program}>
                                 ${ARGN})
   set_tests_properties(${name} PROPERTIES PASS_REGULAR_EXPRESSION "${regex}.*\\[exit status ${status}\\]"
-                       FAIL_REGULAR_EXPRESSION "terminate called|std::bad_alloc" TIMEOUT 30)
+                       FAIL_REGULAR_EXPRESSION "terminate called|std::bad_alloc|: dea: " TIMEOUT 30)
 endfunction()
 # dea_cli_test(NAME PROGRAM STATUS REGEX ARG...): the program run with the ARGs (as dea_cli_sh).
 function(dea_cli_test name program status regex)
@@ -180,7 +180,8 @@ if(TARGET dea_cli)
                train --threads 4294967297)
   dea_cli_test(train_model_beyond_memory dea_cli 2 "--d_model 65536 --d_ff 1048576 --n_layers 4: .* GB, more than"
                train --d_model 65536 --n_heads 1 --d_ff 1048576 --n_layers 4 --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_big)
-  dea_cli_test(train_text_without_source dea_cli 2 "--text 'c.txt' is given, but --data_source is 'dalpha'" train --text c.txt)
+  dea_cli_test(train_text_without_source dea_cli 2 "--text 'c.txt' is given, but --data_source is 'dalpha'"
+               train --data_source dalpha --text c.txt)
   dea_cli_sh(train_resume_bad_config dea_cli 1 "--resume: .*config.json: invalid JSON"
              "d=${CMAKE_CURRENT_BINARY_DIR}/cli_bad_config; rm -rf \"$d\"; mkdir -p \"$d\"; echo '{' > \"$d/config.json\"; \
 \"$0\" train --resume --out_dir \"$d\"")
@@ -351,13 +352,14 @@ test -e \"$d/config.json\" || echo 'nothing written'; (exit $s)" train ${dea_tin
              "f=${CMAKE_CURRENT_BINARY_DIR}/cli_empty_vocab.txt; : > \"$f\"; d=${CMAKE_CURRENT_BINARY_DIR}/cli_wordpiece_empty; \
 rm -rf \"$d\"; \"$0\" train --tokenizer wordpiece --vocab \"$f\" --out_dir \"$d\"; s=$?; test -e \"$d\" || echo 'nothing written'; (exit $s)")
   dea_cli_test(train_vocab_without_wordpiece dea_cli 2 "--vocab 'v.txt' is given, but --tokenizer is 'simple'"
-               train --vocab v.txt)
+               train --tokenizer simple --vocab v.txt)
   dea_cli_sh(train_text_alpha_none dea_cli 0 "gradient isolation: skipped \\(--text_alpha none: the batches carry no oracle"
              "c=${CMAKE_CURRENT_BINARY_DIR}/cli_text_corpus.txt; : > \"$c\"; for i in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do \
 echo \"The river runs past the old mill number $i. A stone bridge crosses it near the church. Children fish from it.\" >> \"$c\"; done; \
 \"$0\" \"$@\" --data_source text --text \"$c\" --wiki_alpha none --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_text_none --overwrite"
              train ${dea_tiny})
-  dea_cli_test(train_text_alpha_for_dalpha dea_cli 2 "--text_alpha applies to --data_source text only" train --wiki_alpha none)
+  dea_cli_test(train_text_alpha_for_dalpha dea_cli 2 "--text_alpha applies to --data_source text only"
+               train --data_source dalpha --wiki_alpha none)
   # --model dea_bert (B40-B43): no --hf_model, a directory without config.json, --max_len beyond the config's
   # max_position_embeddings (160 in the fixture), an encoder-only flag; each exits 2 naming the flag or the file, and
   # the run directory is not created
@@ -379,7 +381,8 @@ echo \"The river runs past the old mill number $i. A stone bridge crosses it nea
              "--data_source text: --model dea_bert fine-tunes on D_alpha pairs only.*nothing written"
              "${dea_bert_bad}" --hf_model ${dea_bert_sim} --data_source text --text corpus.txt)
   dea_cli_test(dea_bert_train_rejects_hf_model_for_encoder dea_cli 2
-               "--hf_model '[^']*' is given, but --model is 'encoder' \\(add --model dea_bert" train --hf_model ${dea_bert_sim})
+               "--hf_model '[^']*' is given, but --model is 'encoder' \\(add --model dea_bert" train --model encoder
+               --hf_model ${dea_bert_sim})
   dea_cli_sh(eval_refuses_reference_data_source dea_cli 1 "config.json: --data_source 'wikipedia': the reference's Wikipedia stream cannot be rebuilt"
              "d=${CMAKE_CURRENT_BINARY_DIR}/cli_reference_wiki; rm -rf \"$d\"; mkdir -p \"$d\" && \
 echo '{\"data_source\": \"wikipedia\", \"d_model\": 16, \"n_heads\": 2}' > \"$d/config.json\" && \"$0\" eval --ckpt \"$d\"")
@@ -509,7 +512,7 @@ if(TARGET dea_cli)
   dea_cli_test(lm_rejects_dropout dea_cli 2 "--dropout does not apply to --model lm" ${dea_lm_flags} --dropout 0.2)
   dea_cli_test(lm_rejects_quick dea_cli 2 "--quick does not apply to --model lm" ${dea_lm_flags} --quick)
   dea_cli_test(lm_rejects_plot_dir dea_cli 2 "--plot_dir does not apply to --model lm" ${dea_lm_flags} --plot_dir p)
-  dea_cli_test(lm_needs_text dea_cli 2 "--model lm trains on a text corpus: it needs --data_source text" train
+  dea_cli_test(lm_needs_text dea_cli 2 "--model lm trains on a text corpus: it needs --text FILE" train
                --model lm --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_lm_bad)
   dea_cli_test(lm_rejects_top_k_above_experts dea_cli 2 "--top_k \\(4\\) cannot exceed --experts \\(2\\)"
                ${dea_lm_flags} --mlp tr_moe --experts 2 --top_k 4)
@@ -517,9 +520,9 @@ if(TARGET dea_cli)
                --mlp tr_moe --experts 3 --d_ff 96)
   dea_cli_test(lm_rejects_bad_attention dea_cli 2 "--attention: expected 'mha', 'gqa', 'tr_mha', 'tr_mha_v2' or 'dea', got 'flash'" ${dea_lm_flags} --attention flash)
   dea_cli_test(lm_rejects_shared_d_ff_without_shared dea_cli 2
-               "--shared_d_ff 64 applies to --mlp tr_moe --shared_expert only" ${dea_lm_flags} --mlp tr_moe --shared_d_ff 64)
+               "--shared_d_ff 64 applies to --mlp tr_moe --shared_expert only" ${dea_lm_flags} --mlp swiglu --shared_d_ff 64)
   dea_cli_test(lm_rejects_routing_with_swiglu dea_cli 2 "--routing balanced_hash applies to --mlp tr_moe only"
-               ${dea_lm_flags} --routing balanced_hash)
+               ${dea_lm_flags} --mlp swiglu --routing balanced_hash)
   dea_cli_test(lm_rejects_bad_routing dea_cli 2 "--routing: expected 'modulo_cyclic' or 'balanced_hash', got 'random'"
                ${dea_lm_flags} --mlp tr_moe --routing random)
   dea_cli_test(lm_rejects_label_smoothing_one dea_cli 2 "--label_smoothing: expected a number in \\[0, 1\\), got '1'"
@@ -543,4 +546,48 @@ if(TARGET dea_cli)
                --prompt hi --temperature -1)
   dea_cli_test(generate_rejects_missing_run dea_cli 2 "--ckpt '/nonexistent/lm_run': .*config.json"
                generate --ckpt /nonexistent/lm_run --prompt hi)
+endif()
+
+# What a flag implies is inferred when nothing else is possible, and an explicit contradiction is still refused (the
+# tests above): --model lm --text FILE trains (the decoder LM on the corpus: --data_source text), --text implies
+# --data_source text, --vocab --tokenizer wordpiece, --hf_model --model dea_bert, a TR-MoE flag --mlp tr_moe, and
+# the hyphenated spelling of a flag is the flag (--max-len is --max_len)
+if(TARGET dea_cli)
+  set(dea_lm_corpus ${CMAKE_CURRENT_SOURCE_DIR}/data/lm/tiny_corpus.txt)
+  dea_cli_sh(train_lm_text_implies_source dea_cli 0 "checkpoint: .*\"data_source\": \"text\".*\"max_len\": 16"
+             "d=${CMAKE_CURRENT_BINARY_DIR}/cli_lm_implied; rm -rf \"$d\"; \"$0\" train --model lm --text '${dea_lm_corpus}' \
+--d-model 16 --n-heads 2 --n_layers 1 --d_ff 32 --batch-size 4 --max-len 16 --steps 2 --eval_every 2 --eval-batches 1 \
+--threads 1 --out_dir \"$d\" && cat \"$d/config.json\"")
+  dea_cli_test(train_text_implies_source dea_cli 2 "--dump_pairs: --data_source text has no \\(q_text, k_text\\) pairs"
+               train --text corpus.txt --dump_pairs ${CMAKE_CURRENT_BINARY_DIR}/cli_pairs_implied.jsonl)
+  dea_cli_test(train_vocab_implies_wordpiece dea_cli 2 "--vocab '[^']*cli_no_such_vocab.txt': cannot open"
+               train --vocab ${CMAKE_CURRENT_BINARY_DIR}/cli_no_such_vocab.txt
+               --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_vocab_implied)
+  dea_cli_test(train_hf_model_implies_dea_bert dea_cli 2
+               "--d_model applies to --model encoder only: with --model dea_bert the sizes come from --hf_model"
+               train --hf_model ${CMAKE_CURRENT_SOURCE_DIR}/data/bert/oracle/oracle_sim --d_model 16
+               --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_hf_implied)
+  dea_cli_test(lm_experts_imply_tr_moe dea_cli 2 "--d_ff \\(100\\) must be a multiple of --experts \\(8\\) with --mlp tr_moe"
+               train --model lm --text ${dea_lm_corpus} --experts 8 --d_ff 100
+               --out_dir ${CMAKE_CURRENT_BINARY_DIR}/cli_lm_experts_implied)
+  dea_cli_test(train_hyphen_alias_checked dea_cli 2 "--max-len: expected an integer in \\[3, 65536\\], got '2'"
+               train --max-len 2)
+  dea_cli_test(dea_help_flag_spelling dea_cli 0 "Flag names take '_' and '-' alike: --max_len and --max-len are one flag"
+               --help)
+endif()
+
+# Messages carry one prefix, the command's: "dea eval: ...", never "dea eval: dea: ..." (every dea_cli_sh test refuses
+# the second; here each command meets a bad flag or a missing file)
+if(TARGET dea_cli)
+  foreach(c "train;2;--steps: expected an integer >= 1, got '0';train;--steps;0"
+            "eval;1;cannot open file '/nonexistent/config.json';eval;--ckpt;/nonexistent"
+            "visualize;2;--threads: expected an integer in \\[1, 4096\\], got '0';visualize;--threads;0"
+            "interop;2;safetensors '/nonexistent.safetensors': cannot open;interop;/nonexistent.safetensors"
+            "export-c;1;safetensors '/nonexistent.safetensors': cannot open;export-c;/nonexistent.safetensors;/nonexistent/o.hpp"
+            "tokenize;2;cannot open file '/nonexistent';tokenize;--vocab;/nonexistent"
+            "oracle;2;--batch_size: expected an integer in \\[1, 65536\\], got '0';oracle;--nli;x;--embedder;y;--pairs;p;--out;o;--batch_size;0"
+            "generate;2;--ckpt '/nonexistent/lm_run': cannot open file;generate;--ckpt;/nonexistent/lm_run;--prompt;hi")
+    list(POP_FRONT c cmd status message)
+    dea_cli_test(one_prefix_${cmd} dea_cli ${status} "^dea ${cmd}: ${message}" ${c})
+  endforeach()
 endif()

@@ -569,7 +569,9 @@ TEST_CASE("flags: a FlagSet parses, refuses and documents every flag", "[pipelin
   bool sw = false;
   std::string name = "a";
   cli::FlagSet fs("prog [flags]", "A test program.");
-  fs.integer("n", n, 1, 10, "a count").real("x", x, 0, 1, false, true, "a fraction").toggle("sw", sw, "a switch");
+  fs.integer("n", n, cli::IntRange::closed(1, 10), "a count")
+      .real("x", x, cli::Range::closed_open(0, 1), "a fraction")
+      .toggle("sw", sw, "a switch");
   fs.choice("name", name, {"a", "b"}, "a choice");
   const auto p = fs.parse(std::vector<std::string>{"--n=7", "--x", "0.25", "--sw", "--name", "b"});
   CHECK(n == 7);

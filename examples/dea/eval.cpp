@@ -16,7 +16,7 @@
 #include <dea/train/config.hpp>
 #include <dea/train/dea_bert.hpp>
 #include <dea/train/encoder.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/lm.hpp>
 
 #include <fmt/core.h>
@@ -61,7 +61,7 @@ int dea_eval(int argc, char** argv) {
             ec ? ": " + ec.message() : std::string());
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea eval: {}\n(dea eval --help lists the flags)\n", e.what());
+    fmt::print(stderr, "{}(dea eval --help lists the flags)\n", dea::cli::message("dea eval", e));
     return 2;
   }
   try {
@@ -112,7 +112,7 @@ int dea_eval(int argc, char** argv) {
     fmt::print(stderr, "dea eval: out of memory evaluating the run in '{}' (see its config.json for the sizes)\n", dir);
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea eval: {}\n", e.what());
+    fmt::print(stderr, "{}", dea::cli::message("dea eval", e));
     return 1;
   }
   return 0;

@@ -29,7 +29,7 @@
 #include "commands.hpp"
 
 #include <dea/train/config.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/run_dir.hpp>
 #include <dea/io/safetensors.hpp>
 #include <dea/nn/inference.hpp>
@@ -53,7 +53,7 @@ using namespace dea;
 namespace export_c_cmd {
 
 [[noreturn]] void usage(const std::string& why) {
-  fmt::print(stderr, "dea export-c: {}\n(dea export-c --help lists the flags)\n", why);
+  fmt::print(stderr, "{}(dea export-c --help lists the flags)\n", dea::cli::message("dea export-c", why));
   std::exit(2);
 }
 
@@ -407,7 +407,7 @@ int dea_export_c(int argc, char** argv) {
                           nn::to_string(mi.cfg.task));
     fmt::print("dea export-c: wrote {}: {}\n", out_path, what);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea export-c: {}\n", e.what());
+    fmt::print(stderr, "{}", dea::cli::message("dea export-c", e));
     return 1;
   }
   return 0;

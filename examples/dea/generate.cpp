@@ -12,7 +12,7 @@
 #include <dea/core/parallel.hpp>
 #include <dea/core/rng.hpp>
 #include <dea/text/byte_tokenizer.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/lm.hpp>
 
 #include <fmt/core.h>
@@ -73,7 +73,8 @@ int dea_generate(int argc, char** argv) {
   fs.text("ckpt", dir, "DIR", "the run directory of dea train --model lm (required)");
   fs.text("prompt", prompt, "TEXT", "the text to continue (at least one byte; required)");
   fs.integer("max_new", max_new, 0, 1 << 20, "bytes to generate");
-  fs.real("temperature", temperature, 0, 1e6, false, false, "0: greedy; > 0: sample from softmax(logits / T)", "T");
+  fs.real("temperature", temperature, cli::Range::closed(0, 1e6), "0: greedy; > 0: sample from softmax(logits / T)",
+          "T");
   fs.integer("top_k", top_k, 0, 256, "sampling: only the K most likely bytes (0 = all)", "K");
   fs.integer("seed", seed, 0, cli::kNoMax, "seed of the sampling draws", "S");
   fs.integer("threads", threads, 0, cli::kMaxThreads, "OpenMP threads (0 = the library default)");
@@ -87,7 +88,7 @@ int dea_generate(int argc, char** argv) {
     check(p.flags.count("prompt") && !prompt.empty(), "--prompt TEXT is required (at least one byte)");
     check(temperature > 0 || !p.flags.count("top_k"), "--top_k applies to sampling (--temperature > 0) only");
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea generate: {}\n(dea generate --help lists the flags)\n", e.what());
+    fmt::print(stderr, "{}(dea generate --help lists the flags)\n", dea::cli::message("dea generate", e));
     return 2;
   }
   if (threads > 0) set_num_threads(threads);
@@ -98,7 +99,7 @@ int dea_generate(int argc, char** argv) {
     fmt::print(stderr, "dea generate: out of memory loading the run in '{}'\n", dir);
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea generate: --ckpt '{}': {}\n", dir, e.what());
+    fmt::print(stderr, "{}", cli::message("dea generate", "--ckpt '" + dir + "': " + without_error_prefix(e.what())));
     return 2;
   }
   try {
@@ -130,7 +131,7 @@ int dea_generate(int argc, char** argv) {
     fmt::print(stderr, "dea generate: out of memory (--max_new {})\n", max_new);
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea generate: {}\n", e.what());
+    fmt::print(stderr, "{}", dea::cli::message("dea generate", e));
     return 1;
   }
   return 0;

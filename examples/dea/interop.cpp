@@ -30,7 +30,7 @@
 // examples/dea/import_reference_checkpoint.py turns a checkpoint of the reference into a run directory.
 #include "commands.hpp"
 
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/core/parallel.hpp>
 #include <dea/interop/bert_case.hpp>
 #include <dea/interop/dea_bert_case.hpp>
@@ -54,7 +54,7 @@ using namespace dea;
 // Named, not anonymous: the program's files are compiled as one translation unit (examples/CMakeLists.txt).
 namespace interop_cmd {
 [[noreturn]] void usage(const std::string& why) {
-  fmt::print(stderr, "dea interop: {}\n(dea interop --help lists the flags)\n", why);
+  fmt::print(stderr, "{}(dea interop --help lists the flags)\n", dea::cli::message("dea interop", why));
   std::exit(2);
 }
 }  // namespace interop_cmd
@@ -206,7 +206,7 @@ int dea_interop(int argc, char** argv) {
     fmt::print(stderr, "dea interop: {}: out of memory running the case (are its sizes right?)\n", case_path);
     return 2;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea interop: {}\n", e.what());
+    fmt::print(stderr, "{}", dea::cli::message("dea interop", e));
     return 2;
   }
 }

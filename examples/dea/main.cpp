@@ -43,6 +43,7 @@ const Command kCommands[] = {
 std::string command_list() {
   std::string s = "usage: dea <command> [flags]   (dea <command> --help: its flags)\n\ncommands:\n";
   for (const Command& c : kCommands) s += fmt::format("  {:<10} {}\n", c.name, c.summary);
+  s += "\nFlag names take '_' and '-' alike: --max_len and --max-len are one flag, in every command.\n";
   s += "\nOpenMP threads wait passively unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set.\n";
   return s;
 }

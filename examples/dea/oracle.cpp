@@ -17,7 +17,7 @@
 #include <dea/oracle/run.hpp>
 #include <dea/core/parallel.hpp>
 #include <dea/oracle/files.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/trainer.hpp>
 
 #include <fmt/core.h>
@@ -43,7 +43,7 @@ using namespace dea;
 namespace oracle_cmd {
 
 [[noreturn]] void usage(const std::string& why) {
-  fmt::print(stderr, "dea oracle: {}\n(dea oracle --help lists the flags)\n", why);
+  fmt::print(stderr, "{}(dea oracle --help lists the flags)\n", dea::cli::message("dea oracle", why));
   std::exit(2);
 }
 
@@ -110,7 +110,7 @@ int run(const Settings& s) {
     }
     resume = bert::prepare_oracle_resume(*oracle, pairs, s.pairs, s.out);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea oracle: {}\n", without_error_prefix(e.what()));
+    fmt::print(stderr, "{}", dea::cli::message("dea oracle", e));
     return 2;
   }
   if (!s.quiet && resume.exists) {

@@ -21,7 +21,7 @@
 #include <dea/core/files.hpp>
 #include <dea/io/json_limits.hpp>
 #include <dea/text/wordpiece.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -38,7 +38,7 @@ using namespace dea;
 namespace {
 
 [[noreturn]] void usage(const std::string& why) {
-  fmt::print(stderr, "dea tokenize: {}\n(dea tokenize --help lists the flags)\n", why);
+  fmt::print(stderr, "{}(dea tokenize --help lists the flags)\n", dea::cli::message("dea tokenize", why));
   std::exit(2);
 }
 
@@ -187,7 +187,7 @@ int dea_tokenize(int argc, char** argv) {
     }
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    fmt::print(stderr, "dea tokenize: {}\n", e.what());
+    fmt::print(stderr, "{}", dea::cli::message("dea tokenize", e));
     return 2;
   }
   if (!out_path.empty()) {
@@ -196,7 +196,7 @@ int dea_tokenize(int argc, char** argv) {
       for (const std::string& l : out_lines) all += l;
       write_file_atomic(out_path, all);
     } catch (const std::exception& e) {
-      fmt::print(stderr, "dea tokenize: {}\n", e.what());
+      fmt::print(stderr, "{}", dea::cli::message("dea tokenize", e));
       return 1;
     }
   }

@@ -33,7 +33,7 @@
 #include <dea/train/config.hpp>
 #include <dea/train/dea_bert.hpp>
 #include <dea/train/encoder.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/lm.hpp>
 #if defined(DEA_WITH_MPI)
 #include <dea/dist/mpi_comm.hpp>
@@ -155,7 +155,7 @@ int run_dea_bert(Console& con, const train::ValidConfig& cfg, const train::encod
     } catch (const std::bad_alloc&) {
       return con.fail(1, fmt::format("dea train: out of memory loading --hf_model '{}'\n", cfg->hf_model));
     } catch (const std::exception& e) {
-      return con.fail(2, fmt::format("dea train: --hf_model: {}\n", e.what()));
+      return con.fail(2, cli::message("dea train", "--hf_model: " + without_error_prefix(e.what())));
     }
   }
   if (const int st = con.settle()) return st;
@@ -199,7 +199,8 @@ int run_lm(Console& con, const train::ValidConfig& cfg, bool overwrite) {
   } catch (const std::bad_alloc&) {
     return con.fail(1, fmt::format("dea train: out of memory reading --text '{}'\n", cfg->text));
   } catch (const std::exception& e) {
-    return con.fail(cfg->resume ? 1 : 2, fmt::format("dea train: {}{}\n", cfg->resume ? "--resume: " : "", e.what()));
+    return con.fail(cfg->resume ? 1 : 2,
+                    cli::message("dea train", (cfg->resume ? "--resume: " : "") + without_error_prefix(e.what())));
   }
   if (const int st = con.settle()) return st;
   try {
@@ -248,7 +249,7 @@ int dea_train(int argc, char** argv) {
                   "dea_bert --hf_model DIR it fine-tunes the reference's DualExpertBert from a local Hugging Face\n"
                   "BERT directory instead (defaults lr_main 2e-5, batch_size 32, max_len 64; sizes, dropout and\n"
                   "WordPiece vocabulary from DIR; the run directory holds bert_config.json and vocab.txt). With\n"
-                  "--model lm --data_source text --text FILE it trains the byte-level decoder language model\n"
+                  "--model lm --text FILE it trains the byte-level decoder language model\n"
                   "(--attention, --mlp, --shared_expert, --kv_heads, --experts, --top_k; last 5% of the bytes\n"
                   "validate, NLL and perplexity); dea generate decodes from its checkpoint.\n"
                   "Data parallel: mpirun -np R dea train ... --micro_batches M (M a multiple of R) trains on R\n"
@@ -261,7 +262,7 @@ int dea_train(int argc, char** argv) {
           "write the distinct (q_text, k_text) pairs of the run's D_alpha data to FILE (JSONL, the input of dea "
           "oracle) and exit without training");
   auto bad_line = [&](const std::string& why) {
-    return con.fail(2, fmt::format("dea train: {}\n(dea train --help lists the flags)\n", why));
+    return con.fail(2, cli::message("dea train", why) + "(dea train --help lists the flags)\n");
   };
   cli::FlagSet::Parsed p;
   try {
@@ -281,7 +282,7 @@ int dea_train(int argc, char** argv) {
     try {  // the saved configuration: a bad file is bad input (1), not a bad command line (2)
       saved = train::read_config(train::config_path(given.out_dir));
     } catch (const std::exception& e) {
-      return con.fail(1, fmt::format("dea train: --resume: {}\n", e.what()));
+      return con.fail(1, cli::message("dea train", "--resume: " + without_error_prefix(e.what())));
     }
     try {
       cfg = train::resume_config(*saved, given, p.flags);
@@ -290,7 +291,9 @@ int dea_train(int argc, char** argv) {
     }
   } else {
     try {
-      // --model lm: the flags that do not apply are named before any other check of their values
+      // what the given flags imply (--text FILE: --data_source text, ...), then, for --model lm, the flags that do
+      // not apply, named before any other check of their values
+      train::apply_implications(given, p.flags);
       if (given.model == "lm") train::check_flag_scope(given, p.flags);
       // --model dea_bert: the encoder's flags refused, the reference's hf defaults, DIR's config.json read
       const train::ValidConfig checked = given.model == "dea_bert" ? train::dea_bert::fresh_config(given, p.flags)
@@ -328,7 +331,7 @@ int dea_train(int argc, char** argv) {
       fmt::print("wrote {} distinct (q_text, k_text) pairs of {} D_alpha records to {}\n", pairs.size(), records.size(),
                  dump_pairs);
     } catch (const std::exception& e) {
-      fmt::print(stderr, "dea train: --dump_pairs: {}\n", e.what());
+      fmt::print(stderr, "{}", cli::message("dea train", "--dump_pairs: " + without_error_prefix(e.what())));
       return 2;
     }
     return 0;
@@ -342,7 +345,8 @@ int dea_train(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     return con.fail(1, fmt::format("dea train: out of memory building the data (--n_per_source {})\n", c.n_per_source));
   } catch (const std::exception& e) {
-    return con.fail(c.resume ? 1 : 2, fmt::format("dea train: {}{}\n", c.resume ? "--resume: " : "", e.what()));
+    return con.fail(c.resume ? 1 : 2,
+                    cli::message("dea train", (c.resume ? "--resume: " : "") + without_error_prefix(e.what())));
   }
   if (c.model == "dea_bert")
     return train_cmd::run_dea_bert(con, *cfg, *data, overwrite,

@@ -37,7 +37,7 @@
 #include "commands.hpp"
 
 #include <dea/train/encoder.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/plot/figures.hpp>
 #include <dea/plot/svg.hpp>
 
@@ -96,9 +96,11 @@ cli::FlagSet flag_set(Args& a) {
   cli::FlagSet fs("dea visualize [flags]",
                   "Writes the reference's attention pictures (SVG) and summary.json into --out_dir, for the\n"
                   "reference's five demo pairs or the pairs of --pairs FILE.");
-  fs.text("ckpt", a.ckpt, "DIR", "a dea train run directory (or its checkpoint.safetensors); none: a fresh model", false);
-  fs.text("out_dir", a.out_dir, "DIR", "where the files go", true, "a directory");
-  fs.text("pairs", a.pairs, "FILE", "one pair a line: sentence, query word, key word, oracle alpha (tab or '|')", false);
+  fs.text("ckpt", a.ckpt, "DIR", "a dea train run directory (or its checkpoint.safetensors); none: a fresh model",
+          cli::Empty::allowed);
+  fs.text("out_dir", a.out_dir, "DIR", "where the files go", cli::Empty::refused, "a directory");
+  fs.text("pairs", a.pairs, "FILE", "one pair a line: sentence, query word, key word, oracle alpha (tab or '|')",
+          cli::Empty::allowed);
   fs.integer("layer", a.layer, -1000000, 1000000, "the layer shown (negative: from the last)");
   fs.integer("head", a.head, -1000000, 1000000, "the head of the photo-finish plot (taken modulo the head count)");
   fs.custom("warmup_steps", "N", "300 without --ckpt, 0 with it", "[0, 10000000]",
@@ -572,7 +574,7 @@ int dea_visualize(int argc, char** argv) {
     }
     pairs = args.pairs.empty() ? demo_pairs() : read_pairs(args.pairs);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea visualize: {}\n(dea visualize --help lists the flags)\n", e.what());
+    fmt::print(stderr, "{}(dea visualize --help lists the flags)\n", dea::cli::message("dea visualize", e));
     return 2;
   }
   try {
@@ -671,7 +673,7 @@ int dea_visualize(int argc, char** argv) {
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("wrote {} SVGs and summary.json to {}/ in {:.2f} s\n", written, args.out_dir, secs);
   } catch (const std::exception& e) {
-    fmt::print(stderr, "dea visualize: {}\n", e.what());
+    fmt::print(stderr, "{}", dea::cli::message("dea visualize", e));
     return 1;
   }
   return 0;

@@ -38,7 +38,7 @@
 #include <dea/core/parallel.hpp>
 #include <dea/core/files.hpp>
 #include <dea/eval/stats.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/io/safetensors.hpp>
 
 #include <fmt/core.h>
@@ -132,9 +132,10 @@ Args parse_args(int argc, char** argv) {
     if (args.is("--task")) a.task = args.value();
     else if (args.is("--seeds")) a.seeds = parse_seeds("--seeds", args.value());
     else if (args.is("--sweep-seeds")) a.sweep_seeds = parse_seeds("--sweep-seeds", args.value());
-    else if (args.is("--lr-grid")) a.lr_grid = dea::cli::parse_double_list("--lr-grid", args.value(), 0, 1e3, true);
+    else if (args.is("--lr-grid"))
+      a.lr_grid = dea::cli::parse_double_list("--lr-grid", args.value(), dea::cli::Range::open_closed(0, 1e3));
     else if (args.is("--sigma-grid"))
-      a.sigma_grid = dea::cli::parse_double_list("--sigma-grid", args.value(), 0, 1e6, true);
+      a.sigma_grid = dea::cli::parse_double_list("--sigma-grid", args.value(), dea::cli::Range::open_closed(0, 1e6));
     else if (args.is("--epochs")) a.epochs = int(args.int_value(1, 100000));
     else if (args.is("--batch")) a.batch = args.int_value(1, 1 << 20);
     else if (args.is("--n-train")) a.n_train = args.int_value(2, 10000000);
@@ -496,7 +497,7 @@ int main(int argc, char** argv) try {
   try {
     C.args = parse_args(argc, argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "laplacian_bench: %s (see --help)\n", e.what());
+    std::fprintf(stderr, "laplacian_bench: %s (see --help)\n", dea::without_error_prefix(e.what()).c_str());
     return 2;
   }
   const Args& A = C.args;
@@ -516,7 +517,7 @@ int main(int argc, char** argv) try {
       const auto m = md.find(key);
       dea::check(m != md.end(), "--anchor ", A.anchor, ": no metadata '", key, "'");
       return dea::cli::parse_double(dea::detail::concat("--anchor ", A.anchor, ": metadata '", key, "'"), m->second,
-                                    0, 1e9, /*lo_open=*/true);
+                                    dea::cli::Range::open_closed(0, 1e9));
     };
     C.anchor_lr = number("best_lr");
     C.anchor_sigma0 = number("sigma0_lap");
@@ -968,7 +969,8 @@ int main(int argc, char** argv) try {
       plot_sigma_entropy(plot_files.back(), A.task, plot_scale_ent, plot_dot_ent, static_cast<long>(C.data.begin()->second.win()));
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "laplacian_bench: warning: plots not written: %s\n", e.what());
+    std::fprintf(stderr, "laplacian_bench: warning: plots not written: %s\n",
+                 dea::without_error_prefix(e.what()).c_str());
     plot_files.clear();
   }
 
@@ -1009,6 +1011,6 @@ int main(int argc, char** argv) try {
                        "fewer --threads, need less\n");
   return 1;
 } catch (const std::exception& e) {
-  std::fprintf(stderr, "laplacian_bench: %s\n", e.what());
+  std::fprintf(stderr, "laplacian_bench: %s\n", dea::without_error_prefix(e.what()).c_str());
   return 1;
 }

@@ -34,7 +34,7 @@
 #include <dea/core/rng.hpp>
 #include <dea/eval/stats.hpp>
 #include <dea/plot/svg.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 #include <dea/train/lm.hpp>
 
 #include <fmt/core.h>
@@ -153,8 +153,8 @@ Args parse_args(int argc, char** argv, bool& help) {
   f.choice("routing", a.routing, {"balanced_hash", "modulo_cyclic"}, "TR-MoE: the route table");
   f.integer("max_len", a.max_len, 3, 4096, "window length T (T + 1 bytes per window)");
   f.integer("batch_size", a.batch_size, 1, 4096, "windows per step");
-  f.real("lr", a.lr, 0, 1, true, false, "AdamW learning rate (constant, as the framework's runs)");
-  f.real("weight_decay", a.weight_decay, 0, 10, false, false, "AdamW weight decay");
+  f.real("lr", a.lr, dea::cli::Range::open_closed(0, 1), "AdamW learning rate (constant, as the framework's runs)");
+  f.real("weight_decay", a.weight_decay, dea::cli::Range::closed(0, 10), "AdamW weight decay");
   f.integer("threads", a.threads, 0, dea::cli::kMaxThreads, "OpenMP threads (0 = the library default)");
   f.toggle("smoke", a.smoke, "a tiny setting for tests (2 seeds, 12 steps, D 32, L 2; flags given still apply)");
   f.toggle("fresh", a.fresh, "retrain every run (by default finished runs of the same setting are reused)");
@@ -620,7 +620,7 @@ int run(const Args& a) {
         plot_paired(plots.back(), a.seeds, cmps);
       }
     } catch (const std::exception& e) {
-      fmt::print(stderr, "lm_compare: warning: plots not written: {}\n", e.what());
+      fmt::print(stderr, "lm_compare: warning: plots not written: {}\n", dea::without_error_prefix(e.what()));
       plots.clear();
     }
 
@@ -669,7 +669,7 @@ int main(int argc, char** argv) {
     a = parse_args(argc, argv, help);
     if (help) return 0;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "lm_compare: {}\n(lm_compare --help lists the flags)\n", e.what());
+    fmt::print(stderr, "lm_compare: {}\n(lm_compare --help lists the flags)\n", dea::without_error_prefix(e.what()));
     return 2;
   }
   try {
@@ -678,7 +678,7 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "lm_compare: out of memory; a smaller --batch_size, --max_len or --d_model needs less\n");
     return 1;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "lm_compare: {}\n", e.what());
+    fmt::print(stderr, "lm_compare: {}\n", dea::without_error_prefix(e.what()));
     return 1;
   }
 }

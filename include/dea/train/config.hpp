@@ -1,6 +1,7 @@
-// dea/train/config.hpp: the run configuration of training (the reference's train.py flags): the fields and their
-// defaults, the --quick preset, the command-line flags (declared once, on a cli::FlagSet), the
-// one validate(), JSON (config.json) and the rule for what a resumed run may change.
+// dea/train/config.hpp: the run configuration of training (the reference's train.py flags): the options every run has
+// and those of each family (encoder, dea_bert, lm) with their defaults, the --quick preset, the flag table
+// (config_flags(): each flag declared once, with its range or choices, help, resume rule and implications), the one
+// validate(), JSON (config.json) and the rule for what a resumed run may change.
 //
 // A configuration is checked once, where it enters: ValidConfig runs validate() when it is built (from the command
 // line or from code), read_config() when it reads a file; the trainer and the data take a ValidConfig.
@@ -10,7 +11,7 @@
 #include "../core/files.hpp"
 #include "../core/tensor.hpp"
 #include "../io/json_limits.hpp"
-#include "flags.hpp"
+#include "../cli/flags.hpp"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -33,37 +34,28 @@
 
 namespace dea::train {
 
-/// Every flag of train (the reference's train.py defaults; model sizes from its CONFIG).
-struct TrainConfig {
+/// The options every run has, whatever it trains (the reference's train.py defaults; model sizes from its CONFIG).
+/// With --model dea_bert the size fields (d_model, n_heads, n_layers, d_ff) are recorded from hf_model's config.json.
+struct RunOptions {
   /// encoder (the Dual-Expert encoder, nn::TransformerModel) | dea_bert (DualExpertBert fine-tuned from the Hugging
-  /// Face BERT directory hf_model; train/dea_bert.hpp). With dea_bert the size fields (d_model, n_heads, n_layers,
-  /// d_ff, dropout) are recorded from hf_model's config.json, and tokenizer is wordpiece over its vocab.txt.
+  /// Face BERT directory hf_model; train/dea_bert.hpp) | lm (the byte-level decoder language model; train/lm.hpp)
   std::string model = "encoder";
-  std::string hf_model;                ///< model dea_bert: the Hugging Face model directory (config.json, ...)
-  bool quick = false;
   Index d_model = 512;
   Index n_heads = 8;
   Index n_layers = 6;
   Index d_ff = 2048;
-  double dropout = 0.1;
   Index max_len = 64;
   Index batch_size = 128;
   double lr_main = 3e-4;
-  double lr_gate = 1e-3;
   double weight_decay = 0.01;
   double grad_clip = 1.0;
   std::int64_t steps = 12000;
-  std::int64_t gamma_steps = 10000;
   std::int64_t log_every = 50;
   std::int64_t eval_every = 1000;
   std::uint64_t seed = 42;
   std::string out_dir = "runs/dea";
   std::string data_source = "dalpha";  ///< dalpha | text
   std::string text;                    ///< corpus file for data_source text
-  std::string oracle = "mock";         ///< mock | path of an alpha cache (.jsonl)
-  std::string oracle_fallback = "none";  ///< none | mock: the alpha of a record the cache lacks (mock) or an error
-  std::int64_t n_per_source = 2000;
-  std::optional<std::vector<Index>> supervise_layers;  ///< nullopt = all layers
   int threads = 0;                     ///< 0 = library default
   bool resume = false;
   std::int64_t eval_batches = 50;      ///< at most this many validation batches per periodic evaluation
@@ -71,6 +63,23 @@ struct TrainConfig {
   /// gradients are summed in a fixed binary tree (dist/tree_sum.hpp), so that the step gives the same bits on any
   /// number of ranks dividing M (`mpirun -np R dea train`). 1 = the whole batch at once.
   std::int64_t micro_batches = 1;
+  /// The fingerprint of the run's data (a data::Fingerprint of its records or sentences, 16 hex digits), recorded in
+  /// config.json when a run starts; a run rebuilt from config.json must find the same data. Empty: not recorded
+  /// (a configuration from code, or a run imported from the reference). Not a flag.
+  std::string data_hash;
+};
+
+/// The options of the Dual-Expert families (the encoder, and DualExpertBert on the same data): the gate, the oracle,
+/// D_alpha and its files, the word tokenizers, the text corpus's mock oracle.
+struct EncoderOptions {
+  bool quick = false;
+  double dropout = 0.1;
+  double lr_gate = 1e-3;
+  std::int64_t gamma_steps = 10000;
+  std::string oracle = "mock";           ///< mock | path of an alpha cache (.jsonl)
+  std::string oracle_fallback = "none";  ///< none | mock: the alpha of a record the cache lacks (mock) or an error
+  std::int64_t n_per_source = 2000;
+  std::optional<std::vector<Index>> supervise_layers;  ///< nullopt = all layers
   // D_alpha from local copies of the real data sets (dalpha_source files)
   std::string dalpha_source = "synthetic";  ///< synthetic | files
   std::string babi;                    ///< a bAbI directory (its qa16 / qa17 / qa18 *_train.txt files) or one task file
@@ -84,23 +93,31 @@ struct TrainConfig {
   std::string text_alpha = "mock";     ///< mock | none: the oracle of data_source text (the reference's wiki_alpha)
   std::int64_t n_docs = 0;             ///< data_source text: only the first n_docs lines (documents); 0 = all
   bool no_isolation_check = false;     ///< skip the gradient-isolation check of the first batch
-  /// The fingerprint of the run's data (a data::Fingerprint of its records or sentences, 16 hex digits), recorded in
-  /// config.json when a run starts; a run rebuilt from config.json must find the same data. Empty: not recorded
-  /// (a configuration from code, or a run imported from the reference). Not a flag.
-  std::string data_hash;
-  // --model lm (the decoder-only byte-level language model, train/lm.hpp)
-  std::string attention = "gqa";       ///< lm: mha | gqa | tr_mha | tr_mha_v2 | dea
-  std::string mlp = "swiglu";          ///< lm: swiglu (dense) | tr_moe (the TR-MoE MLP)
-  bool shared_expert = false;          ///< lm, mlp tr_moe: add the shared expert
-  Index kv_heads = 0;                  ///< lm, attention gqa: KV heads (0 = max(1, n_heads / 4))
-  Index experts = 4;                   ///< lm, mlp tr_moe: E (1, 2, 4, 8 or 16)
-  Index top_k = 1;                     ///< lm, mlp tr_moe: k (1, 2 or 4, at most E)
-  Index shared_d_ff = 0;               ///< lm, mlp tr_moe --shared_expert: the shared expert's width (0 = d_ff)
-  std::string routing = "modulo_cyclic";  ///< lm, mlp tr_moe: modulo_cyclic | balanced_hash (token_id_balanced_hash)
-  double label_smoothing = 0.0;        ///< lm: label smoothing of the training loss (evaluation NLL is plain)
-  std::string lr_schedule = "constant";  ///< lm: constant | cosine (linear warmup, cosine decay to 10% of lr_main)
-  std::int64_t warmup_steps = 0;       ///< lm: linear warmup steps of either schedule
 };
+
+/// The options of --model dea_bert: the pretrained directory (its sizes, dropout and tokenizer come from it).
+struct BertOptions {
+  std::string hf_model;  ///< the Hugging Face model directory (config.json, model.safetensors, vocab.txt)
+};
+
+/// The options of --model lm (the decoder-only byte-level language model, train/lm.hpp).
+struct LmOptions {
+  std::string attention = "gqa";       ///< mha | gqa | tr_mha | tr_mha_v2 | dea
+  std::string mlp = "swiglu";          ///< swiglu (dense) | tr_moe (the TR-MoE MLP)
+  bool shared_expert = false;          ///< mlp tr_moe: add the shared expert
+  Index kv_heads = 0;                  ///< attention gqa: KV heads (0 = max(1, n_heads / 4))
+  Index experts = 4;                   ///< mlp tr_moe: E (1, 2, 4, 8 or 16)
+  Index top_k = 1;                     ///< mlp tr_moe: k (1, 2 or 4, at most E)
+  Index shared_d_ff = 0;               ///< mlp tr_moe, shared_expert: the shared expert's width (0 = d_ff)
+  std::string routing = "modulo_cyclic";  ///< mlp tr_moe: modulo_cyclic | balanced_hash (token_id_balanced_hash)
+  double label_smoothing = 0.0;        ///< label smoothing of the training loss (evaluation NLL is plain)
+  std::string lr_schedule = "constant";  ///< constant | cosine (linear warmup, cosine decay to 10% of lr_main)
+  std::int64_t warmup_steps = 0;       ///< linear warmup steps of either schedule
+};
+
+/// Every option of dea train: the run's and each family's (a field is `cfg.name` whatever struct holds it). The
+/// flags are declared once, in config_flags().
+struct TrainConfig : RunOptions, EncoderOptions, BertOptions, LmOptions {};
 
 /// The --quick preset of the reference (applied to every field not given explicitly).
 inline void apply_quick_preset(TrainConfig& c, const std::set<std::string>& explicit_flags) {
@@ -196,70 +213,159 @@ struct ConfigLimits {
   static constexpr int max_threads = static_cast<int>(cli::kMaxThreads);
 };
 
-/// Range and cross-field checks of every field (dea::Error naming the flag): the ranges set_flag enforces on
-/// the command line, the maxima of ConfigLimits, d_model a multiple of n_heads, and the data / oracle choice.
+/// The flags of dea train, each declared once: its name, its default (TrainConfig's initialiser), its range or choices,
+/// its help, whether a resumed run may change it and what giving it implies. Parsing and the help
+/// (add_config_flags), the ranges and choices of validate(), the resume rule (resumable_flags, resume_config) and the
+/// implied values (apply_implications) all come from here.
+inline const cli::FlagTable<TrainConfig>& config_flags() {
+  using cli::Choices;
+  using cli::Empty;
+  using cli::IntRange;
+  using cli::Range;
+  using C = TrainConfig;
+  static const cli::FlagTable<C> t = [] {
+    cli::FlagTable<C> f;
+    f.set_value_hint(detail::reference_value_hint);
+    // every run
+    f.choice("model", &C::model, {"encoder", "dea_bert", "lm"},
+             "the Dual-Expert encoder (sizes from the flags below), DualExpertBert fine-tuned from --hf_model "
+             "(sizes, tokenizer and weights from the directory; the reference's hf defaults: lr_main 2e-5, "
+             "batch_size 32, max_len 64), or the byte-level decoder language model (lm, on a text corpus)")
+        .implies_when("lm", "data_source", "text");
+    f.text("hf_model", &C::hf_model, "DIR",
+           "--model dea_bert: a Hugging Face BERT directory (config.json, model.safetensors, vocab.txt)",
+           Empty::refused, "a directory path")
+        .implies("model", "dea_bert");
+    f.toggle("quick", &C::quick,
+             "the reference's quick preset: D=128 H=4 2 layers d_ff 256 batch 32, 300 steps, gamma_steps 200, "
+             "eval_every 150, log_every 25, n_per_source 500 (flags given explicitly win)");
+    f.integer("d_model", &C::d_model, IntRange::closed(1, ConfigLimits::max_d_model),
+              "model width (a multiple of --n_heads)");
+    f.integer("n_heads", &C::n_heads, IntRange::closed(1, ConfigLimits::max_d_model), "attention heads");
+    f.integer("n_layers", &C::n_layers, IntRange::closed(0, ConfigLimits::max_layers), "layers");
+    f.integer("d_ff", &C::d_ff, IntRange::closed(1, ConfigLimits::max_d_ff), "feed-forward width");
+    f.real("dropout", &C::dropout, Range::closed_open(0, 1), "dropout probability", "P");
+    f.integer("max_len", &C::max_len, IntRange::closed(3, ConfigLimits::max_len),
+              "longest sequence in tokens (--model dea_bert: 64 unless given, at most the max_position_embeddings "
+              "of --hf_model)");
+    f.integer("batch_size", &C::batch_size, IntRange::closed(1, ConfigLimits::max_batch),
+              "examples per step (--model dea_bert: 32 unless given)");
+    f.real("lr_main", &C::lr_main, Range::open_closed(0, 1e9),
+           "learning rate of the main group (--model dea_bert: 2e-5 unless given)");
+    f.real("lr_gate", &C::lr_gate, Range::open_closed(0, 1e9), "learning rate of the gate group (W_gate, c_gate)");
+    f.real("weight_decay", &C::weight_decay, Range::closed(0, 1e9), "AdamW weight decay of the main group");
+    f.real("grad_clip", &C::grad_clip, Range::open_closed(0, 1e300), "per-group gradient-norm clip");
+    f.integer("steps", &C::steps, IntRange::at_least(1), "optimiser steps of the run").resumable();
+    f.integer("gamma_steps", &C::gamma_steps, IntRange::at_least(0),
+              "steps over which gamma_mix falls from 1 to 0");
+    f.integer("log_every", &C::log_every, IntRange::at_least(1), "steps between lines of train_log.jsonl").resumable();
+    f.integer("eval_every", &C::eval_every, IntRange::at_least(1),
+              "steps between validations (each writes a checkpoint)")
+        .resumable();
+    f.integer("seed", &C::seed, IntRange::at_least(0),
+              "seed of the data, the initial weights, the order and the dropout masks");
+    f.text("out_dir", &C::out_dir, "DIR", "the run directory (checkpoint, config.json, log, plots)", Empty::refused,
+           "a directory path");
+    f.choice("data_source", &C::data_source, {"dalpha", "text"},
+             "D_alpha pairs (classification) or a text corpus (masked LM, or the decoder LM's bytes; needs --text)");
+    f.text("text", &C::text, "FILE", "the corpus of --data_source text", Empty::allowed)
+        .implies("data_source", "text");
+    // the Dual-Expert families: the oracle, D_alpha, the tokenizers
+    f.text("oracle", &C::oracle, "mock|FILE.jsonl", "the oracle alpha of D_alpha: mock, or an alpha cache",
+           Empty::refused, "'mock' or the path of an alpha cache (.jsonl)");
+    f.choice("oracle_fallback", &C::oracle_fallback, {"none", "mock"},
+             "a D_alpha pair the --oracle cache lacks: an error (none), or the mock oracle's alpha (mock, counted)");
+    f.integer("n_per_source", &C::n_per_source, IntRange::closed(1, ConfigLimits::max_n_per_source),
+              "D_alpha pairs per source");
+    f.choice("dalpha_source", &C::dalpha_source, {"synthetic", "files"},
+             "D_alpha from the synthetic generators, or from local copies of the data sets (--babi, --clutrr, "
+             "--conceptnet, --capitals)");
+    f.text("babi", &C::babi, "DIR", "bAbI: a directory with the qa16 / qa17 / qa18 *_train.txt task files, or one file")
+        .implies("dalpha_source", "files");
+    f.text("clutrr", &C::clutrr, "FILE", "CLUTRR: a CSV file of the public data set").implies("dalpha_source", "files");
+    f.text("conceptnet", &C::conceptnet, "FILE",
+           "ConceptNet: an (uncompressed) assertion dump; IsA and PartOf are read")
+        .implies("dalpha_source", "files");
+    f.text("capitals", &C::capitals, "FILE", "ConceptNet's capitals: capital<TAB>country lines (none: the 47 built in)")
+        .implies("dalpha_source", "files");
+    f.toggle("synthetic_fallback", &C::synthetic_fallback,
+             "--dalpha_source files: a source without its file uses its synthetic generator (said on stdout)")
+        .implies("dalpha_source", "files");
+    f.choice("tokenizer", &C::tokenizer, {"simple", "wordpiece"},
+             "the reference's word-level SimpleTokenizer, or BERT's WordPiece (needs --vocab)");
+    f.text("vocab", &C::vocab, "FILE", "the vocab.txt of --tokenizer wordpiece (its size is the model's vocabulary)")
+        .implies("tokenizer", "wordpiece");
+    f.choice("text_alpha", &C::text_alpha, {"mock", "none"},
+             "--data_source text: a random mock oracle on every batch, or none (no gate loss, no isolation check)")
+        .alias("wiki_alpha", "the reference's name of --text_alpha")
+        .implies("data_source", "text");
+    f.integer("n_docs", &C::n_docs, IntRange::at_least(0),
+              "--data_source text: read only the first N documents (non-blank lines) of --text; 0 = all")
+        .implies("data_source", "text");
+    f.toggle("no_isolation_check", &C::no_isolation_check, "skip the gradient-isolation check on the first batch")
+        .resumable();
+    f.custom("supervise_layers", &C::supervise_layers, "all|i,j,...", "all",
+             "indices in [-1024, 1024], negative from the last", "the layers whose gate receives the oracle",
+             [](C& c, const std::string& flag, const std::string& v) {
+               if (v == "all") c.supervise_layers.reset();
+               else c.supervise_layers = detail::parse_layer_list(flag, v);
+             });
+    // every run: evaluation, data parallelism, threads, resuming
+    f.integer("eval_batches", &C::eval_batches, IntRange::at_least(1),
+              "at most this many validation batches per evaluation")
+        .resumable();
+    f.integer("micro_batches", &C::micro_batches, IntRange::closed(1, ConfigLimits::max_batch),
+              "micro-batches per step, a power of two dividing --batch_size: their gradients are summed in a fixed "
+              "tree, so `mpirun -np R` gives the same bits for any R dividing it (docs/scale.md)");
+    f.integer("threads", &C::threads, IntRange::closed(0, ConfigLimits::max_threads),
+              "OpenMP threads (0 = the library default)")
+        .resumable();
+    f.toggle("resume", &C::resume, "continue the run in --out_dir from its checkpoint (bit for bit)");
+    // --model lm
+    f.choice("attention", &C::attention, {"mha", "gqa", "tr_mha", "tr_mha_v2", "dea"},
+             "--model lm: causal attention (multi-head, grouped-query, token-routed v1 / v2, causal Dual-Expert)");
+    f.choice("mlp", &C::mlp, {"swiglu", "tr_moe"}, "--model lm: the dense SwiGLU MLP, or the TR-MoE MLP");
+    f.toggle("shared_expert", &C::shared_expert, "--model lm --mlp tr_moe: add the shared (always active) expert")
+        .implies("mlp", "tr_moe");
+    f.integer("kv_heads", &C::kv_heads, IntRange::closed(0, ConfigLimits::max_d_model),
+              "--model lm --attention gqa: KV heads (0 = max(1, n_heads / 4))");
+    f.integer("experts", &C::experts, IntRange::closed(1, 16), "--model lm --mlp tr_moe: experts (1, 2, 4, 8 or 16)")
+        .implies("mlp", "tr_moe");
+    f.integer("top_k", &C::top_k, IntRange::closed(1, 4),
+              "--model lm --mlp tr_moe: experts per token (1, 2 or 4, at most --experts)")
+        .implies("mlp", "tr_moe");
+    f.integer("shared_d_ff", &C::shared_d_ff, IntRange::closed(0, ConfigLimits::max_d_ff),
+              "--model lm --mlp tr_moe --shared_expert: the shared expert's width (0 = --d_ff)")
+        .implies("shared_expert", "true");
+    f.choice("routing", &C::routing, {"modulo_cyclic", "balanced_hash"},
+             "--model lm --mlp tr_moe: the route table (the framework's modulo_cyclic or token_id_balanced_hash)")
+        .implies("mlp", "tr_moe");
+    f.real("label_smoothing", &C::label_smoothing, Range::closed_open(0, 1),
+           "--model lm: label smoothing of the training loss (the validation NLL is always plain)", "EPS");
+    f.choice("lr_schedule", &C::lr_schedule, {"constant", "cosine"},
+             "--model lm: constant, or cosine decay to 10% of --lr_main at --steps (after --warmup_steps)");
+    f.integer("warmup_steps", &C::warmup_steps, IntRange::at_least(0),
+              "--model lm: linear learning-rate warmup steps (at most --steps)");
+    return f;
+  }();
+  return t;
+}
+
+/// Range and cross-field checks of every field (dea::Error naming the flag): the ranges and choices of
+/// config_flags() (the command line's, with the maxima of ConfigLimits), then what one field asks of another
+/// (d_model a multiple of n_heads, the data / oracle choice, each family's rules).
 inline void validate(const TrainConfig& c) {
-  auto in = [](const char* flag, std::int64_t v, std::int64_t lo, std::int64_t hi) {
-    check(v >= lo && v <= hi, "--", flag, ": ", v, " is outside [", lo, ", ", hi, "]");
-  };
-  auto real = [](const char* flag, double v, double lo, double hi, bool lo_open) {
-    check(std::isfinite(v) && v >= lo && v <= hi && !(lo_open && v == lo), "--", flag, ": ", v, " is outside ",
-          lo_open ? "(" : "[", lo, ", ", hi, "]");
-  };
-  in("d_model", c.d_model, 1, ConfigLimits::max_d_model);
-  in("n_heads", c.n_heads, 1, ConfigLimits::max_d_model);
-  in("n_layers", c.n_layers, 0, ConfigLimits::max_layers);
-  in("d_ff", c.d_ff, 1, ConfigLimits::max_d_ff);
-  in("max_len", c.max_len, 3, ConfigLimits::max_len);
-  in("batch_size", c.batch_size, 1, ConfigLimits::max_batch);
-  in("steps", c.steps, 1, std::numeric_limits<std::int64_t>::max() / 2);
-  in("gamma_steps", c.gamma_steps, 0, std::numeric_limits<std::int64_t>::max() / 2);
-  in("log_every", c.log_every, 1, std::numeric_limits<std::int64_t>::max());
-  in("eval_every", c.eval_every, 1, std::numeric_limits<std::int64_t>::max());
-  in("n_per_source", c.n_per_source, 1, ConfigLimits::max_n_per_source);
-  in("threads", c.threads, 0, ConfigLimits::max_threads);
-  in("eval_batches", c.eval_batches, 1, std::numeric_limits<std::int64_t>::max());
-  in("micro_batches", c.micro_batches, 1, ConfigLimits::max_batch);
+  config_flags().check(c);  // the range or choice of every flag
   check((c.micro_batches & (c.micro_batches - 1)) == 0, "--micro_batches: expected a power of two (1, 2, 4, ...), got ",
         c.micro_batches);
   check(c.batch_size % c.micro_batches == 0, "--micro_batches ", c.micro_batches, " must divide --batch_size ",
         c.batch_size, " (each micro-batch is batch_size / micro_batches examples)");
-  real("dropout", c.dropout, 0, 0.999999, false);
-  real("lr_main", c.lr_main, 0, 1e9, true);
-  real("lr_gate", c.lr_gate, 0, 1e9, true);
-  real("weight_decay", c.weight_decay, 0, 1e9, false);
-  real("grad_clip", c.grad_clip, 0, 1e300, true);
-  in("n_docs", c.n_docs, 0, std::numeric_limits<std::int64_t>::max());
   check(!c.out_dir.empty(), "--out_dir: must not be empty");
-  // a choice among fixed values; a value of the reference that names data dea cannot rebuild says so
-  auto one_of = [](const char* flag, const std::string& v, std::initializer_list<const char*> values) {
-    std::string expected;
-    std::size_t k = 0;
-    for (const char* x : values) {
-      if (v == x) return;
-      expected += std::string(k == 0 ? "'" : (k + 1 == values.size() ? "' or '" : "', '")) + x;
-      ++k;
-    }
-    const std::string hint = detail::reference_value_hint(flag, v);
-    ::dea::detail::raise(::dea::detail::concat("--", flag, " '", v, "': ",
-                                               hint.empty() ? "expected " + expected + "'" : hint));
-  };
-  one_of("model", c.model, {"encoder", "dea_bert", "lm"});
-  one_of("attention", c.attention, {"mha", "gqa", "tr_mha", "tr_mha_v2", "dea"});
-  one_of("mlp", c.mlp, {"swiglu", "tr_moe"});
-  in("kv_heads", c.kv_heads, 0, ConfigLimits::max_d_model);
-  in("experts", c.experts, 1, 16);
-  in("top_k", c.top_k, 1, 4);
-  one_of("routing", c.routing, {"modulo_cyclic", "balanced_hash"});
-  one_of("lr_schedule", c.lr_schedule, {"constant", "cosine"});
-  in("shared_d_ff", c.shared_d_ff, 0, ConfigLimits::max_d_ff);
-  check(c.label_smoothing >= 0 && c.label_smoothing < 1, "--label_smoothing: expected a value in [0, 1), got ",
-        c.label_smoothing);
-  check(c.warmup_steps >= 0 && (c.warmup_steps == 0 || c.warmup_steps <= c.steps), "--warmup_steps: expected 0 .. "
-        "--steps (", c.steps, "), got ", c.warmup_steps);
+  check(c.warmup_steps <= c.steps, "--warmup_steps: expected 0 .. --steps (", c.steps, "), got ", c.warmup_steps);
   if (c.model == "lm") {
-    check(c.data_source == "text", "--model lm trains on a text corpus: it needs --data_source text --text FILE, but "
-          "--data_source is '", c.data_source, "'");
+    check(c.data_source == "text", "--model lm trains on a text corpus (--data_source text), but --data_source is '",
+          c.data_source, "'");
+    check(!c.text.empty(), "--model lm trains on a text corpus: it needs --text FILE");
     check(c.n_layers > 0, "--n_layers: --model lm needs at least one layer");
     check(c.kv_heads == 0 || c.n_heads % c.kv_heads == 0, "--kv_heads ", c.kv_heads, " must divide --n_heads ",
           c.n_heads);
@@ -276,11 +382,6 @@ inline void validate(const TrainConfig& c) {
     check(c.routing == "modulo_cyclic" || c.mlp == "tr_moe", "--routing ", c.routing,
           " applies to --mlp tr_moe only (the TR-MoE route table)");
   }
-  one_of("data_source", c.data_source, {"dalpha", "text"});
-  one_of("dalpha_source", c.dalpha_source, {"synthetic", "files"});
-  one_of("tokenizer", c.tokenizer, {"simple", "wordpiece"});
-  one_of("text_alpha", c.text_alpha, {"mock", "none"});
-  one_of("oracle_fallback", c.oracle_fallback, {"none", "mock"});
   check(!c.oracle.empty(), "--oracle: expected 'mock' or the path of an alpha cache (.jsonl), got ''");
   {
     const std::string hint = detail::reference_value_hint("oracle", c.oracle);
@@ -368,93 +469,15 @@ private:
 };
 
 /// Declares the configuration's flags on `fs`, stored into `c` (the defaults shown are c's values now).
-inline void add_config_flags(cli::FlagSet& fs, TrainConfig& c) {
-  using cli::kNoMax;
-  fs.choice("model", c.model, {"encoder", "dea_bert", "lm"},
-            "the Dual-Expert encoder (sizes from the flags below), DualExpertBert fine-tuned from --hf_model "
-            "(sizes, tokenizer and weights from the directory; the reference's hf defaults: lr_main 2e-5, "
-            "batch_size 32, max_len 64), or the byte-level decoder language model (lm: --data_source text)");
-  fs.text("hf_model", c.hf_model, "DIR",
-          "--model dea_bert: a Hugging Face BERT directory (config.json, model.safetensors, vocab.txt)", true,
-          "a directory path");
-  fs.toggle("quick", c.quick,
-            "the reference's quick preset: D=128 H=4 2 layers d_ff 256 batch 32, 300 steps, gamma_steps 200, "
-            "eval_every 150, log_every 25, n_per_source 500 (flags given explicitly win)");
-  fs.integer("d_model", c.d_model, 1, kNoMax, "model width (a multiple of --n_heads; at most 65536)");
-  fs.integer("n_heads", c.n_heads, 1, kNoMax, "attention heads");
-  fs.integer("n_layers", c.n_layers, 0, kNoMax, "encoder layers (at most 1024)");
-  fs.integer("d_ff", c.d_ff, 1, kNoMax, "feed-forward width (at most 1048576)");
-  fs.real("dropout", c.dropout, 0, 1, false, true, "dropout probability", "P");
-  fs.integer("max_len", c.max_len, 3, kNoMax,
-             "longest sequence in tokens (at most 65536; --model dea_bert: 64 unless given, at most the "
-             "max_position_embeddings of --hf_model)");
-  fs.integer("batch_size", c.batch_size, 1, kNoMax,
-             "examples per step (at most 1048576; --model dea_bert: 32 unless given)");
-  fs.real("lr_main", c.lr_main, 0, 1e9, true, false,
-          "learning rate of the main group (--model dea_bert: 2e-5 unless given)");
-  fs.real("lr_gate", c.lr_gate, 0, 1e9, true, false, "learning rate of the gate group (W_gate, c_gate)");
-  fs.real("weight_decay", c.weight_decay, 0, 1e9, false, false, "AdamW weight decay of the main group");
-  fs.real("grad_clip", c.grad_clip, 0, 1e300, true, false, "per-group gradient-norm clip");
-  fs.integer("steps", c.steps, 1, kNoMax, "optimiser steps of the run");
-  fs.integer("gamma_steps", c.gamma_steps, 0, kNoMax, "steps over which gamma_mix falls from 1 to 0");
-  fs.integer("log_every", c.log_every, 1, kNoMax, "steps between lines of train_log.jsonl");
-  fs.integer("eval_every", c.eval_every, 1, kNoMax, "steps between validations (each writes a checkpoint)");
-  fs.integer("seed", c.seed, 0, kNoMax, "seed of the data, the initial weights, the order and the dropout masks");
-  fs.text("out_dir", c.out_dir, "DIR", "the run directory (checkpoint, config.json, log, plots)", true,
-          "a directory path");
-  fs.choice("data_source", c.data_source, {"dalpha", "text"},
-            "D_alpha pairs (classification) or a text corpus (masked LM, needs --text)");
-  fs.text("text", c.text, "FILE", "the corpus of --data_source text", false);
-  fs.text("oracle", c.oracle, "mock|FILE.jsonl", "the oracle alpha of D_alpha: mock, or an alpha cache", true,
-          "'mock' or the path of an alpha cache (.jsonl)");
-  fs.choice("oracle_fallback", c.oracle_fallback, {"none", "mock"},
-            "a D_alpha pair the --oracle cache lacks: an error (none), or the mock oracle's alpha (mock, counted)");
-  fs.integer("n_per_source", c.n_per_source, 1, kNoMax, "D_alpha pairs per source (at most 1000000)");
-  fs.choice("dalpha_source", c.dalpha_source, {"synthetic", "files"},
-            "D_alpha from the synthetic generators, or from local copies of the data sets (--babi, --clutrr, "
-            "--conceptnet, --capitals)");
-  fs.text("babi", c.babi, "DIR", "bAbI: a directory with the qa16 / qa17 / qa18 *_train.txt task files, or one file");
-  fs.text("clutrr", c.clutrr, "FILE", "CLUTRR: a CSV file of the public data set");
-  fs.text("conceptnet", c.conceptnet, "FILE", "ConceptNet: an (uncompressed) assertion dump; IsA and PartOf are read");
-  fs.text("capitals", c.capitals, "FILE", "ConceptNet's capitals: capital<TAB>country lines (none: the 47 built in)");
-  fs.toggle("synthetic_fallback", c.synthetic_fallback,
-            "--dalpha_source files: a source without its file uses its synthetic generator (said on stdout)");
-  fs.choice("tokenizer", c.tokenizer, {"simple", "wordpiece"},
-            "the reference's word-level SimpleTokenizer, or BERT's WordPiece (needs --vocab)");
-  fs.text("vocab", c.vocab, "FILE", "the vocab.txt of --tokenizer wordpiece (its size is the model's vocabulary)");
-  fs.choice("text_alpha", c.text_alpha, {"mock", "none"},
-            "--data_source text: a random mock oracle on every batch, or none (no gate loss, no isolation check)");
-  fs.alias("wiki_alpha", "text_alpha", "the reference's name of --text_alpha");
-  fs.integer("n_docs", c.n_docs, 0, kNoMax,
-             "--data_source text: read only the first N documents (non-blank lines) of --text; 0 = all");
-  fs.toggle("no_isolation_check", c.no_isolation_check, "skip the gradient-isolation check on the first batch");
-  fs.custom("supervise_layers", "all|i,j,...", "all", "indices in [-1024, 1024], negative from the last",
-            "the layers whose gate receives the oracle", [&c](const std::string& flag, const std::string& v) {
-              if (v == "all") c.supervise_layers.reset();
-              else c.supervise_layers = detail::parse_layer_list(flag, v);
-            });
-  fs.integer("eval_batches", c.eval_batches, 1, kNoMax, "at most this many validation batches per evaluation");
-  fs.integer("micro_batches", c.micro_batches, 1, kNoMax,
-             "micro-batches per step, a power of two dividing --batch_size: their gradients are summed in a fixed "
-             "tree, so `mpirun -np R` gives the same bits for any R dividing it (docs/scale.md)");
-  fs.integer("threads", c.threads, 0, cli::kMaxThreads, "OpenMP threads (0 = the library default)");
-  fs.toggle("resume", c.resume, "continue the run in --out_dir from its checkpoint (bit for bit)");
-  fs.choice("attention", c.attention, {"mha", "gqa", "tr_mha", "tr_mha_v2", "dea"},
-            "--model lm: causal attention (multi-head, grouped-query, token-routed v1 / v2, causal Dual-Expert)");
-  fs.choice("mlp", c.mlp, {"swiglu", "tr_moe"}, "--model lm: the dense SwiGLU MLP, or the TR-MoE MLP");
-  fs.toggle("shared_expert", c.shared_expert, "--model lm --mlp tr_moe: add the shared (always active) expert");
-  fs.integer("kv_heads", c.kv_heads, 0, kNoMax, "--model lm --attention gqa: KV heads (0 = max(1, n_heads / 4))");
-  fs.integer("experts", c.experts, 1, 16, "--model lm --mlp tr_moe: experts (1, 2, 4, 8 or 16)");
-  fs.integer("top_k", c.top_k, 1, 4, "--model lm --mlp tr_moe: experts per token (1, 2 or 4, at most --experts)");
-  fs.integer("shared_d_ff", c.shared_d_ff, 0, kNoMax,
-             "--model lm --mlp tr_moe --shared_expert: the shared expert's width (0 = --d_ff)");
-  fs.choice("routing", c.routing, {"modulo_cyclic", "balanced_hash"},
-            "--model lm --mlp tr_moe: the route table (the framework's modulo_cyclic or token_id_balanced_hash)");
-  fs.real("label_smoothing", c.label_smoothing, 0, 1, false, true,
-          "--model lm: label smoothing of the training loss (the validation NLL is always plain)", "EPS");
-  fs.choice("lr_schedule", c.lr_schedule, {"constant", "cosine"},
-            "--model lm: constant, or cosine decay to 10% of --lr_main at --steps (after --warmup_steps)");
-  fs.integer("warmup_steps", c.warmup_steps, 0, kNoMax, "--model lm: linear learning-rate warmup steps");
+inline void add_config_flags(cli::FlagSet& fs, TrainConfig& c) { config_flags().bind(fs, c); }
+
+/// Fills in what the flags given on a fresh run's command line imply, where nothing else is possible: --text FILE
+/// (and --text_alpha, --n_docs) imply --data_source text, --model lm implies --data_source text, a D_alpha file flag
+/// implies --dalpha_source files, --vocab implies --tokenizer wordpiece, --hf_model implies --model dea_bert, a
+/// TR-MoE flag implies --mlp tr_moe and --shared_d_ff implies --shared_expert. A flag given explicitly is never
+/// changed: a contradiction is left to validate(), which names both flags. Returns the flags it set.
+inline std::set<std::string> apply_implications(TrainConfig& c, const std::set<std::string>& given) {
+  return config_flags().apply_implications(c, given);
 }
 
 /// The result of parsing a command line: the configuration and the flags given explicitly.
@@ -731,11 +754,11 @@ inline ValidConfig read_config(const std::string& path) {
   return config_from_json(io::parse_json_limited(text, path), path);
 }
 
-/// The flags a resumed run may change: how long it runs, how often it logs and evaluates, its threads, and whether
-/// the isolation check runs (it changes no result). Every other field comes from the run's config.json.
+/// The flags a resumed run may change (declared so in config_flags()): how long it runs, how often it logs and
+/// evaluates, its threads, and whether the isolation check runs (it changes no result). Every other field comes from
+/// the run's config.json.
 inline const std::set<std::string>& resumable_flags() {
-  static const std::set<std::string> k = {"steps", "log_every", "eval_every", "eval_batches", "threads",
-                                          "no_isolation_check"};
+  static const std::set<std::string> k = config_flags().resumable_names();
   return k;
 }
 
@@ -746,11 +769,11 @@ inline const std::set<std::string>& resumable_flags() {
 /// --plot_dir) are left to the program. out_dir is the one given; resume is set.
 inline TrainConfig resume_config(const TrainConfig& saved, const TrainConfig& given, const std::set<std::string>& flags) {
   const nlohmann::json a = to_json(with_absolute_paths(saved)), b = to_json(with_absolute_paths(given));
-  nlohmann::json merged = to_json(saved);
+  TrainConfig c = saved;
   for (const std::string& f : flags) {
     if (f == "out_dir" || f == "resume" || f == "quick" || !a.contains(f)) continue;  // (not a config flag)
     if (resumable_flags().count(f)) {
-      merged[f] = to_json(given)[f];
+      config_flags().copy_resumable(f, given, c);
       continue;
     }
     check(b.at(f) == a.at(f), "--", f, ": ", b.at(f).dump(), " differs from the checkpoint's ", a.at(f).dump(),
@@ -760,14 +783,6 @@ inline TrainConfig resume_config(const TrainConfig& saved, const TrainConfig& gi
             return s;
           }(), ")");
   }
-  TrainConfig c = saved;
-  // the resumable fields are plain integers: copied from the merged JSON one by one
-  c.steps = merged["steps"].get<std::int64_t>();
-  c.log_every = merged["log_every"].get<std::int64_t>();
-  c.eval_every = merged["eval_every"].get<std::int64_t>();
-  c.eval_batches = merged["eval_batches"].get<std::int64_t>();
-  c.threads = merged["threads"].get<int>();
-  c.no_isolation_check = merged["no_isolation_check"].get<bool>();
   c.out_dir = given.out_dir;
   c.resume = true;
   return c;
