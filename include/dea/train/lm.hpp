@@ -1,5 +1,5 @@
 // dea/train/lm.hpp: training the decoder-only language model (lm::DecoderLM, lm/model.hpp) on a local text corpus:
-// `dea train --model lm --data_source text --text FILE`. The run directory is the trainer's (run_dir.hpp:
+// `dea train --model lm --text FILE`. The run directory is the trainer's (run_dir.hpp:
 // config.json, checkpoint.safetensors written atomically, train_log.jsonl) and the console shows the trainer's
 // progress line; there is no tokenizer file, the tokenizer being the byte tokenizer (text/byte_tokenizer.hpp).
 //
