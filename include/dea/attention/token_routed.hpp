@@ -790,23 +790,23 @@ auto TokenRoutedAttention<S, Heads, DHead>::forward_cached(const Mat<S>& x, Inde
   // Pass 1: new keys into the cache (each pair owns its column block of its row's cache).
   parallel_for(batch * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H;
-    HeadMat kn = c.k.block(b * Sn, h * dh, Sn, dh);
+    HeadMat kn = hb(c.k, b * Sn, h * dh, Sn);
     norm_rotate_(kn, k_norm_, P0);
-    kv.k[static_cast<std::size_t>(b)].block(P0, h * dh, Sn, dh) = kn;
+    hb(kv.k[static_cast<std::size_t>(b)], P0, h * dh, Sn) = kn;
   });
   // Pass 2: queries against every cached key.
   parallel_for(batch * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H;
-    HeadMat qn = c.q.block(b * Sn, h * dh, Sn, dh);
+    HeadMat qn = hb(c.q, b * Sn, h * dh, Sn);
     norm_rotate_(qn, q_norm_, P0);
     const auto& Kc = kv.k[static_cast<std::size_t>(b)];
     const auto& Vc = kv.v[static_cast<std::size_t>(b)];
     Mat<S> sc(Sn, L);
-    sc.noalias() = (qn * Kc.middleCols(h * dh, dh).transpose()) * scale;
+    sc.noalias() = (qn * hb(Kc, 0, h * dh, L).transpose()) * scale;
     for (Index i = 0; i < Sn; ++i)  // causal: query i (absolute P0 + i) sees keys j <= P0 + i
       for (Index j = P0 + i + 1; j < L; ++j) sc(i, j) = -std::numeric_limits<S>::infinity();
     ops::masked_softmax_rows<S>(sc, nullptr, sc);
-    O.block(b * Sn, h * dh, Sn, dh).noalias() = sc * Vc.middleCols(h * dh, dh);
+    hb(O, b * Sn, h * dh, Sn).noalias() = sc * hb(Vc, 0, h * dh, L);
   });
   kv.length = L;
   Mat<S> y;
