@@ -507,7 +507,8 @@ TEST_CASE("lm attention: finite differences of a fixed-size GQA attention, every
     auto analytic = [&] {
       att.zero_grad();
       att.forward(x, B, cache);
-      dx = att.backward(R, cache);
+      const Mat<double> g = att.backward(R, cache);
+      dx = g;  // a copy into the buffer the checker holds (a move would swap it away)
     };
     analytic();
     testing::GradCheck gc;
