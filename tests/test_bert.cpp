@@ -919,7 +919,8 @@ TEST_CASE("BertSelfAttention: fixed Heads and DHead give the dynamic instance's 
   }
 }
 
-TEST_CASE("BertSelfAttention with fixed sizes: finite differences on every parameter and the input", "[bert][gradcheck]") {
+TEST_CASE("BertSelfAttention with fixed sizes: finite differences on every parameter and the input",
+          "[bert][gradcheck]") {
   // the padded keys, a sequence without real keys (uniform rows, no gradient to Q and K) and dropout included
   const Index B = 3, T = 4, hidden = 6, heads = 2, N = B * T;
   using SA = bert::BertSelfAttention<double, 2, 3>;

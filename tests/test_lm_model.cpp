@@ -484,7 +484,8 @@ TEST_CASE("lm attention: fixed Heads and DHead agree with the dynamic instance, 
   }
 }
 
-TEST_CASE("lm attention: finite differences of a fixed-size GQA attention, every parameter and the input", "[lm][fixed]") {
+TEST_CASE("lm attention: finite differences of a fixed-size GQA attention, every parameter and the input",
+          "[lm][fixed]") {
   for (Index T : {Index(5), Index(67)}) {  // one causal tile, and two
     INFO("T " << T);
     lm::CausalAttentionOptions o;
@@ -530,7 +531,8 @@ TEST_CASE("lm attention: sizes that differ from the compile-time Heads and DHead
   CHECK_THROWS_WITH((lm::CausalSelfAttention<double, 4>(o)),
                     Catch::Contains("CausalSelfAttention") && Catch::Contains("n_heads") && Catch::Contains("4"));
   CHECK_THROWS_WITH((lm::CausalSelfAttention<double, 2, 4>(o)),
-                    Catch::Contains("CausalSelfAttention") && Catch::Contains("DHead") && Catch::Contains("16 / 2 = 8"));
+                    Catch::Contains("CausalSelfAttention") && Catch::Contains("DHead") &&
+                        Catch::Contains("16 / 2 = 8"));
   CHECK_NOTHROW(lm::CausalSelfAttention<double, 2, 8>(o));
 }
 

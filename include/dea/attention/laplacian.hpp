@@ -238,9 +238,9 @@ public:
       ops::PairScratch<S> g_buf(TT), vt(dh * T);
       MatMap<S> G(g_buf.data(), T, T);                  // G = dL/dP, then Lambda, then dL/dDist
       ops::transpose_into<S>(T, dh, V.data(), V.outerStride(), vt.data());  // V^T [Dh, T]
-      dV.setZero();                                     // O = (P .* M) V  ->  dV = (P .* M)^T dO, G = (dO V^T) .* M
-      ops::attend_values_backward<DHead>(P.data(), T, T, T, dropping ? c.drop.data() + bh * TT : nullptr, vt.data(),
-                                         T, dO, dV, G.data());
+      // O = (P .* M) V  ->  dV = (P .* M)^T dO, G = (dO V^T) .* M
+      ops::attend_values_backward<DHead, false>(P.data(), T, T, T, dropping ? c.drop.data() + bh * TT : nullptr,
+                                                vt.data(), T, dO, dV, G.data());
       ops::softmax_rows_backward<S>(P, G, G);           // P = softmax(L)  ->  Lambda = P .* (G - rowsum(G .* P))
       theta_part[static_cast<std::size_t>(bh)] = (G.array() * Dm.array()).sum();  // L = -Dist/s -> dL/ds = sum Lambda Dist / s^2
       G.array() = -G.array() / s;                       // L = -Dist / s  ->  dDist = -Lambda / s

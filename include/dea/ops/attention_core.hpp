@@ -4,10 +4,11 @@
 //
 // Shapes (one head, self-attention: T queries over the same T keys; d_h = head width, DHead when fixed):
 //   q, k, v [T, d_h] (row-major views, rows contiguous)
-//   S = q k^T * scale                                         [T, T]
+//   S = q k^T * scale                                         [T, T]   (ScoreScale: times the rounded 1/sqrt(d_h),
+//                                                                      or over sqrt(d_h) as Hugging Face's BERT has it)
 //   key j is hidden from query i when key_mask[j] == 0 or (causal) j > i; hidden keys get P = 0 exactly
 //   P = softmax_rows(S) over the visible keys                 [T, T]   (a row with no visible key: zeros, or 1/T
-//                                                                       everywhere with AttentionMask::uniform_if_empty)
+//                                                                      everywhere with AttentionMask::uniform_if_empty)
 //   Pd = P .* M (dropout multipliers M, when given)
 //   o = Pd v                                                  [T, d_h]
 //
@@ -20,7 +21,8 @@
 // alone, so a caller that gives each head to one thread keeps its results independent of the thread count):
 //   HeadProducts::registers  head_product below: register blocks, no packing; the fastest at the encoders' small
 //                            heads (T and d_h up to a few dozen), where Eigen's packing costs as much as the arithmetic
-//   HeadProducts::eigen      Eigen's GEMM on one thread; faster for long causal contexts at d_h = 48
+//   HeadProducts::eigen      Eigen's GEMM on one thread; faster at the decoder's sizes (T = 256 with d_h = 48 or 64:
+//                            about 15 % per head on AVX-512)
 // A compile-time DHead reaches both: the head views have DHead columns, and head_product's loops over d_h (the
 // depth of q k^T and dO v^T, the width of P v, dS k and dS^T q) have a constant trip count.
 #pragma once
@@ -241,9 +243,9 @@ void attend_values(const S* p, Index tq, Index tk, Index ldp, const S* drop, con
 }
 
 /// Backward of attend_values (not accumulating): writes g = dL/dP = (dO v^T) .* M (without M when no dropout) into
-/// the contiguous [tq, tk] buffer g, and adds dv[0:tk] += Pd^T dO. vt holds v^T [d_h, ldvt >= tk] (the first tk
-/// columns are read).
-template <int DHead, class S>
+/// the contiguous [tq, tk] buffer g, and writes dv[0:tk] = Pd^T dO (adds it onto dv when AccumulateDv). vt holds
+/// v^T [d_h, ldvt >= tk] (the first tk columns are read).
+template <int DHead, bool AccumulateDv, class S>
 void attend_values_backward(const S* p, Index tq, Index tk, Index ldp, const S* drop, const S* vt, Index ldvt,
                             const ConstHeadMap<S, DHead>& dO, HeadMap<S, DHead> dv, S* g) {
   const Index dh = dO.cols();
@@ -259,8 +261,8 @@ void attend_values_backward(const S* p, Index tq, Index tk, Index ldp, const S* 
     ldpd = tk;
     MatMap<S>(g, tq, tk).array() *= M.array();  // Pd = P .* M  ->  dP = dPd .* M
   }
-  head_product<S, Eigen::Dynamic, DHead, true>(tk, dh, tq, pd, 1, ldpd, dO.data(), dO.outerStride(), dv.data(),
-                                               dv.outerStride());  // o = Pd v  ->  dv += Pd^T dO
+  head_product<S, Eigen::Dynamic, DHead, AccumulateDv>(tk, dh, tq, pd, 1, ldpd, dO.data(), dO.outerStride(), dv.data(),
+                                                       dv.outerStride());  // o = Pd v  ->  dv (+)= Pd^T dO
 }
 
 namespace detail {
@@ -330,10 +332,12 @@ void attention_core_backward(const S* p, const S* drop, const Eigen::MatrixBase<
   auto dq = head_view_mut<DHead>(dq_), dk = head_view_mut<DHead>(dk_), dv = head_view_mut<DHead>(dv_);
   const Index T = q.rows(), dh = q.cols(), tile = mask.causal ? kCausalTile : T;
   const ConstMatMap<S> P(p, T, T);
-  dk.setZero();
-  dv.setZero();
   const bool frozen = mask.uniform_if_empty && detail::no_real_key(mask, T);  // P does not depend on S
   const bool regs = products == HeadProducts::registers || drop || frozen;
+  // one tile: the register products write dk and dv; otherwise every tile adds its part
+  const bool write_dv = tile >= T && regs, write_dk = tile >= T && products == HeadProducts::registers;
+  if (!write_dv) dv.setZero();
+  if (!write_dk || frozen) dk.setZero();
   PairScratch<S> vt(regs ? dh * T : 0);  // v^T [d_h, T]
   if (regs) transpose_into<S>(T, dh, v.data(), v.outerStride(), vt.data());
   PairScratch<S> scratch(std::min(tile, T) * T);
@@ -342,9 +346,14 @@ void attention_core_backward(const S* p, const S* drop, const Eigen::MatrixBase<
     const auto Pt = P.block(i0, 0, tb, kc);
     const auto dOt = dO.middleRows(i0, tb);
     MatMap<S> dS(scratch.data(), tb, kc);
-    if (regs) {  // o = Pd v  ->  dv += Pd^T dO, dP = (dO v^T) .* M
-      attend_values_backward<DHead>(p + i0 * T, tb, kc, T, drop ? drop + i0 * T : nullptr, vt.data(), T,
-                                    head_view<DHead>(dOt), head_view_mut<DHead>(dv.topRows(kc)), dS.data());
+    if (regs) {  // o = Pd v  ->  dv (+)= Pd^T dO, dP = (dO v^T) .* M
+      const S* dt = drop ? drop + i0 * T : nullptr;
+      if (write_dv)
+        attend_values_backward<DHead, false>(p + i0 * T, tb, kc, T, dt, vt.data(), T, head_view<DHead>(dOt), dv,
+                                             dS.data());
+      else
+        attend_values_backward<DHead, true>(p + i0 * T, tb, kc, T, dt, vt.data(), T, head_view<DHead>(dOt),
+                                            head_view_mut<DHead>(dv.topRows(kc)), dS.data());
     } else {
       dv.topRows(kc).noalias() += Pt.transpose() * dOt;                          // o = P v  ->  dv += P^T dO
       dS.noalias() = dOt * v.topRows(kc).transpose();                            //          ->  dP = dO v^T
@@ -355,14 +364,18 @@ void attention_core_backward(const S* p, const S* drop, const Eigen::MatrixBase<
     if (products == HeadProducts::registers) {
       head_product<S, Eigen::Dynamic, DHead>(tb, dh, kc, dS.data(), kc, 1, k.data(), k.outerStride(),
                                              dq.data() + i0 * dq.outerStride(), dq.outerStride());  // dq = dS k
-      head_product<S, Eigen::Dynamic, DHead, true>(kc, dh, tb, dS.data(), 1, kc, q.data() + i0 * q.outerStride(),
-                                                   q.outerStride(), dk.data(), dk.outerStride());  // dk += dS^T q
+      if (write_dk)
+        head_product<S, Eigen::Dynamic, DHead>(kc, dh, tb, dS.data(), 1, kc, q.data() + i0 * q.outerStride(),
+                                               q.outerStride(), dk.data(), dk.outerStride());  // dk = dS^T q
+      else
+        head_product<S, Eigen::Dynamic, DHead, true>(kc, dh, tb, dS.data(), 1, kc, q.data() + i0 * q.outerStride(),
+                                                     q.outerStride(), dk.data(), dk.outerStride());  // dk += dS^T q
     } else {
       dq.middleRows(i0, tb).noalias() = dS * k.topRows(kc);                      //          ->  dq = dS k
       dk.topRows(kc).noalias() += dS.transpose() * q.middleRows(i0, tb);         //          ->  dk += dS^T q
     }
   }
-  if (frozen) dq.setZero();
+  if (frozen) dq.setZero();  // and dk, zeroed above
 }
 
 }  // namespace ops
