@@ -10,6 +10,8 @@
 //                P = softmax_rows(S);  Pd = P .* M (attention dropout, training only);  O_bh = Pd V_bh  [T, Dh]
 //   y = O W_o^T + b_o  [N, D]
 // A query row whose keys are all masked has P = 0, so its O row is 0 (never NaN) and y = b_o there.
+// Each (b, h) pair runs through the softmax-attention core (ops/attention_core.hpp) with its register-blocked head
+// products; causal heads go over 64-query tiles.
 //
 // Parallel work: one (b, h) pair per task (parallel_for over B*H); each pair writes only its own slices of
 // P, O, dQ, dK, dV. Projections and their weight gradients use ops::gemm's fixed row blocks. No parameter

@@ -20,8 +20,8 @@
 // Why not DotProductAttention (attention/dot_product.hpp): it applies W_o itself (BERT's output projection sits in
 // attention.output, before a dropout, the residual and a LayerNorm, and DualExpertBert keeps that part while it
 // replaces this one), a row without real keys gives zeros there instead of HF's uniform row, and its parameters
-// are named W_q/W_k/W_v/W_o. Its per-(b, h) kernels are reused here: the fused Q/K/V product, the head product,
-// the value product and its backward.
+// are named W_q/W_k/W_v/W_o. Its fused Q/K/V product is reused here, and both run their heads through the one
+// softmax-attention core (ops/attention_core.hpp; here with HF's division by sqrt(d) and its uniform empty row).
 //
 // Parameters (HF state_dict names and order, prefixed "attention.self." by the layer): query.weight [H, H],
 // query.bias [H], key.weight, key.bias, value.weight, value.bias. Fresh weights N(0, initializer_range^2), biases 0.
