@@ -858,4 +858,127 @@ TEST_CASE("bad input: BertModel::forward refuses bad batches by name", "[bert][b
   CHECK_THROWS_WITH(model.backward(nullptr, nullptr, empty), Contains("holds no forward pass"));
 }
 
+// ------------------------------------------------------------------------------------------------ compile-time sizes
+
+namespace {
+
+/// Key mask [B, T]: sequence 0 ends in padding, sequence 1 has no real key (HF: uniform attention), the rest real.
+Tensor<std::uint8_t> self_attention_mask(Index B, Index T) {
+  Tensor<std::uint8_t> m({B, T}, 1);
+  for (Index t = T - 2; t < T; ++t) m[t] = 0;
+  for (Index t = 0; t < T; ++t) m[T + t] = 0;
+  return m;
+}
+
+/// Forward and backward of a BertSelfAttention type on one batch (dropout on): the context, dx and every gradient.
+template <class SA>
+std::vector<Mat<float>> self_attention_run(Index B, Index T, Index hidden, Index heads) {
+  Rng rng(81);
+  typename SA::Options opt;
+  opt.dropout = 0.1f;
+  SA att(hidden, heads, rng, opt);
+  Rng brng(82);
+  for (auto* p : att.parameters())
+    if (p->name.find("bias") != std::string::npos) init::normal(p->value, brng, 0.0, 0.5);
+  Mat<float> x(B * T, hidden);
+  Rng xr(83);
+  init::normal(x, xr, 0.0, 1.0);
+  Rng drop(84);
+  AttnInputs<float> in(B, T);
+  in.set_key_mask(self_attention_mask(B, T)).set_training(true, &drop);
+  typename SA::Cache c;
+  std::vector<Mat<float>> out{att.forward(x, in, c)};
+  out.push_back(att.backward(testing::random_projection(B * T, hidden, 85).cast<float>(), c));
+  for (auto* p : att.parameters()) out.push_back(p->grad);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("BertSelfAttention: fixed Heads and DHead give the dynamic instance's bits", "[bert][fixed]") {
+  // the per-head products take the same steps with a compile-time head width: every result is bit-identical
+  auto same = [](const std::vector<Mat<float>>& a, const std::vector<Mat<float>>& b) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      INFO("result " << k);
+      REQUIRE(a[k].cwiseAbs().maxCoeff() > 0);
+      REQUIRE(a[k] == b[k]);
+    }
+  };
+  SECTION("hidden 64, 4 heads of 16") {
+    same(self_attention_run<bert::BertSelfAttention<float, 4, 16>>(3, 21, 64, 4),
+         self_attention_run<bert::BertSelfAttention<float>>(3, 21, 64, 4));
+  }
+  SECTION("hidden 128, 8 heads of 16") {
+    same(self_attention_run<bert::BertSelfAttention<float, 8, 16>>(3, 12, 128, 8),
+         self_attention_run<bert::BertSelfAttention<float>>(3, 12, 128, 8));
+  }
+  SECTION("64-wide heads") {
+    same(self_attention_run<bert::BertSelfAttention<float, Dynamic, 64>>(3, 17, 128, 2),
+         self_attention_run<bert::BertSelfAttention<float>>(3, 17, 128, 2));
+  }
+}
+
+TEST_CASE("BertSelfAttention with fixed sizes: finite differences on every parameter and the input",
+          "[bert][gradcheck]") {
+  // the padded keys, a sequence without real keys (uniform rows, no gradient to Q and K) and dropout included
+  const Index B = 3, T = 4, hidden = 6, heads = 2, N = B * T;
+  using SA = bert::BertSelfAttention<double, 2, 3>;
+  Rng rng(91);
+  SA::Options opt;
+  opt.dropout = 0.2;
+  opt.initializer_range = 0.5;
+  SA att(hidden, heads, rng, opt);
+  perturb(att.parameters(), 92);
+  Mat<double> x = testing::random_projection(N, hidden, 93);
+  const Mat<double> R = testing::random_projection(N, hidden, 94);
+  Rng drop(95);
+  AttnInputs<double> in(B, T);
+  in.set_key_mask(self_attention_mask(B, T)).set_training(true, &drop);
+  SA::Cache c;
+  Mat<double> dx = Mat<double>::Zero(N, hidden);
+  auto objective = [&] {
+    drop.reseed(95);  // the same dropout mask at every evaluation
+    return dot(att.forward(x, in, c), R);
+  };
+  auto analytic = [&] {
+    att.zero_grad();
+    drop.reseed(95);
+    att.forward(x, in, c);
+    const Mat<double> g = att.backward(R, c);
+    dx = g;  // a copy into the buffer the checker holds (a move would swap it away)
+  };
+  testing::GradCheck gc;
+  gc.add_except(att.parameters(), {"key.bias"});
+  gc.add("x", x.data(), dx.data(), x.size());
+  const testing::GradCheckReport rep = gc.run(objective, analytic);
+  INFO(rep.str());
+  CHECK(rep.ok);
+  CHECK(rep.tensors.size() == 6);  // query, key and value weights, query and value biases, x
+  for (const auto& t : rep.tensors) CHECK(t.max_abs_grad > 0);
+  // key.bias adds q_i . b_k to every score of row i, a shift the softmax ignores: its gradient is 0 up to round-off,
+  // checked against the differences in absolute terms
+  testing::GradCheck::Options abs_opt;
+  abs_opt.floor = 1e-2;
+  testing::GradCheck kb(abs_opt);
+  ParamList<double> key_bias;
+  for (Param<double>* p : att.parameters())
+    if (p->name == "key.bias") key_bias.push_back(p);
+  REQUIRE(key_bias.size() == 1);
+  kb.add(key_bias);
+  const testing::GradCheckReport kb_rep = kb.run(objective, analytic);
+  INFO(kb_rep.str());
+  CHECK(kb_rep.ok);
+}
+
+TEST_CASE("BertSelfAttention refuses sizes that differ from its compile-time Heads and DHead, by name",
+          "[bert][bad_input]") {
+  Rng rng(96);
+  CHECK_THROWS_WITH((bert::BertSelfAttention<double, 4>(8, 2, rng)),
+                    Contains("BertSelfAttention") && Contains("n_heads") && Contains("4"));
+  CHECK_THROWS_WITH((bert::BertSelfAttention<double, 2, 8>(8, 2, rng)),
+                    Contains("BertSelfAttention") && Contains("DHead") && Contains("8 / 2 = 4"));
+  CHECK_NOTHROW(bert::BertSelfAttention<double, 2, 4>(8, 2, rng));
+}
+
 }  // namespace test_bert

@@ -377,6 +377,53 @@ TEST_CASE("DotProductAttention: float agrees with double on a realistic size", "
   REQUIRE((dxd - dxf.cast<double>()).cwiseAbs().maxCoeff() < 1e-4 * (1 + dxd.cwiseAbs().maxCoeff()));
 }
 
+/// Runs forward and backward of Att (d_model D, H heads) on one batch; returns y, dx and the parameter gradients.
+template <class Att>
+std::vector<Mat<float>> run_once(Index B, Index T, Index D, Index H, bool causal, float dropout) {
+  Rng rng(61);
+  typename Att::Options opt;
+  opt.dropout = dropout;
+  Att att(D, H, rng, opt);
+  randomise_biases(att, 62);
+  const Mat<float> x = random_input<float>(B * T, D, 63);
+  Tensor<std::uint8_t> mask({B, T}, 1);
+  for (Index t = T - 5; t < T; ++t) mask[t] = 0;                  // padding at the end of sequence 0
+  for (Index t = 0; t < T; ++t) mask[(B - 1) * T + t] = t % 3 != 1;  // holes in the last sequence
+  Rng drop(64);
+  AttnInputs<float> in(B, T);
+  in.set_key_mask(mask).set_causal(causal);
+  if (dropout > 0) in.set_training(true, &drop);
+  typename Att::Cache cache;
+  std::vector<Mat<float>> out{att.forward(x, in, cache)};
+  out.push_back(att.backward(testing::random_projection(B * T, D, 65).cast<float>(), cache));
+  for (auto* p : att.parameters()) out.push_back(p->grad);
+  return out;
+}
+
+TEST_CASE("DotProductAttention: fixed Heads and DHead give the dynamic instance's bits", "[dot_product][fixed]") {
+  // the per-head products take the same steps with a compile-time head width: every result is bit-identical
+  auto same = [](const std::vector<Mat<float>>& a, const std::vector<Mat<float>>& b) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      INFO("result " << k);
+      REQUIRE(a[k].cwiseAbs().maxCoeff() > 0);
+      REQUIRE(a[k] == b[k]);
+    }
+  };
+  SECTION("d_model 64, 4 heads of 16, causal over two tiles and a key mask") {
+    same(run_once<DotProductAttention<float, 4, 16>>(2, 80, 64, 4, true, 0.0f),
+         run_once<DotProductAttention<float>>(2, 80, 64, 4, true, 0.0f));
+  }
+  SECTION("d_model 128, 8 heads of 16, dropout") {
+    same(run_once<DotProductAttention<float, 8, 16>>(3, 20, 128, 8, false, 0.1f),
+         run_once<DotProductAttention<float>>(3, 20, 128, 8, false, 0.1f));
+  }
+  SECTION("64-wide heads") {
+    same(run_once<DotProductAttention<float, Dynamic, 64>>(2, 33, 128, 2, false, 0.0f),
+         run_once<DotProductAttention<float>>(2, 33, 128, 2, false, 0.0f));
+  }
+}
+
 TEST_CASE("DotProductAttention: bad arguments throw dea::Error naming them", "[dot_product][errors]") {
   Rng rng(22);
   REQUIRE_THROWS_WITH(DotProductAttention<double>(10, 3, rng), Catch::Contains("d_model") && Catch::Contains("3"));

@@ -779,6 +779,50 @@ TEST_CASE("LaplacianAttention: float agrees with double on the benchmark's size"
   REQUIRE(ed < 1e-3 * (1 + gd));
 }
 
+/// Forward and backward of Att (d_model D, H heads) on one batch: y, dx and the parameter gradients.
+template <class Att>
+std::vector<Mat<float>> run_once(Index B, Index T, Index D, Index H, bool causal, float dropout) {
+  Rng rng(71);
+  typename Att::Options opt;
+  opt.dropout = dropout;
+  Att att(D, H, rng, opt);
+  Rng brng(72);
+  for (auto* p : att.parameters())
+    if (p->name.find(".bias") != std::string::npos) init::normal(p->value, brng, 0.0, 0.5);
+  const Mat<float> x = random_input<float>(B * T, D, 73);
+  Tensor<std::uint8_t> mask({B, T}, 1);
+  for (Index t = T - 4; t < T; ++t) mask[t] = 0;
+  Rng drop(74);
+  AttnInputs<float> in(B, T);
+  in.set_key_mask(mask).set_causal(causal);
+  if (dropout > 0) in.set_training(true, &drop);
+  typename Att::Cache cache;
+  std::vector<Mat<float>> out{att.forward(x, in, cache)};
+  out.push_back(att.backward(testing::random_projection(B * T, D, 75).cast<float>(), cache));
+  for (auto* p : att.parameters()) out.push_back(p->grad);
+  return out;
+}
+
+TEST_CASE("LaplacianAttention: fixed Heads and DHead give the dynamic instance's bits", "[laplacian][fixed]") {
+  // the distances, the softmax and the value products take the same steps with a compile-time head width
+  auto same = [](const std::vector<Mat<float>>& a, const std::vector<Mat<float>>& b) {
+    REQUIRE(a.size() == b.size());
+    for (std::size_t k = 0; k < a.size(); ++k) {
+      INFO("result " << k);
+      REQUIRE(a[k].cwiseAbs().maxCoeff() > 0);
+      REQUIRE(a[k] == b[k]);
+    }
+  };
+  SECTION("d_model 64, 4 heads of 16, causal, key mask") {
+    same(run_once<LaplacianAttention<float, 4, 16>>(2, 40, 64, 4, true, 0.0f),
+         run_once<LaplacianAttention<float>>(2, 40, 64, 4, true, 0.0f));
+  }
+  SECTION("64-wide heads, dropout") {
+    same(run_once<LaplacianAttention<float, 2, 64>>(2, 24, 128, 2, false, 0.1f),
+         run_once<LaplacianAttention<float>>(2, 24, 128, 2, false, 0.1f));
+  }
+}
+
 TEST_CASE("LaplacianAttention: bad arguments throw dea::Error naming them", "[laplacian][errors]") {
   Rng rng(26);
   REQUIRE_THROWS_WITH(LaplacianAttention<double>(10, 3, rng), Catch::Contains("d_model"));

@@ -417,6 +417,125 @@ TEST_CASE("lm attention: GQA / MQA / MHA equal a plain masked computation", "[lm
   }
 }
 
+namespace {
+
+/// Forward, backward and a two-step cached decode of a CausalSelfAttention type (GQA, qk-norm, B = 2 sequences of T):
+/// y, dx, every parameter gradient, then the decoded outputs.
+template <class Att>
+std::vector<Mat<float>> causal_attention_run(Index T, Index D, Index H, Index Hkv) {
+  lm::CausalAttentionOptions o;
+  o.d_model = D;
+  o.n_heads = H;
+  o.n_kv_heads = Hkv;
+  o.rope_theta = 500.0;
+  Att att(o);
+  Rng rng(31);
+  for (Param<float>* p : att.parameters())
+    for (Index i = 0; i < p->numel(); ++i)
+      p->value[i] = static_cast<float>(p->name.find("norm") != std::string::npos ? 1.0 + 0.2 * rng.normal()
+                                                                                 : 0.3 * rng.normal());
+  const Index B = 2;
+  Mat<float> x(B * T, D);
+  init::normal(x, rng, 0.0, 1.0);
+  typename Att::Cache cache;
+  std::vector<Mat<float>> out{att.forward(x, B, cache)};
+  out.push_back(att.backward(testing::random_projection(B * T, D, 32).cast<float>(), cache));
+  for (Param<float>* p : att.parameters()) out.push_back(p->grad);
+  typename Att::KVCache kv;
+  Mat<float> prompt(B * 3, D), next(B, D);
+  for (Index b = 0; b < B; ++b) {
+    prompt.middleRows(b * 3, 3) = x.middleRows(b * T, 3);
+    next.row(b) = x.row(b * T + 3);
+  }
+  out.push_back(att.forward_cached(prompt, B, kv));
+  out.push_back(att.forward_cached(next, B, kv));
+  return out;
+}
+
+/// Largest |a - b| over max(|b|, 1) of every pair of results (and every result is live).
+double worst_difference(const std::vector<Mat<float>>& a, const std::vector<Mat<float>>& b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0;
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    REQUIRE(a[k].cwiseAbs().maxCoeff() > 0);
+    worst = std::max(worst, static_cast<double>((a[k] - b[k]).cwiseAbs().maxCoeff()) /
+                                std::max(1.0, static_cast<double>(b[k].cwiseAbs().maxCoeff())));
+  }
+  return worst;
+}
+
+}  // namespace
+
+TEST_CASE("lm attention: fixed Heads and DHead agree with the dynamic instance, forward, backward and decoding",
+          "[lm][fixed]") {
+  // the same arithmetic, but Eigen may order a product or a reduction over a fixed-size head row differently (on
+  // AVX-512 the bits agree at d_h = 16 and differ in the last places at d_h = 64)
+  SECTION("d_model 64, 4 heads of 16 over 2 KV heads, two causal tiles") {
+    CHECK(worst_difference(causal_attention_run<lm::CausalSelfAttention<float, 4, 16>>(80, 64, 4, 2),
+                           causal_attention_run<lm::CausalSelfAttention<float>>(80, 64, 4, 2)) < 1e-5);
+  }
+  SECTION("d_model 128, 8 heads of 16, MHA") {
+    CHECK(worst_difference(causal_attention_run<lm::CausalSelfAttention<float, 8, 16>>(20, 128, 8, 8),
+                           causal_attention_run<lm::CausalSelfAttention<float>>(20, 128, 8, 8)) < 1e-5);
+  }
+  SECTION("64-wide heads, MQA") {
+    CHECK(worst_difference(causal_attention_run<lm::CausalSelfAttention<float, Dynamic, 64>>(70, 128, 2, 1),
+                           causal_attention_run<lm::CausalSelfAttention<float>>(70, 128, 2, 1)) < 1e-5);
+  }
+}
+
+TEST_CASE("lm attention: finite differences of a fixed-size GQA attention, every parameter and the input",
+          "[lm][fixed]") {
+  for (Index T : {Index(5), Index(67)}) {  // one causal tile, and two
+    INFO("T " << T);
+    lm::CausalAttentionOptions o;
+    o.d_model = 8;
+    o.n_heads = 2;
+    o.n_kv_heads = 1;
+    o.rope_theta = 500.0;
+    lm::CausalSelfAttention<double, 2, 4> att(o);
+    Rng rng(41);
+    for (Param<double>* p : att.parameters())
+      for (Index i = 0; i < p->numel(); ++i)
+        p->value[i] = p->name.find("norm") != std::string::npos ? 1.0 + 0.2 * rng.normal() : 0.4 * rng.normal();
+    const Index B = 2, N = B * T;
+    Mat<double> x(N, 8);
+    init::normal(x, rng, 0.0, 1.0);
+    const Mat<double> R = testing::random_projection(N, 8, 42);
+    typename lm::CausalSelfAttention<double, 2, 4>::Cache cache;
+    Mat<double> dx;
+    auto objective = [&] { return (att.forward(x, B, cache).array() * R.array()).sum(); };
+    auto analytic = [&] {
+      att.zero_grad();
+      att.forward(x, B, cache);
+      const Mat<double> g = att.backward(R, cache);
+      dx = g;  // a copy into the buffer the checker holds (a move would swap it away)
+    };
+    analytic();
+    testing::GradCheck gc;
+    gc.add(att.parameters());
+    gc.add("x", x.data(), dx.data(), x.size());
+    const OneThread one;
+    const testing::GradCheckReport rep = gc.run(objective, analytic);
+    INFO(rep.str());
+    CHECK(rep.ok);
+    CHECK(rep.tensors.size() == 7);  // k, q, v, o projections, the two gains, x
+    for (const auto& t : rep.tensors) CHECK(t.max_abs_grad > 0);
+  }
+}
+
+TEST_CASE("lm attention: sizes that differ from the compile-time Heads and DHead are refused by name", "[lm][fixed]") {
+  lm::CausalAttentionOptions o;
+  o.d_model = 16;
+  o.n_heads = 2;
+  CHECK_THROWS_WITH((lm::CausalSelfAttention<double, 4>(o)),
+                    Catch::Contains("CausalSelfAttention") && Catch::Contains("n_heads") && Catch::Contains("4"));
+  CHECK_THROWS_WITH((lm::CausalSelfAttention<double, 2, 4>(o)),
+                    Catch::Contains("CausalSelfAttention") && Catch::Contains("DHead") &&
+                        Catch::Contains("16 / 2 = 8"));
+  CHECK_NOTHROW(lm::CausalSelfAttention<double, 2, 8>(o));
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // KV-cached decoding
 

@@ -10,6 +10,8 @@
 //                P = softmax_rows(S);  Pd = P .* M (attention dropout, training only);  O_bh = Pd V_bh  [T, Dh]
 //   y = O W_o^T + b_o  [N, D]
 // A query row whose keys are all masked has P = 0, so its O row is 0 (never NaN) and y = b_o there.
+// Each (b, h) pair runs through the softmax-attention core (ops/attention_core.hpp) with its register-blocked head
+// products; causal heads go over 64-query tiles.
 //
 // Parallel work: one (b, h) pair per task (parallel_for over B*H); each pair writes only its own slices of
 // P, O, dQ, dK, dV. Projections and their weight gradients use ops::gemm's fixed row blocks. No parameter
@@ -22,6 +24,7 @@
 #include "../core/param.hpp"
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
+#include "../ops/attention_core.hpp"
 #include "../ops/dropout.hpp"
 #include "../ops/gemm.hpp"
 #include "../ops/linear.hpp"
@@ -93,188 +96,6 @@ void check_backward_input(const char* cls, const Mat<S>& dy, Index batch, Index 
   check(dy.rows() == batch * seq && dy.cols() == d_model, cls, ": dy: expected shape [", batch * seq, ", ",
         d_model, "], got [", dy.rows(), ", ", dy.cols(), "]");
   check_all_finite(dy, std::string(cls) + ": dy");
-}
-
-/// One head's [T, Dh] slice of a row-major matrix: rows [row0, row0 + T), columns [col0, col0 + Dh).
-template <class S, int DHead>
-using HeadMat = Eigen::Matrix<S, Eigen::Dynamic, DHead, Eigen::RowMajor>;
-template <class S, int DHead>
-using HeadMap = Eigen::Map<HeadMat<S, DHead>, Eigen::Unaligned, Eigen::OuterStride<>>;
-template <class S, int DHead>
-using ConstHeadMap = Eigen::Map<const HeadMat<S, DHead>, Eigen::Unaligned, Eigen::OuterStride<>>;
-
-template <int DHead, class S>
-HeadMap<S, DHead> head(Mat<S>& m, Index row0, Index col0, Index T, Index dh) {
-  return {m.data() + row0 * m.cols() + col0, T, dh, Eigen::OuterStride<>(m.cols())};
-}
-template <int DHead, class S>
-ConstHeadMap<S, DHead> head(const Mat<S>& m, Index row0, Index col0, Index T, Index dh) {
-  return {m.data() + row0 * m.cols() + col0, T, dh, Eigen::OuterStride<>(m.cols())};
-}
-
-/// One (b, h) pair's small product, written without Eigen's general-product machinery (operand packing,
-/// zero-filling the result, blocking heuristics), which costs as much as the arithmetic at these sizes:
-///   C[r, 0:n] = sum_{k < K} a(r, k) * B[k, 0:n]      r < rows
-///   a(r, k) = a[r * a_rs + k * a_ks]  (any strides: A or A^T of a row-major block);  B row k = b + k * ldb
-///   (contiguous);  C row r = c + r * ldc (contiguous; written, not accumulated; must not overlap A or B).
-/// Each element is the chain acc = pmadd(a_rk, b_kj, acc) over k = 0, 1, ..., K-1 from acc = 0, finished as
-/// pmadd(acc, 1, 0): exactly the operations of Eigen's GEBP micro-kernel on a block whose result rows fill
-/// whole packets within one depth panel (on AVX-512 the [32, 32] x [32, 32] blocks of a T = 32, d_head = 32
-/// model), so there `C.noalias() = A * B` and this give the same bits. Columns beyond the last full group of
-/// 32 (and rows beyond the last full row block) take a plain per-element path with the same chain.
-template <class S>
-void head_product(Index rows, Index n, Index K, const S* a, Index a_rs, Index a_ks, const S* b, Index ldb, S* c,
-                  Index ldc) {
-  using Packet = typename Eigen::internal::packet_traits<S>::type;
-  constexpr int PS = Eigen::internal::packet_traits<S>::size;
-  constexpr int CW = 32 >= PS ? 32 : PS;        // columns per register block
-  constexpr int NP = CW / PS;                   // packets per row of a register block
-  constexpr int RB = NP >= 16 ? 1 : 16 / NP;    // rows per register block: 16 accumulators
-  using Eigen::internal::pmadd;
-  using Eigen::internal::ploadu;
-  using Eigen::internal::pset1;
-  using Eigen::internal::pstoreu;
-  const Packet zero = pset1<Packet>(S(0)), one = pset1<Packet>(S(1));
-  const Index n_full = (PS == 1 || CW % PS != 0) ? 0 : n / CW * CW;
-  for (Index j0 = 0; j0 < n_full; j0 += CW) {
-    Index r0 = 0;
-    for (; r0 + RB <= rows; r0 += RB) {  // RB x CW block in NP * RB accumulators
-      Packet acc[RB][NP];
-      for (int q = 0; q < RB; ++q)
-        for (int p = 0; p < NP; ++p) acc[q][p] = zero;
-      const S* ar = a + r0 * a_rs;
-      for (Index k = 0; k < K; ++k) {
-        const S* bk = b + k * ldb + j0;
-        Packet bv[NP];
-        for (int p = 0; p < NP; ++p) bv[p] = ploadu<Packet>(bk + p * PS);
-        for (int q = 0; q < RB; ++q) {
-          const Packet av = pset1<Packet>(ar[q * a_rs + k * a_ks]);
-          for (int p = 0; p < NP; ++p) acc[q][p] = pmadd(av, bv[p], acc[q][p]);  // acc += a_rk * B[k, j]
-        }
-      }
-      for (int q = 0; q < RB; ++q)
-        for (int p = 0; p < NP; ++p) pstoreu(c + (r0 + q) * ldc + j0 + p * PS, pmadd(acc[q][p], one, zero));
-    }
-    for (; r0 < rows; ++r0) {  // leftover rows, one at a time
-      Packet acc[NP];
-      for (int p = 0; p < NP; ++p) acc[p] = zero;
-      for (Index k = 0; k < K; ++k) {
-        const Packet av = pset1<Packet>(a[r0 * a_rs + k * a_ks]);
-        for (int p = 0; p < NP; ++p) acc[p] = pmadd(av, ploadu<Packet>(b + k * ldb + j0 + p * PS), acc[p]);
-      }
-      for (int p = 0; p < NP; ++p) pstoreu(c + r0 * ldc + j0 + p * PS, pmadd(acc[p], one, zero));
-    }
-  }
-  const Index n_pk = PS == 1 ? n_full : n_full + (n - n_full) / PS * PS;
-  for (Index r = 0; r < rows; ++r)  // leftover columns: whole packets, one row at a time
-    for (Index j = n_full; j < n_pk; j += PS) {
-      Packet acc = zero;
-      for (Index k = 0; k < K; ++k)
-        acc = pmadd(pset1<Packet>(a[r * a_rs + k * a_ks]), ploadu<Packet>(b + k * ldb + j), acc);
-      pstoreu(c + r * ldc + j, pmadd(acc, one, zero));
-    }
-  for (Index r = 0; r < rows; ++r)  // leftover columns: single ones
-    for (Index j = n_pk; j < n; ++j) {
-      S acc = S(0);
-      for (Index k = 0; k < K; ++k) acc = Eigen::internal::pmadd(a[r * a_rs + k * a_ks], b[k * ldb + j], acc);
-      c[r * ldc + j] = acc + S(0);
-    }
-}
-
-/// Dst [cols, rows] = Src^T for a row-major Src [rows, cols] with row stride lds (Dst contiguous).
-template <class S>
-void transpose_into(Index rows, Index cols, const S* src, Index lds, S* dst) {
-  for (Index r = 0; r < rows; ++r)
-    for (Index j = 0; j < cols; ++j) dst[j * rows + r] = src[r * lds + j];
-}
-
-/// In place: row i of the [Tq, Tk] score block s becomes softmax over its real keys (km[j] != 0, km may be
-/// null; and j <= i when causal); masked keys get exactly 0; a row with no real key becomes all 0.
-/// The exponentials are vectorised (Eigen); the max and the normaliser are taken over real keys only.
-template <class Derived>
-void masked_softmax_inplace(const Eigen::MatrixBase<Derived>& s_, const std::uint8_t* km, bool causal) {
-  using S = typename Derived::Scalar;
-  auto& s = const_cast<Eigen::MatrixBase<Derived>&>(s_);
-  const Index tk = s.cols();
-  for (Index i = 0; i < s.rows(); ++i) {
-    auto row = s.row(i);
-    const Index lim = causal ? std::min(i + 1, tk) : tk;  // keys [0, lim) pass the causal mask
-    S mx = -std::numeric_limits<S>::infinity();
-    if (km) {
-      for (Index j = 0; j < lim; ++j)
-        if (km[j]) mx = std::max(mx, row(j));
-    } else if (lim > 0) {
-      mx = row.head(lim).maxCoeff();
-    }
-    if (mx == -std::numeric_limits<S>::infinity()) {  // no real key: zeros, never NaN
-      row.setZero();
-      continue;
-    }
-    row.array() = (row.array() - mx).exp();                 // P_ij ∝ exp(S_ij - max_j S_ij)
-    if (lim < tk) row.tail(tk - lim).setZero();             // causal: keys j > i
-    if (km)
-      for (Index j = 0; j < lim; ++j)
-        if (!km[j]) row(j) = S(0);                          // padded keys
-    row /= row.sum();                                       // normalise over real keys
-  }
-}
-
-/// Scratch of n elements for one (b, h) pair: on the stack up to kLocal elements, on the heap beyond.
-template <class S, int kLocal = 1024>
-class PairScratch {
-public:
-  explicit PairScratch(Index n) {
-    if (n > kLocal) heap_.resize(n);
-  }
-  PairScratch(const PairScratch&) = delete;
-  PairScratch& operator=(const PairScratch&) = delete;
-  S* data() { return heap_.size() > 0 ? heap_.data() : local_; }
-
-private:
-  alignas(64) S local_[kLocal];
-  Vec<S> heap_;
-};
-
-/// O = Pd V for one (b, h) pair, with Pd = P .* M when `drop` (the pair's [T, T] dropout multipliers M) is
-/// given and Pd = P otherwise. P [Tq, Tk], V [Tk, Dh], O [Tq, Dh] (row-major, contiguous rows).
-template <class S, class DV, class DO>
-void attend_values(const ConstMatMap<S>& P, const S* drop, const Eigen::MatrixBase<DV>& V,
-                   const Eigen::MatrixBase<DO>& O_) {
-  auto& O = const_cast<Eigen::MatrixBase<DO>&>(O_);
-  const Index tq = P.rows(), tk = P.cols(), dh = V.cols();
-  const S* pd = P.data();
-  Mat<S> Pd;
-  if (drop) {
-    const ConstMatMap<S> M(drop, tq, tk);
-    Pd = P.cwiseProduct(M);  // Pd = P .* M
-    pd = Pd.data();
-  }
-  head_product<S>(tq, dh, tk, pd, tk, 1, V.derived().data(), V.outerStride(), O.derived().data(),
-                  O.outerStride());  // O = Pd V
-}
-
-/// Backward of attend_values: writes dV = Pd^T dO and G = dL/dP = (dO V^T) .* M (without M when no dropout).
-/// G [Tq, Tk] is a contiguous block (e.g. a Map of the pair's scratch).
-template <class S, class DV, class DdO, class DdV>
-void attend_values_backward(const ConstMatMap<S>& P, const S* drop, const Eigen::MatrixBase<DV>& V,
-                            const Eigen::MatrixBase<DdO>& dO, const Eigen::MatrixBase<DdV>& dV_, MatMap<S> G) {
-  auto& dV = const_cast<Eigen::MatrixBase<DdV>&>(dV_);
-  const Index tq = P.rows(), tk = P.cols(), dh = V.cols();
-  check(G.rows() == tq && G.cols() == tk, "attend_values_backward: G: expected shape [", tq, ", ", tk, "]");
-  PairScratch<S> vt(dh * tk);  // V^T [Dh, Tk]
-  transpose_into<S>(tk, dh, V.derived().data(), V.outerStride(), vt.data());
-  head_product<S>(tq, tk, dh, dO.derived().data(), dO.outerStride(), 1, vt.data(), tk, G.data(),
-                  tk);  // O = Pd V  ->  dPd = dO V^T
-  const S* pd = P.data();
-  Mat<S> Pd;
-  if (drop) {
-    const ConstMatMap<S> M(drop, tq, tk);
-    Pd = P.cwiseProduct(M);
-    pd = Pd.data();
-    G.array() *= M.array();  // Pd = P .* M  ->  dP = dPd .* M
-  }
-  head_product<S>(tk, dh, tq, pd, 1, tk, dO.derived().data(), dO.outerStride(), dV.derived().data(),
-                  dV.outerStride());  // O = Pd V  ->  dV = Pd^T dO
 }
 
 /// True when Eigen runs products on one thread (inside a parallel region, or with one library thread).
@@ -445,10 +266,11 @@ public:
   /// changes only the work buffers, so it may run twice on one forward.
   struct Cache {
     Index batch = 0, seq = 0, d_model = 0;
+    bool causal = false;  ///< the forward's causal mask (P is zero above the diagonal)
     Mat<S> x;         ///< [N, D] the input (for the projection weight gradients)
     Mat<S> qkv;       ///< [N, 3D] projections Q | K | V (column blocks of D)
     Mat<S> ctx;       ///< [N, D] heads' outputs concatenated (input of W_o)
-    Vec<S> p;         ///< [B, H, T, T] attention probabilities (before dropout)
+    Vec<S> p;         ///< [B, H, T, T] attention probabilities (before dropout; zero above the diagonal when causal)
     Vec<S> drop;      ///< [B, H, T, T] dropout multipliers (0 or 1/(1-p)); empty when dropout was inactive
     Mat<S> w_cat;     ///< [3D, D] W_q; W_k; W_v as used by this forward
     RowVec<S> b_cat;  ///< [3D] their biases
@@ -519,26 +341,26 @@ public:
       ops::dropout_mask(c.drop, batch * H * TT, opt_.dropout, *in.rng());
     else
       c.drop.resize(0);
-    c.p.resize(batch * H * TT);
-    c.ctx.resize(x.rows(), D);
-    const S scale = S(1) / std::sqrt(static_cast<S>(dh));
     const bool masked = in.has_key_mask();
     const bool causal = in.causal();
+    c.causal = causal;
+    if (causal)
+      c.p.setZero(batch * H * TT);  // the causal core writes P on and below the diagonal tiles only
+    else
+      c.p.resize(batch * H * TT);
+    c.ctx.resize(x.rows(), D);
+    const auto scale = ops::ScoreScale<S>::inv_sqrt(dh);
     const Mat<S>& qkv = c.qkv;
+    const ops::HeadProducts regs = ops::HeadProducts::registers;
     parallel_for(batch * H, [&](Index bh) {
       const Index b = bh / H, h = bh % H;
-      const auto Q = detail::mha::head<DHead>(qkv, b * T, h * dh, T, dh);          // [T, Dh]
-      const auto K = detail::mha::head<DHead>(qkv, b * T, D + h * dh, T, dh);      // [T, Dh]
-      const auto V = detail::mha::head<DHead>(qkv, b * T, 2 * D + h * dh, T, dh);  // [T, Dh]
-      auto O = detail::mha::head<DHead>(c.ctx, b * T, h * dh, T, dh);              // [T, Dh]
-      MatMap<S> P(c.p.data() + bh * TT, T, T);                                      // [T, T]
-      detail::mha::PairScratch<S> kt(dh * T);                                                     // K^T [Dh, T]
-      detail::mha::transpose_into<S>(T, dh, K.data(), K.outerStride(), kt.data());
-      detail::mha::head_product<S>(T, T, dh, Q.data(), Q.outerStride(), 1, kt.data(), T, P.data(), T);  // S = Q K^T
-      P *= scale;                                                                    //     / sqrt(Dh)
-      detail::mha::masked_softmax_inplace(P, masked ? in.key_mask(b) : nullptr, causal);  // P = softmax over real keys
-      detail::mha::attend_values<S>(ConstMatMap<S>(P.data(), T, T), dropping ? c.drop.data() + bh * TT : nullptr,
-                                    V, O);                                           // O = (P .* M) V
+      const ops::AttentionMask mask{masked ? in.key_mask(b) : nullptr, causal};
+      // per (b, h): P = softmax(Q K^T / sqrt(Dh)) over the visible keys, O = (P .* M) V
+      ops::attention_core_forward<S, DHead>(
+          ops::head_block<DHead>(qkv, b * T, h * dh, T, dh), ops::head_block<DHead>(qkv, b * T, D + h * dh, T, dh),
+          ops::head_block<DHead>(qkv, b * T, 2 * D + h * dh, T, dh), scale, mask, regs,
+          dropping ? c.drop.data() + bh * TT : nullptr, c.p.data() + bh * TT,
+          ops::head_block<DHead>(c.ctx, b * T, h * dh, T, dh));
     }, double(batch * H) * double(TT) * double(4 * dh + 10) > kParallelMinFlops);
     o_.forward(c.ctx, y);  // y = O W_o^T + b_o
   }
@@ -555,27 +377,19 @@ public:
     Mat<S>& dqkv = cache.work_dqkv;
     o_.backward(dy, c.ctx, &dctx);  // y = O W_o^T + b_o  ->  dW_o += dy^T O, db_o += colsum(dy), dO = dy W_o
     dqkv.resize(N, 3 * D);
-    const S scale = S(1) / std::sqrt(static_cast<S>(dh));
+    const auto scale = ops::ScoreScale<S>::inv_sqrt(dh);
     const Mat<S>& dctx_c = dctx;
     parallel_for(c.batch * H, [&](Index bh) {
       const Index b = bh / H, h = bh % H;
-      const auto Q = detail::mha::head<DHead>(c.qkv, b * T, h * dh, T, dh);
-      const auto K = detail::mha::head<DHead>(c.qkv, b * T, D + h * dh, T, dh);
-      const auto V = detail::mha::head<DHead>(c.qkv, b * T, 2 * D + h * dh, T, dh);
-      const auto dO = detail::mha::head<DHead>(dctx_c, b * T, h * dh, T, dh);
-      auto dQ = detail::mha::head<DHead>(dqkv, b * T, h * dh, T, dh);
-      auto dK = detail::mha::head<DHead>(dqkv, b * T, D + h * dh, T, dh);
-      auto dV = detail::mha::head<DHead>(dqkv, b * T, 2 * D + h * dh, T, dh);
-      const ConstMatMap<S> P(c.p.data() + bh * TT, T, T);
-      detail::mha::PairScratch<S> dp_buf(TT);
-      MatMap<S> dP(dp_buf.data(), T, T);
-      detail::mha::attend_values_backward<S>(P, dropping ? c.drop.data() + bh * TT : nullptr, V, dO, dV, dP);
-      ops::softmax_rows_backward<S>(P, dP, dP);         // P = softmax(S)  ->  dS = P .* (dP - rowsum(dP .* P))
-      dP *= scale;                                      // S = Q K^T / sqrt(Dh)  ->  d(Q K^T) = dS / sqrt(Dh)
-      detail::mha::head_product<S>(T, dh, T, dP.data(), T, 1, K.data(), K.outerStride(), dQ.data(),
-                                   dQ.outerStride());  //                       ->  dQ = dS' K
-      detail::mha::head_product<S>(T, dh, T, dP.data(), 1, T, Q.data(), Q.outerStride(), dK.data(),
-                                   dK.outerStride());  //                       ->  dK = dS'^T Q
+      const ops::AttentionMask mask{nullptr, c.causal};  // the backward reads P: only the causal tiles matter
+      // O = (P .* M) V, P = softmax(Q K^T / sqrt(Dh))  ->  dQ, dK, dV of the pair
+      ops::attention_core_backward<S, DHead>(
+          c.p.data() + bh * TT, dropping ? c.drop.data() + bh * TT : nullptr,
+          ops::head_block<DHead>(dctx_c, b * T, h * dh, T, dh), ops::head_block<DHead>(c.qkv, b * T, h * dh, T, dh),
+          ops::head_block<DHead>(c.qkv, b * T, D + h * dh, T, dh),
+          ops::head_block<DHead>(c.qkv, b * T, 2 * D + h * dh, T, dh), scale, mask, ops::HeadProducts::registers,
+          ops::head_block<DHead>(dqkv, b * T, h * dh, T, dh), ops::head_block<DHead>(dqkv, b * T, D + h * dh, T, dh),
+          ops::head_block<DHead>(dqkv, b * T, 2 * D + h * dh, T, dh));
     }, double(c.batch * H) * double(TT) * double(8 * dh + 10) > kParallelMinFlops);
     Mat<S> dx;
     // [Q K V] = x W_cat^T + b_cat  ->  dW_q, dW_k, dW_v, db_q, db_k, db_v, dx = dQKV W_cat

@@ -191,19 +191,19 @@ public:
     const bool causal = in.causal();
     parallel_for(batch * H, [&](Index bh) {
       const Index b = bh / H, h = bh % H;
-      auto U = detail::mha::head<DHead>(c.qkv, b * T, h * dh, T, dh);                  // [T, Dh]
-      auto W = detail::mha::head<DHead>(c.qkv, b * T, D + h * dh, T, dh);              // [T, Dh]
+      auto U = ops::head_block<DHead>(c.qkv, b * T, h * dh, T, dh);                  // [T, Dh]
+      auto W = ops::head_block<DHead>(c.qkv, b * T, D + h * dh, T, dh);              // [T, Dh]
       ops::sigmoid_into(U, U);                                                          // U = sigmoid(Q)
       ops::sigmoid_into(W, W);                                                          // W = sigmoid(K)
-      const auto V = detail::mha::head<DHead>(static_cast<const Mat<S>&>(c.qkv), b * T, 2 * D + h * dh, T, dh);
-      auto O = detail::mha::head<DHead>(c.ctx, b * T, h * dh, T, dh);                  // [T, Dh]
+      const auto V = ops::head_block<DHead>(static_cast<const Mat<S>&>(c.qkv), b * T, 2 * D + h * dh, T, dh);
+      auto O = ops::head_block<DHead>(c.ctx, b * T, h * dh, T, dh);                  // [T, Dh]
       MatMap<S> Dm(c.dist.data() + bh * TT, T, T);                                      // [T, T]
       MatMap<S> P(c.p.data() + bh * TT, T, T);                                          // [T, T]
       ops::l1_distance<DHead>(U, W, Dm);                                 // Dist_ij = sum_c |U_ic - W_jc|
       P.array() = -Dm.array() / c.s[h];                                  // L = -Dist / s_h
-      detail::mha::masked_softmax_inplace(P, masked ? in.key_mask(b) : nullptr, causal);  // P = softmax over real keys
-      detail::mha::attend_values<S>(ConstMatMap<S>(P.data(), T, T), dropping ? c.drop.data() + bh * TT : nullptr,
-                                    V, O);                               // O = (P .* M) V
+      ops::masked_softmax_inplace(P, masked ? in.key_mask(b) : nullptr, causal);  // P = softmax over real keys
+      ops::attend_values<DHead>(P.data(), T, T, T, dropping ? c.drop.data() + bh * TT : nullptr, V,
+                                O);                                      // O = (P .* M) V
     }, double(batch * H) * double(TT) * double(5 * dh + 10) > kParallelMinFlops);
     o_.forward(c.ctx, y);  // y = O W_o^T + b_o
   }
@@ -225,19 +225,22 @@ public:
     const Mat<S>& dctx_c = dctx;
     parallel_for(c.batch * H, [&](Index bh) {
       const Index b = bh / H, h = bh % H;
-      const auto U = detail::mha::head<DHead>(c.qkv, b * T, h * dh, T, dh);
-      const auto W = detail::mha::head<DHead>(c.qkv, b * T, D + h * dh, T, dh);
-      const auto V = detail::mha::head<DHead>(c.qkv, b * T, 2 * D + h * dh, T, dh);
-      const auto dO = detail::mha::head<DHead>(dctx_c, b * T, h * dh, T, dh);
-      auto dQ = detail::mha::head<DHead>(dqkv, b * T, h * dh, T, dh);
-      auto dK = detail::mha::head<DHead>(dqkv, b * T, D + h * dh, T, dh);
-      auto dV = detail::mha::head<DHead>(dqkv, b * T, 2 * D + h * dh, T, dh);
+      const auto U = ops::head_block<DHead>(c.qkv, b * T, h * dh, T, dh);
+      const auto W = ops::head_block<DHead>(c.qkv, b * T, D + h * dh, T, dh);
+      const auto V = ops::head_block<DHead>(c.qkv, b * T, 2 * D + h * dh, T, dh);
+      const auto dO = ops::head_block<DHead>(dctx_c, b * T, h * dh, T, dh);
+      auto dQ = ops::head_block<DHead>(dqkv, b * T, h * dh, T, dh);
+      auto dK = ops::head_block<DHead>(dqkv, b * T, D + h * dh, T, dh);
+      auto dV = ops::head_block<DHead>(dqkv, b * T, 2 * D + h * dh, T, dh);
       const ConstMatMap<S> P(c.p.data() + bh * TT, T, T);
       const ConstMatMap<S> Dm(c.dist.data() + bh * TT, T, T);
       const S s = c.s[h];
-      detail::mha::PairScratch<S> g_buf(TT);
+      ops::PairScratch<S> g_buf(TT), vt(dh * T);
       MatMap<S> G(g_buf.data(), T, T);                  // G = dL/dP, then Lambda, then dL/dDist
-      detail::mha::attend_values_backward<S>(P, dropping ? c.drop.data() + bh * TT : nullptr, V, dO, dV, G);
+      ops::transpose_into<S>(T, dh, V.data(), V.outerStride(), vt.data());  // V^T [Dh, T]
+      // O = (P .* M) V  ->  dV = (P .* M)^T dO, G = (dO V^T) .* M
+      ops::attend_values_backward<DHead, false>(P.data(), T, T, T, dropping ? c.drop.data() + bh * TT : nullptr,
+                                                vt.data(), T, dO, dV, G.data());
       ops::softmax_rows_backward<S>(P, G, G);           // P = softmax(L)  ->  Lambda = P .* (G - rowsum(G .* P))
       theta_part[static_cast<std::size_t>(bh)] = (G.array() * Dm.array()).sum();  // L = -Dist/s -> dL/ds = sum Lambda Dist / s^2
       G.array() = -G.array() / s;                       // L = -Dist / s  ->  dDist = -Lambda / s

@@ -322,7 +322,14 @@ public:
   Mat<S> forward_cached(const Mat<S>& x, Index batch, const Tensor<std::int64_t>& token_ids, KVCache& kv);
 
 private:
-  using HeadMat = Eigen::Matrix<S, Eigen::Dynamic, DHead, Eigen::RowMajor>;
+  using HeadMat = ops::HeadMatrix<S, DHead>;
+  /// Rows [row0, row0 + rows) of the head whose columns start at col0 (d_h wide; DHead when fixed).
+  ops::HeadMap<S, DHead> hb(Mat<S>& m, Index row0, Index col0, Index rows) const {
+    return ops::head_block<DHead>(m, row0, col0, rows, dh_);
+  }
+  ops::ConstHeadMap<S, DHead> hb(const Mat<S>& m, Index row0, Index col0, Index rows) const {
+    return ops::head_block<DHead>(m, row0, col0, rows, dh_);
+  }
 
   int n_adapters() const { return opt_.variant == TrVariant::v1 ? 2 : 1; }
   Index n_targets() const { return opt_.targets == TrTargets::qv ? 2 : 1; }
@@ -536,7 +543,7 @@ private:
   // Attention core per (b, h): qk-norm, RoPE, causal (masked) softmax, P V'. Fills qhat/khat, rstd, qr/kr, att, o.
   void attention_forward_(const AttnInputs<S>& in, Cache& cache) {
     const Index B = cache.batch, T = cache.seq, N = B * T, D = D_, H = H_, dh = dh_;
-    const S scale = S(1) / std::sqrt(static_cast<S>(dh));
+    const auto scale = ops::ScoreScale<S>::inv_sqrt(dh);
     const S eps = static_cast<S>(opt_.qk_norm_eps);
     const bool causal = opt_.causal || in.causal();
     rope_.reserve(T);
@@ -555,22 +562,23 @@ private:
       const Index b = bh / H, h = bh % H, r0 = b * T, c0 = h * dh;
       HeadMat qn(T, dh), kn(T, dh);
       if (opt_.use_qk_norm) {  // Qn = RMSNorm(Q'_h) .* gamma_q, Kn = RMSNorm(K_h) .* gamma_k
-        ops::rms_norm_forward<S>(cache.q.block(r0, c0, T, dh), gq, eps, qn, cache.qhat.block(r0, c0, T, dh),
+        ops::rms_norm_forward<S>(hb(cache.q, r0, c0, T), gq, eps, qn, hb(cache.qhat, r0, c0, T),
                                  cache.q_rstd.data() + bh * T);
-        ops::rms_norm_forward<S>(cache.k.block(r0, c0, T, dh), gk, eps, kn, cache.khat.block(r0, c0, T, dh),
+        ops::rms_norm_forward<S>(hb(cache.k, r0, c0, T), gk, eps, kn, hb(cache.khat, r0, c0, T),
                                  cache.k_rstd.data() + bh * T);
       } else {
-        qn = cache.q.block(r0, c0, T, dh);
-        kn = cache.k.block(r0, c0, T, dh);
+        qn = hb(cache.q, r0, c0, T);
+        kn = hb(cache.k, r0, c0, T);
       }
       ops::rope_forward(rope_, 0, qn);                                  // Qr = RoPE(Qn), positions 0..T-1
       ops::rope_forward(rope_, 0, kn);                                  // Kr = RoPE(Kn)
-      cache.qr.block(r0, c0, T, dh) = qn;
-      cache.kr.block(r0, c0, T, dh) = kn;
+      hb(cache.qr, r0, c0, T) = qn;
+      hb(cache.kr, r0, c0, T) = kn;
       // P = softmax(Qr Kr^T / sqrt(d_h)) over the real keys (j <= i when causal; all-masked row -> 0), O = P V'
       const std::uint8_t* mask = in.has_key_mask() ? in.key_mask(b) : nullptr;
-      ops::attention_core_forward<S>(qn, kn, cache.v.block(r0, c0, T, dh), scale, causal, mask,
-                                     cache.att.data() + bh * T * T, cache.o.block(r0, c0, T, dh));
+      ops::attention_core_forward<S, DHead>(qn, kn, hb(cache.v, r0, c0, T), scale, ops::AttentionMask{mask, causal},
+                                            ops::HeadProducts::eigen, nullptr, cache.att.data() + bh * T * T,
+                                            hb(cache.o, r0, c0, T));
     });
   }
 
@@ -706,7 +714,7 @@ auto TokenRoutedAttention<S, Heads, DHead>::backward(const Mat<S>& dy, Cache& ca
   check_matrix(dy, cache.x.rows(), D_, "TokenRoutedAttention::backward dy");
   check_finite(dy, "TokenRoutedAttention::backward dy");
   const Index B = cache.batch, T = cache.seq, N = B * T, D = D_, H = H_, dh = dh_;
-  const S scale = S(1) / std::sqrt(static_cast<S>(dh));
+  const auto scale = ops::ScoreScale<S>::inv_sqrt(dh);
 
   // y = O W_o^T  ->  dW_o += dy^T O,  dO = dy W_o
   Mat<S> dO;
@@ -720,22 +728,21 @@ auto TokenRoutedAttention<S, Heads, DHead>::backward(const Mat<S>& dy, Cache& ca
   parallel_for(B * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H, r0 = b * T, c0 = h * dh;
     HeadMat dq(T, dh), dk(T, dh);
-    Mat<S> scratch(1, ops::attention_core_scratch(T, cache.causal));
     // O = P V', P = softmax(Qr Kr^T * scale) -> dV', dQr, dKr
-    ops::attention_core_backward<S>(cache.att.data() + bh * T * T, dO.block(r0, c0, T, dh),
-                                    cache.qr.block(r0, c0, T, dh), cache.kr.block(r0, c0, T, dh),
-                                    cache.v.block(r0, c0, T, dh), scale, cache.causal, scratch.data(), dq, dk,
-                                    GV.block(r0, c0, T, dh));
+    ops::attention_core_backward<S, DHead>(cache.att.data() + bh * T * T, nullptr, hb(dO, r0, c0, T),
+                                           hb(cache.qr, r0, c0, T), hb(cache.kr, r0, c0, T), hb(cache.v, r0, c0, T),
+                                           scale, ops::AttentionMask{nullptr, cache.causal}, ops::HeadProducts::eigen,
+                                           dq, dk, hb(GV, r0, c0, T));
     ops::rope_backward(rope_, 0, dq);                                 // Qr = RoPE(Qn)
     ops::rope_backward(rope_, 0, dk);                                 // Kr = RoPE(Kn)
     if (opt_.use_qk_norm) {                                           // Qn = RMSNorm(Q') .* gamma_q
-      ops::rms_norm_backward<S>(dq, cache.qhat.block(r0, c0, T, dh), cache.q_rstd.data() + bh * T, gq,
-                                dgq.data() + bh * dh, GQ.block(r0, c0, T, dh));
-      ops::rms_norm_backward<S>(dk, cache.khat.block(r0, c0, T, dh), cache.k_rstd.data() + bh * T, gk,
-                                dgk.data() + bh * dh, GK.block(r0, c0, T, dh));
+      ops::rms_norm_backward<S>(dq, hb(cache.qhat, r0, c0, T), cache.q_rstd.data() + bh * T, gq,
+                                dgq.data() + bh * dh, hb(GQ, r0, c0, T));
+      ops::rms_norm_backward<S>(dk, hb(cache.khat, r0, c0, T), cache.k_rstd.data() + bh * T, gk,
+                                dgk.data() + bh * dh, hb(GK, r0, c0, T));
     } else {
-      GQ.block(r0, c0, T, dh) = dq;
-      GK.block(r0, c0, T, dh) = dk;
+      hb(GQ, r0, c0, T) = dq;
+      hb(GK, r0, c0, T) = dk;
     }
   });
   if (opt_.use_qk_norm)  // the gains are shared by all pairs: reduce the partials in pair order
@@ -783,23 +790,23 @@ auto TokenRoutedAttention<S, Heads, DHead>::forward_cached(const Mat<S>& x, Inde
   // Pass 1: new keys into the cache (each pair owns its column block of its row's cache).
   parallel_for(batch * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H;
-    HeadMat kn = c.k.block(b * Sn, h * dh, Sn, dh);
+    HeadMat kn = hb(c.k, b * Sn, h * dh, Sn);
     norm_rotate_(kn, k_norm_, P0);
-    kv.k[static_cast<std::size_t>(b)].block(P0, h * dh, Sn, dh) = kn;
+    hb(kv.k[static_cast<std::size_t>(b)], P0, h * dh, Sn) = kn;
   });
   // Pass 2: queries against every cached key.
   parallel_for(batch * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H;
-    HeadMat qn = c.q.block(b * Sn, h * dh, Sn, dh);
+    HeadMat qn = hb(c.q, b * Sn, h * dh, Sn);
     norm_rotate_(qn, q_norm_, P0);
     const auto& Kc = kv.k[static_cast<std::size_t>(b)];
     const auto& Vc = kv.v[static_cast<std::size_t>(b)];
     Mat<S> sc(Sn, L);
-    sc.noalias() = (qn * Kc.middleCols(h * dh, dh).transpose()) * scale;
+    sc.noalias() = (qn * hb(Kc, 0, h * dh, L).transpose()) * scale;
     for (Index i = 0; i < Sn; ++i)  // causal: query i (absolute P0 + i) sees keys j <= P0 + i
       for (Index j = P0 + i + 1; j < L; ++j) sc(i, j) = -std::numeric_limits<S>::infinity();
     ops::masked_softmax_rows<S>(sc, nullptr, sc);
-    O.block(b * Sn, h * dh, Sn, dh).noalias() = sc * Vc.middleCols(h * dh, dh);
+    hb(O, b * Sn, h * dh, Sn).noalias() = sc * hb(Vc, 0, h * dh, L);
   });
   kv.length = L;
   Mat<S> y;

@@ -20,8 +20,8 @@
 // Why not DotProductAttention (attention/dot_product.hpp): it applies W_o itself (BERT's output projection sits in
 // attention.output, before a dropout, the residual and a LayerNorm, and DualExpertBert keeps that part while it
 // replaces this one), a row without real keys gives zeros there instead of HF's uniform row, and its parameters
-// are named W_q/W_k/W_v/W_o. Its per-(b, h) kernels are reused here: the fused Q/K/V product, the head product,
-// the value product and its backward.
+// are named W_q/W_k/W_v/W_o. Its fused Q/K/V product is reused here, and both run their heads through the one
+// softmax-attention core (ops/attention_core.hpp; here with HF's division by sqrt(d) and its uniform empty row).
 //
 // Parameters (HF state_dict names and order, prefixed "attention.self." by the layer): query.weight [H, H],
 // query.bias [H], key.weight, key.bias, value.weight, value.bias. Fresh weights N(0, initializer_range^2), biases 0.
@@ -39,6 +39,7 @@
 #include "../core/param.hpp"
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
+#include "../ops/attention_core.hpp"
 #include "../ops/dropout.hpp"
 #include "../ops/softmax.hpp"
 
@@ -55,13 +56,20 @@ struct BertSelfAttentionOptions {
   double initializer_range = 0.02;  ///< std of the fresh weights
 };
 
-template <class S>
+/// `Heads` and `DHead` may fix the number of heads and the head width at compile time (or be Eigen::Dynamic, as the
+/// models that read their sizes from a configuration use them); a fixed DHead reaches the per-head kernels.
+template <class S, int Heads = Eigen::Dynamic, int DHead = Eigen::Dynamic>
 class BertSelfAttention {
   static_assert(std::is_floating_point<S>::value, "BertSelfAttention: Scalar must be float or double");
+  static_assert(Heads == Eigen::Dynamic || Heads > 0, "BertSelfAttention: Heads must be positive or Dynamic");
+  static_assert(DHead == Eigen::Dynamic || DHead > 1,
+                "BertSelfAttention: a fixed DHead must be > 1 (use Eigen::Dynamic for d_head = 1)");
 
 public:
   using Scalar = S;
   using Options = BertSelfAttentionOptions<S>;
+  static constexpr int HeadsAtCompileTime = Heads;
+  static constexpr int DHeadAtCompileTime = DHead;
 
   /// A key mask only (no oracle, no causal masking); P is always in the cache.
   static constexpr AttnSupport kSupport{/*oracle*/ false, /*causal*/ false, /*frozen_alpha_hat*/ false,
@@ -88,8 +96,7 @@ public:
   BertSelfAttention(Index hidden, Index heads, Options opt = {})
       : d_model_(hidden),
         n_heads_(heads),
-        d_head_(::dea::detail::mha::check_head_sizes<Eigen::Dynamic, Eigen::Dynamic>("BertSelfAttention", hidden,
-                                                                                      heads)),
+        d_head_(::dea::detail::mha::check_head_sizes<Heads, DHead>("BertSelfAttention", hidden, heads)),
         opt_(opt) {
     ops::check_dropout_probability(opt.dropout, "BertSelfAttention: Options::dropout");
     q_ = Proj("query", hidden, hidden, true);
@@ -137,8 +144,8 @@ private:
 // ---- forward and backward, outside the class (not inline: an extern template declaration then keeps other
 // translation units from instantiating them) ----
 
-template <class S>
-Mat<S> BertSelfAttention<S>::forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& c) const {
+template <class S, int Heads, int DHead>
+Mat<S> BertSelfAttention<S, Heads, DHead>::forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& c) const {
   namespace mha = ::dea::detail::mha;
   const char* cls = "BertSelfAttention";
   const Index T = mha::check_self_attention_input(cls, kSupport, x, in, d_model_, n_heads_, opt_.dropout);
@@ -157,69 +164,49 @@ Mat<S> BertSelfAttention<S>::forward(const Mat<S>& x, const AttnInputs<S>& in, C
   const Index TTp = pair_stride(T);
   c.p.resize(B * A * TTp);
   Mat<S> ctx(B * T, D);
-  const S sqrt_d = std::sqrt(static_cast<S>(dh));
+  const auto scale = ops::ScoreScale<S>::over(std::sqrt(static_cast<S>(dh)));  // HF: scores / sqrt(d)
   const bool masked = in.has_key_mask();
   const Mat<S>& qkv = c.qkv;
   parallel_for(B * A, [&](Index ba) {
     const Index b = ba / A, a = ba % A;
-    const auto Q = mha::head<Eigen::Dynamic>(qkv, b * T, a * dh, T, dh);          // [T, d]
-    const auto K = mha::head<Eigen::Dynamic>(qkv, b * T, D + a * dh, T, dh);      // [T, d]
-    const auto V = mha::head<Eigen::Dynamic>(qkv, b * T, 2 * D + a * dh, T, dh);  // [T, d]
-    auto O = mha::head<Eigen::Dynamic>(ctx, b * T, a * dh, T, dh);                // [T, d]
-    MatMap<S> P(c.p.data() + ba * TTp, T, T);                                     // [T, T]
-    mha::PairScratch<S> kt(dh * T);                                               // K^T [d, T]
-    mha::transpose_into<S>(T, dh, K.data(), K.outerStride(), kt.data());
-    mha::head_product<S>(T, T, dh, Q.data(), Q.outerStride(), 1, kt.data(), T, P.data(), T);  // S = Q K^T
-    P /= sqrt_d;                                                                  //     / sqrt(d)
-    if (in.n_real(b) == 0)
-      P.setConstant(S(1) / S(T));                          // every score is min: P uniform over all T keys
-    else
-      mha::masked_softmax_inplace(P, masked ? in.key_mask(b) : nullptr, false);  // P = softmax(S + M_b)
     S* drop = nullptr;
     if (dropping) {
       drop = c.drop.data() + ba * TT;
       ops::counter_dropout_mask(drop, TT, seed, static_cast<std::uint64_t>(ba * TT), static_cast<double>(opt_.dropout));
     }
-    mha::attend_values<S>(ConstMatMap<S>(P.data(), T, T), drop, V, O);           // C = (P .* Drop) V
+    // P = softmax(Q K^T / sqrt(d) + M_b) (uniform when the sequence has no real key), C = (P .* Drop) V
+    const ops::AttentionMask mask{masked ? in.key_mask(b) : nullptr, /*causal*/ false, /*uniform_if_empty*/ true};
+    ops::attention_core_forward<S, DHead>(
+        ops::head_block<DHead>(qkv, b * T, a * dh, T, dh), ops::head_block<DHead>(qkv, b * T, D + a * dh, T, dh),
+        ops::head_block<DHead>(qkv, b * T, 2 * D + a * dh, T, dh), scale, mask, ops::HeadProducts::registers, drop,
+        c.p.data() + ba * TTp, ops::head_block<DHead>(ctx, b * T, a * dh, T, dh));
   }, double(B * A) * double(TT) * double(4 * dh + 10) > kParallelMinFlops);
   return ctx;
 }
 
-template <class S>
-Mat<S> BertSelfAttention<S>::backward(const Mat<S>& dctx, Cache& c) {
+template <class S, int Heads, int DHead>
+Mat<S> BertSelfAttention<S, Heads, DHead>::backward(const Mat<S>& dctx, Cache& c) {
   namespace mha = ::dea::detail::mha;
   mha::check_backward_input("BertSelfAttention", dctx, c.batch, c.seq, d_model_);
   const Index T = c.seq, A = n_heads_, dh = d_head_, TT = T * T, TTp = pair_stride(T), N = dctx.rows(), D = d_model_;
   const bool dropping = c.drop.size() > 0;
   Mat<S>& dqkv = c.work_dqkv;
   dqkv.resize(N, 3 * D);
-  const S sqrt_d = std::sqrt(static_cast<S>(dh));
+  const auto scale = ops::ScoreScale<S>::over(std::sqrt(static_cast<S>(dh)));  // HF: scores / sqrt(d)
   const Cache& cc = c;
+  const bool masked = cc.inputs.has_key_mask();
   parallel_for(c.batch * A, [&](Index ba) {
     const Index b = ba / A, a = ba % A;
-    const auto Q = mha::head<Eigen::Dynamic>(cc.qkv, b * T, a * dh, T, dh);
-    const auto K = mha::head<Eigen::Dynamic>(cc.qkv, b * T, D + a * dh, T, dh);
-    const auto V = mha::head<Eigen::Dynamic>(cc.qkv, b * T, 2 * D + a * dh, T, dh);
-    const auto dO = mha::head<Eigen::Dynamic>(dctx, b * T, a * dh, T, dh);
-    auto dQ = mha::head<Eigen::Dynamic>(dqkv, b * T, a * dh, T, dh);
-    auto dK = mha::head<Eigen::Dynamic>(dqkv, b * T, D + a * dh, T, dh);
-    auto dV = mha::head<Eigen::Dynamic>(dqkv, b * T, 2 * D + a * dh, T, dh);
-    const ConstMatMap<S> P(cc.p.data() + ba * TTp, T, T);
-    mha::PairScratch<S> dp_buf(TT);
-    MatMap<S> dP(dp_buf.data(), T, T);
-    // C = (P .* Drop) V  ->  dV = (P .* Drop)^T dC,  dP = (dC V^T) .* Drop
-    mha::attend_values_backward<S>(P, dropping ? cc.drop.data() + ba * TT : nullptr, V, dO, dV, dP);
-    if (cc.inputs.n_real(b) == 0) {  // P uniform, independent of S: dS = 0
-      dQ.setZero();
-      dK.setZero();
-      return;
-    }
-    ops::softmax_rows_backward<S>(P, dP, dP);  // P = softmax(S + M)  ->  dS = P .* (dP - rowsum(dP .* P))
-    dP /= sqrt_d;                              // S = Q K^T / sqrt(d)  ->  d(Q K^T) = dS / sqrt(d)
-    mha::head_product<S>(T, dh, T, dP.data(), T, 1, K.data(), K.outerStride(), dQ.data(),
-                         dQ.outerStride());   //   ->  dQ = d(QK^T) K
-    mha::head_product<S>(T, dh, T, dP.data(), 1, T, Q.data(), Q.outerStride(), dK.data(),
-                         dK.outerStride());   //   ->  dK = d(QK^T)^T Q
+    // C = (P .* Drop) V, P = softmax(S + M)  ->  dQ, dK, dV (a sequence without real keys: P uniform, dQ = dK = 0)
+    const ops::AttentionMask mask{masked ? cc.inputs.key_mask(b) : nullptr, /*causal*/ false,
+                                  /*uniform_if_empty*/ true};
+    ops::attention_core_backward<S, DHead>(
+        cc.p.data() + ba * TTp, dropping ? cc.drop.data() + ba * TT : nullptr,
+        ops::head_block<DHead>(dctx, b * T, a * dh, T, dh), ops::head_block<DHead>(cc.qkv, b * T, a * dh, T, dh),
+        ops::head_block<DHead>(cc.qkv, b * T, D + a * dh, T, dh),
+        ops::head_block<DHead>(cc.qkv, b * T, 2 * D + a * dh, T, dh), scale, mask, ops::HeadProducts::registers,
+        ops::head_block<DHead>(dqkv, b * T, a * dh, T, dh), ops::head_block<DHead>(dqkv, b * T, D + a * dh, T, dh),
+        ops::head_block<DHead>(dqkv, b * T, 2 * D + a * dh, T, dh));
   }, double(c.batch * A) * double(TT) * double(8 * dh + 10) > kParallelMinFlops);
   Mat<S> dx;
   // [Q K V] = x W_cat^T + b_cat  ->  dW_q, dW_k, dW_v, db_q, db_k, db_v, dx = dQKV W_cat

@@ -49,11 +49,19 @@ struct CausalAttentionOptions {
 /// Causal MHA / GQA / MQA. Parameters (state_dict names, relative to `self_attn.`): k_proj.weight [H_kv d_h, D],
 /// q_proj.weight [D, D], v_proj.weight [H_kv d_h, D], o_proj.weight [D, D], q_norm.weight and k_norm.weight [d_h]
 /// (with use_qk_norm). The constructor leaves the weights zero and the gains 1; the owner draws the init.
-template <class S>
+/// `Heads` and `DHead` may fix n_heads and the head width d_h at compile time (or be Eigen::Dynamic, as the decoder
+/// that reads its sizes from a configuration uses them); a fixed DHead reaches the per-head kernels.
+template <class S, int Heads = Eigen::Dynamic, int DHead = Eigen::Dynamic>
 class CausalSelfAttention {
+  static_assert(Heads == Eigen::Dynamic || Heads > 0, "CausalSelfAttention: Heads must be positive or Dynamic");
+  static_assert(DHead == Eigen::Dynamic || (DHead > 0 && DHead % 2 == 0),
+                "CausalSelfAttention: a fixed DHead must be positive and even (rotate-half RoPE)");
+
 public:
   using Scalar = S;
   using Options = CausalAttentionOptions;
+  static constexpr int HeadsAtCompileTime = Heads;
+  static constexpr int DHeadAtCompileTime = DHead;
 
   /// What forward saves for backward.
   struct Cache {
@@ -83,12 +91,16 @@ public:
   explicit CausalSelfAttention(const Options& opt) : opt_(opt) {
     check(opt.d_model > 0, "CausalSelfAttention: d_model must be positive, got ", opt.d_model);
     check(opt.n_heads > 0, "CausalSelfAttention: n_heads must be positive, got ", opt.n_heads);
+    check(Heads == Eigen::Dynamic || opt.n_heads == Heads, "CausalSelfAttention: n_heads: expected ", Heads,
+          " (the Heads template argument), got ", opt.n_heads);
     check(opt.d_model % opt.n_heads == 0, "CausalSelfAttention: d_model (", opt.d_model,
           ") must be divisible by n_heads (", opt.n_heads, ")");
     if (opt_.n_kv_heads <= 0) opt_.n_kv_heads = opt.n_heads;
     check(opt.n_heads % opt_.n_kv_heads == 0, "CausalSelfAttention: n_heads (", opt.n_heads,
           ") must be divisible by n_kv_heads (", opt_.n_kv_heads, ")");
     dh_ = opt.d_model / opt.n_heads;
+    check(DHead == Eigen::Dynamic || dh_ == DHead, "CausalSelfAttention: d_model / n_heads: expected ", DHead,
+          " (the DHead template argument), got ", opt.d_model, " / ", opt.n_heads, " = ", dh_);
     check(dh_ % 2 == 0, "CausalSelfAttention: head dim d_model / n_heads must be even (rotate-half RoPE), got ", dh_);
     check(opt.norm_eps > 0, "CausalSelfAttention: norm_eps must be positive, got ", opt.norm_eps);
     check(opt.rope_theta > 0, "CausalSelfAttention: rope_theta must be positive, got ", opt.rope_theta);
@@ -157,17 +169,27 @@ private:
     ops::rope_forward(rope_, pos0, dst);                                                            // Xr = RoPE(Xn)
   }
 
+  using HeadMatrix = ops::HeadMatrix<S, DHead>;
+  /// Query positions [row0, row0 + rows) of the head whose columns start at col0 (d_h wide; DHead when fixed).
+  ops::HeadMap<S, DHead> head(Mat<S>& m, Index row0, Index col0, Index rows) const {
+    return ops::head_block<DHead>(m, row0, col0, rows, dh_);
+  }
+  ops::ConstHeadMap<S, DHead> head(const Mat<S>& m, Index row0, Index col0, Index rows) const {
+    return ops::head_block<DHead>(m, row0, col0, rows, dh_);
+  }
+  static constexpr ops::AttentionMask kCausal{nullptr, /*causal*/ true};
+
   Options opt_;
   Index dh_ = 0;
   Param<S> k_proj_, q_proj_, v_proj_, o_proj_, q_norm_, k_norm_;
   ops::RopeTable<S> rope_;
 };
 
-template <class S>
-Mat<S> CausalSelfAttention<S>::forward(const Mat<S>& x, Index batch, Cache& c) {
+template <class S, int Heads, int DHead>
+Mat<S> CausalSelfAttention<S, Heads, DHead>::forward(const Mat<S>& x, Index batch, Cache& c) {
   validate_x_(x, batch, "forward");
   const Index B = batch, T = x.rows() / batch, H = opt_.n_heads, Hkv = opt_.n_kv_heads, G = H / Hkv, dh = dh_;
-  const S scale = S(1) / std::sqrt(static_cast<S>(dh));
+  const auto scale = ops::ScoreScale<S>::inv_sqrt(dh);
   c.batch = B;
   c.seq = T;
   c.x = x;
@@ -187,29 +209,30 @@ Mat<S> CausalSelfAttention<S>::forward(const Mat<S>& x, Index batch, Cache& c) {
   // keys: one (b, g) pair per work item
   parallel_for(B * Hkv, [&](Index bg) {
     const Index b = bg / Hkv, g = bg % Hkv, r0 = b * T, c0 = g * dh;
-    norm_rope_(c.k.block(r0, c0, T, dh), k_norm_, 0, c.kr.block(r0, c0, T, dh), c.khat.block(r0, c0, T, dh),
+    norm_rope_(head(c.k, r0, c0, T), k_norm_, 0, head(c.kr, r0, c0, T), head(c.khat, r0, c0, T),
                c.k_rstd.data() + bg * T);                                    // Kr = RoPE(RMSNorm(K_g) .* gamma_k)
   }, flops > kParallelMinFlops);
   // queries and the attention core: one (b, h) pair per work item
   parallel_for(B * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H, g = h / G, r0 = b * T, c0 = h * dh, k0 = g * dh;
-    norm_rope_(c.q.block(r0, c0, T, dh), q_norm_, 0, c.qr.block(r0, c0, T, dh), c.qhat.block(r0, c0, T, dh),
+    norm_rope_(head(c.q, r0, c0, T), q_norm_, 0, head(c.qr, r0, c0, T), head(c.qhat, r0, c0, T),
                c.q_rstd.data() + bh * T);                                    // Qr = RoPE(RMSNorm(Q_h) .* gamma_q)
     // P = softmax(Qr Kr^T / sqrt(d_h)) over keys j <= i, O_h = P V_g
-    ops::attention_core_forward<S>(c.qr.block(r0, c0, T, dh), c.kr.block(r0, k0, T, dh), c.v.block(r0, k0, T, dh),
-                                   scale, true, nullptr, c.att.data() + bh * T * T, c.o.block(r0, c0, T, dh));
+    ops::attention_core_forward<S, DHead>(head(c.qr, r0, c0, T), head(c.kr, r0, k0, T), head(c.v, r0, k0, T),
+                                          scale, kCausal, ops::HeadProducts::eigen, nullptr,
+                                          c.att.data() + bh * T * T, head(c.o, r0, c0, T));
   }, flops > kParallelMinFlops);
   Mat<S> y;
   ops::linear_forward<S>(c.o, o_proj_.mat(), nullptr, y);                   // y = O W_o^T
   return y;
 }
 
-template <class S>
-Mat<S> CausalSelfAttention<S>::backward(const Mat<S>& dy, const Cache& c) {
+template <class S, int Heads, int DHead>
+Mat<S> CausalSelfAttention<S, Heads, DHead>::backward(const Mat<S>& dy, const Cache& c) {
   check(c.batch > 0 && c.x.rows() > 0, "CausalSelfAttention::backward: the cache is empty (run forward first)");
   check_matrix(dy, c.x.rows(), opt_.d_model, "CausalSelfAttention::backward dy");
   const Index B = c.batch, T = c.seq, H = opt_.n_heads, Hkv = opt_.n_kv_heads, G = H / Hkv, dh = dh_;
-  const S scale = S(1) / std::sqrt(static_cast<S>(dh));
+  const auto scale = ops::ScoreScale<S>::inv_sqrt(dh);
   const double flops = static_cast<double>(B * H) * static_cast<double>(T * T * dh) * 8.0;
 
   Mat<S> dO;
@@ -223,33 +246,35 @@ Mat<S> CausalSelfAttention<S>::backward(const Mat<S>& dy, const Cache& c) {
   const S* gk = opt_.use_qk_norm ? k_norm_.value.data() : nullptr;
   parallel_for(B * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H, g = h / G, r0 = b * T, c0 = h * dh, k0 = g * dh;
-    Mat<S> dq(T, dh), scratch(1, ops::attention_core_scratch(T, true));
-    ops::attention_core_backward<S>(c.att.data() + bh * T * T, dO.block(r0, c0, T, dh), c.qr.block(r0, c0, T, dh),
-                                    c.kr.block(r0, k0, T, dh), c.v.block(r0, k0, T, dh), scale, true, scratch.data(),
-                                    dq, dkr_part.middleRows(bh * T, T), dv_part.middleRows(bh * T, T));
+    HeadMatrix dq(T, dh);
+    // O_h = P V_g, P = softmax(Qr Kr^T / sqrt(d_h))  ->  dQr; dKr and dV_g of this query head
+    ops::attention_core_backward<S, DHead>(c.att.data() + bh * T * T, nullptr, head(dO, r0, c0, T),
+                                           head(c.qr, r0, c0, T), head(c.kr, r0, k0, T), head(c.v, r0, k0, T), scale,
+                                           kCausal, ops::HeadProducts::eigen, dq, head(dkr_part, bh * T, 0, T),
+                                           head(dv_part, bh * T, 0, T));
     ops::rope_backward(rope_, 0, dq);                                        // Qr = RoPE(Qn)
     if (opt_.use_qk_norm)                                                    // Qn = RMSNorm(Q_h) .* gamma_q
-      ops::rms_norm_backward<S>(dq, c.qhat.block(r0, c0, T, dh), c.q_rstd.data() + bh * T, gq, dgq.data() + bh * dh,
-                                GQ.block(r0, c0, T, dh));
+      ops::rms_norm_backward<S>(dq, head(c.qhat, r0, c0, T), c.q_rstd.data() + bh * T, gq, dgq.data() + bh * dh,
+                                head(GQ, r0, c0, T));
     else
-      GQ.block(r0, c0, T, dh) = dq;
+      head(GQ, r0, c0, T) = dq;
   }, flops > kParallelMinFlops);
   // per (b, g): sum the partials of the group's query heads in head order, then undo RoPE and the k-norm
   parallel_for(B * Hkv, [&](Index bg) {
     const Index b = bg / Hkv, g = bg % Hkv, r0 = b * T, k0 = g * dh;
-    Mat<S> dk = dkr_part.middleRows((b * H + g * G) * T, T);
-    auto dv = GV.block(r0, k0, T, dh);
-    dv = dv_part.middleRows((b * H + g * G) * T, T);
+    HeadMatrix dk = head(dkr_part, (b * H + g * G) * T, 0, T);
+    auto dv = head(GV, r0, k0, T);
+    dv = head(dv_part, (b * H + g * G) * T, 0, T);
     for (Index j = 1; j < G; ++j) {
-      dk += dkr_part.middleRows((b * H + g * G + j) * T, T);
-      dv += dv_part.middleRows((b * H + g * G + j) * T, T);
+      dk += head(dkr_part, (b * H + g * G + j) * T, 0, T);
+      dv += head(dv_part, (b * H + g * G + j) * T, 0, T);
     }
     ops::rope_backward(rope_, 0, dk);                                        // Kr = RoPE(Kn)
     if (opt_.use_qk_norm)                                                    // Kn = RMSNorm(K_g) .* gamma_k
-      ops::rms_norm_backward<S>(dk, c.khat.block(r0, k0, T, dh), c.k_rstd.data() + bg * T, gk, dgk.data() + bg * dh,
-                                GK.block(r0, k0, T, dh));
+      ops::rms_norm_backward<S>(dk, head(c.khat, r0, k0, T), c.k_rstd.data() + bg * T, gk, dgk.data() + bg * dh,
+                                head(GK, r0, k0, T));
     else
-      GK.block(r0, k0, T, dh) = dk;
+      head(GK, r0, k0, T) = dk;
   }, flops > kParallelMinFlops);
   if (opt_.use_qk_norm) {  // the gains are shared by all pairs: partials summed in pair order
     for (Index bh = 0; bh < B * H; ++bh) q_norm_.grad += dgq.row(bh).transpose();
@@ -262,8 +287,8 @@ Mat<S> CausalSelfAttention<S>::backward(const Mat<S>& dy, const Cache& c) {
   return dx;
 }
 
-template <class S>
-Mat<S> CausalSelfAttention<S>::forward_cached(const Mat<S>& x, Index batch, KVCache& kv) {
+template <class S, int Heads, int DHead>
+Mat<S> CausalSelfAttention<S, Heads, DHead>::forward_cached(const Mat<S>& x, Index batch, KVCache& kv) {
   validate_x_(x, batch, "forward_cached");
   const Index B = batch, Sn = x.rows() / batch, H = opt_.n_heads, Hkv = opt_.n_kv_heads, G = H / Hkv, dh = dh_;
   const Index Dkv = Hkv * dh;
@@ -294,25 +319,25 @@ Mat<S> CausalSelfAttention<S>::forward_cached(const Mat<S>& x, Index batch, KVCa
   // new keys into the cache: each (b, g) owns its column block of row b's cache
   parallel_for(B * Hkv, [&](Index bg) {
     const Index b = bg / Hkv, g = bg % Hkv;
-    Mat<S> hat(Sn, dh);
+    HeadMatrix hat(Sn, dh);
     Vec<S> rs(Sn);
-    norm_rope_(k.block(b * Sn, g * dh, Sn, dh), k_norm_, P0,
-               kv.k[static_cast<std::size_t>(b)].block(P0, g * dh, Sn, dh), hat, rs.data());
+    norm_rope_(head(k, b * Sn, g * dh, Sn), k_norm_, P0, head(kv.k[static_cast<std::size_t>(b)], P0, g * dh, Sn), hat,
+               rs.data());
   });
   Mat<S> O(B * Sn, opt_.d_model);
   parallel_for(B * H, [&](Index bh) {
     const Index b = bh / H, h = bh % H, g = h / G;
-    Mat<S> qr(Sn, dh), hat(Sn, dh);
+    HeadMatrix qr(Sn, dh), hat(Sn, dh);
     Vec<S> rs(Sn);
-    norm_rope_(q.block(b * Sn, h * dh, Sn, dh), q_norm_, P0, qr, hat, rs.data());
+    norm_rope_(head(q, b * Sn, h * dh, Sn), q_norm_, P0, qr, hat, rs.data());
     const Mat<S>& Kc = kv.k[static_cast<std::size_t>(b)];
     const Mat<S>& Vc = kv.v[static_cast<std::size_t>(b)];
     Mat<S> sc(Sn, L);
-    sc.noalias() = (qr * Kc.block(0, g * dh, L, dh).transpose()) * scale;   // S = Qr Kr^T / sqrt(d_h)
+    sc.noalias() = (qr * head(Kc, 0, g * dh, L).transpose()) * scale;       // S = Qr Kr^T / sqrt(d_h)
     for (Index i = 0; i < Sn; ++i)
       for (Index j = P0 + i + 1; j < L; ++j) sc(i, j) = ninf;               // causal: keys j <= P0 + i
     ops::masked_softmax_rows<S>(sc, nullptr, sc);                            // P = softmax(S)
-    O.block(b * Sn, h * dh, Sn, dh).noalias() = sc * Vc.block(0, g * dh, L, dh);  // O_h = P V_g
+    head(O, b * Sn, h * dh, Sn).noalias() = sc * head(Vc, 0, g * dh, L);  // O_h = P V_g
   });
   kv.length = L;
   Mat<S> y;

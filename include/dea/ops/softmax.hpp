@@ -8,6 +8,7 @@
 #include "../core/tensor.hpp"
 #include "../core/workspace.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -86,7 +87,42 @@ void masked_softmax_rows(const Eigen::MatrixBase<DS>& s, const std::uint8_t* mas
   masked_softmax_rows<S>(s, mask, p, scratch.data());
 }
 
-/// ds = p .* (dp - rowsum(dp .* p)): the backward of masked_softmax_rows (masked keys have p = 0, so ds = 0).
+/// In place: row r of the [tq, tk] score block s becomes the softmax over its visible keys, key j being visible when
+/// km is null or km[j] != 0 and, when causal, j <= row0 + r (row r is query row0 + r); hidden keys get exactly 0 and
+/// a row with no visible key becomes all 0. The attention core's softmax: one pass for the max over the visible keys,
+/// one for the (vectorised) exponentials, one for the sum; it gives masked_softmax_rows' numbers without the
+/// additive -inf and its scratch.
+template <class Derived>
+void masked_softmax_inplace(const Eigen::MatrixBase<Derived>& s_, const std::uint8_t* km, bool causal,
+                            Index row0 = 0) {
+  using S = typename Derived::Scalar;
+  auto& s = const_cast<Eigen::MatrixBase<Derived>&>(s_);
+  const Index tk = s.cols();
+  for (Index i = 0; i < s.rows(); ++i) {
+    auto row = s.row(i);
+    const Index lim = causal ? std::min(row0 + i + 1, tk) : tk;  // keys [0, lim) pass the causal mask
+    S mx = -std::numeric_limits<S>::infinity();
+    if (km) {
+      for (Index j = 0; j < lim; ++j)
+        if (km[j]) mx = std::max(mx, row(j));
+    } else if (lim > 0) {
+      mx = row.head(lim).maxCoeff();
+    }
+    if (mx == -std::numeric_limits<S>::infinity()) {  // no visible key: zeros, never NaN
+      row.setZero();
+      continue;
+    }
+    row.array() = (row.array() - mx).exp();                 // P_ij ∝ exp(S_ij - max_j S_ij)
+    if (lim < tk) row.tail(tk - lim).setZero();             // causal: keys j > row0 + i
+    if (km)
+      for (Index j = 0; j < lim; ++j)
+        if (!km[j]) row(j) = S(0);                          // padded keys
+    row /= row.sum();                                       // normalise over the visible keys
+  }
+}
+
+/// ds = p .* (dp - rowsum(dp .* p)): the backward of masked_softmax_rows and masked_softmax_inplace (masked keys
+/// have p = 0, so ds = 0).
 template <class S, class DP, class DDP, class DDS>
 void softmax_rows_backward(const Eigen::MatrixBase<DP>& p, const Eigen::MatrixBase<DDP>& dp,
                            Eigen::MatrixBase<DDS>& ds) {
