@@ -630,8 +630,9 @@ TEST_CASE("DEA fixed sizes give the same results as dynamic sizes", "[dea]") {
 }
 
 TEST_CASE("DEA one-dimensional heads at fixed size (DHead = 1) match dynamic sizes, with dropout", "[dea]") {
-  // DHead = 1 turns the per-head products into matrix-vector products: every kernel path must still compile and
-  // agree with the dynamic-size layer, dropout masks included (same seed, same counter-based mask).
+  // DHead = 1, the smallest fixed head width: the kernels' fixed-size head vectors and W_rel products are 1 x 1
+  // (Eigen's scalar-like special cases): every kernel path must still compile and agree with the dynamic-size
+  // layer, dropout masks included (same seed, same counter-based mask).
   for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
     CAPTURE(kernel == DeaKernel::tiled ? "tiled" : "reference");
     require_fixed_matches_dynamic<DualExpertAttention<double, 2, 1>>(2, 2, 6, 0.3, kernel);
