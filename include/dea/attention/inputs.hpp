@@ -81,7 +81,8 @@ public:
     const std::uint8_t* km = key_mask.ptr();
     for (std::size_t k = 0; k < m->bytes.size(); ++k) m->bytes[k] = km[k] != 0 ? 1 : 0;
     for (Index b = 0; b < B_; ++b)
-      m->n_real[static_cast<std::size_t>(b)] = mask_row(km + b * Tk_, Tk_, m->row.data() + b * Tk_, m->bias.data() + b * Tk_);
+      m->n_real[static_cast<std::size_t>(b)] =
+          mask_row(km + b * Tk_, Tk_, m->row.data() + b * Tk_, m->bias.data() + b * Tk_);
     mask_ = std::move(m);
     has_mask_ = true;
     return *this;

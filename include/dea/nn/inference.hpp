@@ -428,8 +428,8 @@ private:
         hp.w_gate = w[kWgate] + hd * (2 * Dh + 2);
         hp.c_gate = w[kCgate][hd];
         // the sequence's key mask by AttnInputs' rule, in the slot's scratch (no oracle: p.in stays null)
-        dex::Pair<S, DHead> p = dex::make_pair<S, DHead>(
-            bh, H, T, T, hp, rows, dex::PairKeys<S>::from_bytes(mask ? mask + b * T : nullptr), scratch + slot * per, bq);
+        const auto keys = dex::PairKeys<S>::from_bytes(mask ? mask + b * T : nullptr);
+        dex::Pair<S, DHead> p = dex::make_pair<S, DHead>(bh, H, T, T, hp, rows, keys, scratch + slot * per, bq);
         p.setup(false);
         dex::RowStats<S> rs;
         rs.sigma0 = rs.sigma1 = sigma + bh * T;

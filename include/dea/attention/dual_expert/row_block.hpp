@@ -907,7 +907,9 @@ struct PairKeys {
   Index n_real = 0;
   const std::uint8_t* bytes = nullptr;
 
-  static PairKeys of(const AttnInputs<S>& in, Index b) { return {in.key_row(b), in.key_bias(b), in.n_real(b), nullptr}; }
+  static PairKeys of(const AttnInputs<S>& in, Index b) {
+    return {in.key_row(b), in.key_bias(b), in.n_real(b), nullptr};
+  }
   static PairKeys from_bytes(const std::uint8_t* bytes) {
     PairKeys k;
     k.bytes = bytes;
