@@ -629,6 +629,15 @@ TEST_CASE("DEA fixed sizes give the same results as dynamic sizes", "[dea]") {
   require_fixed_matches_dynamic<DualExpertAttention<double, 2, 4>>(8, 2, 7, 0.0, DeaKernel::reference);
 }
 
+TEST_CASE("DEA heads of one AVX-512 vector at fixed size (DHead = 8 doubles) match dynamic sizes", "[dea]") {
+  // a fixed head width of one vector runs the per-head products on a tile of 16 rows by one vector
+  // (ops/block_product.hpp) where AVX-512 is compiled in; elsewhere on the default tile, as dynamic sizes do
+  for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
+    CAPTURE(kernel == DeaKernel::tiled ? "tiled" : "reference");
+    require_fixed_matches_dynamic<DualExpertAttention<double, 2, 8>>(16, 2, 37, 0.2, kernel);
+  }
+}
+
 TEST_CASE("DEA one-dimensional heads at fixed size (DHead = 1) match dynamic sizes, with dropout", "[dea]") {
   // DHead = 1, the smallest fixed head width: the kernels' fixed-size head vectors and W_rel products are 1 x 1
   // (Eigen's scalar-like special cases): every kernel path must still compile and agree with the dynamic-size

@@ -10,6 +10,11 @@
 //  - TnAccumulator:  an accumulator C [N, D] += X^T Y for a wide X [m, N] and a narrow Y [m, D] (the key and
 //                    value gradients of a head): the packed product keeps C transposed, [D, N], so that the narrow
 //                    side is its packed A; at() reads an element whatever the layout.
+// SharedRhs and TnAccumulator take the width of their narrow side when it is known at compile time (W; an attention
+// head's width, DHead): where W is one vector of the instruction set (16 floats or 8 doubles with AVX-512, whose
+// default register tile is two vectors wide, so half of it would be padding), the packed product runs a tile of 16
+// rows by one vector, which fits the head exactly. The tile decides which elements share registers, not the order
+// each element is summed in, so the results are the same bits with either tile.
 // Every function allocates nothing and throws nothing (the caller sized the buffers: the *_size functions). The
 // bits of each product are those of the packed product (or of Eigen's) on the same operands, so a caller that
 // switches to these helpers changes no result.
@@ -20,6 +25,8 @@
 #include "packed_gemm.hpp"
 
 #include <Eigen/Core>
+
+#include <type_traits>
 
 namespace dea {
 namespace ops {
@@ -32,6 +39,35 @@ constexpr bool packed_products() {
 }
 
 namespace block_product_detail {
+#if DEA_PACKED_GEMM && defined(__AVX512F__)
+/// The tile for a narrow side of compile-time width W (see the file comment).
+template <class S, int W>
+using KernelFor = std::conditional_t<W == packed::DefaultKernel<S>::L,
+                                     packed::Kernel<S, int(sizeof(typename packed::DefaultKernel<S>::V)), 16, 1>,
+                                     packed::DefaultKernel<S>>;
+/// The largest packed A of any tile KernelFor picks.
+template <class S>
+constexpr Index a_size(Index M, Index K) {
+  const Index a = packed::whole_a_size<S>(M, K);
+  const Index b = packed::whole_a_size<S, KernelFor<S, packed::DefaultKernel<S>::L>>(M, K);
+  return a > b ? a : b;
+}
+#elif DEA_PACKED_GEMM
+template <class S, int W>
+using KernelFor = packed::DefaultKernel<S>;
+template <class S>
+constexpr Index a_size(Index M, Index K) {
+  return packed::whole_a_size<S>(M, K);
+}
+#else
+template <class S, int W>
+using KernelFor = void;  // (never used: packed_products() is false)
+template <class S>
+constexpr Index a_size(Index M, Index K) {
+  return packed::whole_a_size<S>(M, K);
+}
+#endif
+
 template <class S>
 using RowMajorMat = Eigen::Matrix<S, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Strides = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
@@ -49,10 +85,10 @@ void eigen_product(Index M, Index N, Index K, packed::View<S> A, packed::View<S>
 }
 }  // namespace block_product_detail
 
-/// Values of the packed A buffer (Ap) a product of at most M rows and inner dimension K needs.
+/// Values of the packed A buffer (Ap) a product of at most M rows and inner dimension K needs (with any tile).
 template <class S>
 constexpr Index product_a_size(Index M, Index K) {
-  return packed::whole_a_size<S>(M, K);
+  return block_product_detail::a_size<S>(M, K);
 }
 /// Values of the B panel buffer (Bpan) of product() for inner dimension K.
 template <class S>
@@ -72,11 +108,13 @@ void product(Index M, Index N, Index K, packed::View<S> A, packed::View<S> B, S*
 }
 
 /// A right-hand side B [K, N] shared by many products: packed once into a buffer of the caller's (packed
-/// products), or read where it lies (Eigen).
-template <class S>
+/// products), or read where it lies (Eigen). W: N when it is known at compile time (the tile), else Dynamic.
+template <class S, int W = Eigen::Dynamic>
 class SharedRhs {
+  using Kern = block_product_detail::KernelFor<S, W>;
+
 public:
-  /// Values of the buffer set() packs a [K, N] B into (0 where nothing is packed).
+  /// Values of the buffer set() packs a [K, N] B into (0 where nothing is packed); no more than with W Dynamic.
   static constexpr Index size(Index K, Index N) { return packed::whole_b_size<S>(K, N); }
 
   /// B [K, N], a strided view that must stay valid while this is used; `buf` holds size(K, N) values, aligned to
@@ -86,7 +124,7 @@ public:
     N_ = N;
     B_ = B;
     Bp_ = buf;
-    if constexpr (packed_products<S>()) packed::pack_b_whole<S>(K, N, B, buf);
+    if constexpr (packed_products<S>()) packed::pack_b_whole<S, Kern>(K, N, B, buf);
   }
 
   /// C [M, n] (row stride ldc) = A [M, k] B[0:k, 0:n], or += when `acc`, for the first n <= N columns or the first
@@ -95,11 +133,11 @@ public:
   void product(Index M, Index n, Index k, packed::View<S> A, S* C, Index ldc, bool acc, S* Ap) const {
     if constexpr (packed_products<S>()) {
       if (k == K_)
-        packed::gemm_whole_b_cols<S>(M, n, K_, A, Bp_, N_, C, ldc, acc, Ap);
+        packed::gemm_whole_b_cols<S, Kern>(M, n, K_, A, Bp_, N_, C, ldc, acc, Ap);
       else if (K_ <= packed::kKcMax)
-        packed::gemm_whole_b_rows<S>(M, N_, k, A, Bp_, K_, C, ldc, acc, Ap);
+        packed::gemm_whole_b_rows<S, Kern>(M, N_, k, A, Bp_, K_, C, ldc, acc, Ap);
       else
-        packed::gemm_whole_b<S>(M, N_, K_, A, Bp_, C, ldc, acc, Ap);
+        packed::gemm_whole_b<S, Kern>(M, N_, K_, A, Bp_, C, ldc, acc, Ap);
     } else {
       block_product_detail::eigen_product<S>(M, n, k, A, B_, C, ldc, acc);
     }
@@ -113,9 +151,12 @@ private:
 
 /// An accumulator C [N, D] += X^T Y over products with a wide X [m, N] and a narrow Y [m, D]. Its storage
 /// (N * D values of the caller's) is [D, N] (C transposed: the narrow Y^T is the packed product's A) with packed
-/// products and [N, D] with Eigen; at() and the functions here are the only readers.
-template <class S>
+/// products and [N, D] with Eigen; at() and the functions here are the only readers. W: D when it is known at
+/// compile time (the tile), else Dynamic.
+template <class S, int W = Eigen::Dynamic>
 class TnAccumulator {
+  using Kern = block_product_detail::KernelFor<S, W>;
+
 public:
   /// True when the storage is C^T [D, N].
   static constexpr bool transposed = packed_products<S>();
@@ -128,7 +169,7 @@ public:
   /// Bpan: product_panel_size(m) values.
   void add_tn(Index n, Index m, packed::View<S> X, packed::View<S> Y, S* Ap, S* Bpan) const {
     if constexpr (transposed)  // C^T [D, n] += Y^T X
-      packed::gemm_stream_b<S>(D_, n, m, Y.t(), X, c_, N_, true, Ap, Bpan);
+      packed::gemm_stream_b<S, Kern>(D_, n, m, Y.t(), X, c_, N_, true, Ap, Bpan);
     else  // C [n, D] += X^T Y
       ops::product<S>(n, D_, m, X.t(), Y, c_, D_, true, Ap, Bpan);
   }

@@ -508,7 +508,7 @@ public:
   void backward_end(S* dK, S* dV) const {
     const Index Dh = dh();
     const S* cs = t.col0;
-    const ops::TnAccumulator<S> gk = dK_acc(), gv = dV_acc();
+    const ops::TnAccumulator<S, DH> gk = dK_acc(), gv = dV_acc();
     for (Index j = 0; j < Tk; ++j) {
       S* dk = dK + j * ld;
       S* dv = dV + j * ld;
@@ -522,11 +522,13 @@ public:
   }
 
 private:
-  /// The products' shared right-hand sides: K_h^T, V_h (forward and backward), K_h, V_h^T (backward), set by setup.
-  ops::SharedRhs<S> Kt_, V_, K_, Vt_;
+  /// The products' shared right-hand sides, set by setup: K_h^T [Dh, Tk], V_h [Tk, Dh] (forward and backward),
+  /// K_h [Tk, Dh], V_h^T [Dh, Tk] (backward); those Dh wide take the compile-time DH for their tile.
+  ops::SharedRhs<S> Kt_, Vt_;
+  ops::SharedRhs<S, DH> V_, K_;
   /// The accumulators of dK_h and dV_h [Tk, Dh] (their layout is the product helper's).
-  ops::TnAccumulator<S> dK_acc() const { return {t.dKh, Tk, dh()}; }
-  ops::TnAccumulator<S> dV_acc() const { return {t.dVh, Tk, dh()}; }
+  ops::TnAccumulator<S, DH> dK_acc() const { return {t.dKh, Tk, dh()}; }
+  ops::TnAccumulator<S, DH> dV_acc() const { return {t.dVh, Tk, dh()}; }
 
   /// The block's working buffers: maps where the caller keeps them, else the scratch.
   struct Buffers {
