@@ -18,8 +18,8 @@
 //   y = ln_f(x);  cls: logits = Linear3(tanh(Linear0(y[b*T + 0])))  [B, C];  mlm: logits = y tok_emb^T + b  [N, V]
 // Each step runs the kernel TransformerModel's evaluation forward runs (ops::*_into, and the Dual-Expert row-block
 // kernel of attention/dual_expert/row_block.hpp on workspace buffers laid out as the layer cache's maps), so the
-// logits agree with the model's bit for bit; tests/test_inference.cpp checks it against TransformerModel, dynamic
-// and fixed sizes.
+// logits agree with the model's bit for bit (a model whose attention has the same DHead; a fixed DHead differs
+// from Dynamic by round-off); tests/test_inference.cpp checks it against TransformerModel, dynamic and fixed sizes.
 #pragma once
 
 #include "../attention/dual_expert/row_block.hpp"

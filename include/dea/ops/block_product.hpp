@@ -26,6 +26,7 @@
 
 #include <Eigen/Core>
 
+#include <algorithm>
 #include <type_traits>
 
 namespace dea {

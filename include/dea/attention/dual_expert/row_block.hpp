@@ -18,15 +18,16 @@
 // so both experts depend on the positions through j - p only (rho_p^T rho_j = rho_{j-p}). Backward takes the
 // gradients of the rotated vectors back through rho^T (the rotation is orthogonal).
 //
-// Four callers run it:
+// Four callers run it, each setting its pairs up with make_pair (rows, head parameters, key mask) and a Pair<S, DH>
+// of the layer's compile-time head width (DH, or Eigen::Dynamic):
 //  - the reference kernel (kernel.hpp, maps kept): the block's [n, Tk] buffers are slices of the cache's
 //    [B, H, Tq, Tk] maps (BlockMaps), and backward reads them;
 //  - the tiled kernel (kernel.hpp): the buffers live in the thread's scratch, forward saves per-row statistics
 //    (RowStats) and backward recomputes the block from them with this same code on the same block shapes, so it
 //    sees the bits forward saw;
 //  - nn::InferenceModel (forward only, no oracle, no dropout): slices of its workspace laid out as the reference
-//    kernel's maps, so its results equal the layer's bit for bit (vectorised loops start where the buffer's
-//    alignment says, and Eigen's packet exp is not the scalar one bit for bit). It is never causal;
+//    kernel's maps, so its results equal the layer's (of the same DHead) bit for bit (vectorised loops start where
+//    the buffer's alignment says, and Eigen's packet exp is not the scalar one bit for bit). It is never causal;
 //  - DualExpertAttention::forward_decode (forward only, causal, no oracle): the new queries against the cached keys,
 //    the buffers in the scratch as the tiled kernel's.
 //
@@ -550,9 +551,13 @@ private:
     return f;
   }
 
+  /// Heads up to this width run R = W_rel Q and its backward row by row on fixed-size Eigen matrices; wider ones
+  /// (and Dynamic) as products over the block's rows.
+  static constexpr int kRowwiseRelMax = 16;
+
   /// R = Q W_rel^T for n rows [n, Dh] (R_i = W_rel Q_i).
   void rel_forward(Index n, const S* Qb, S* Rb) {
-    if constexpr (DH == Eigen::Dynamic) {
+    if constexpr (DH == Eigen::Dynamic || DH > kRowwiseRelMax) {
       const Index Dh = dh();
       ops::product<S>(n, Dh, Dh, {Qb, Dh, 1}, ops::packed::View<S>{hp->W_rel, Dh, 1}.t(), Rb, Dh, false, t.Ap, t.Bpan);
     } else {
@@ -565,7 +570,7 @@ private:
   }
   /// Backward of rel_forward: dQ += dR W_rel, dW_rel += dR^T Q (n rows; dWr [Dh, Dh]).
   void rel_backward(Index n, const S* dRb, const S* Qb, S* dQb, S* dWr) {
-    if constexpr (DH == Eigen::Dynamic) {
+    if constexpr (DH == Eigen::Dynamic || DH > kRowwiseRelMax) {
       const Index Dh = dh();
       ops::product<S>(n, Dh, Dh, {dRb, Dh, 1}, {hp->W_rel, Dh, 1}, dQb, Dh, true, t.Ap, t.Bpan);
       ops::product<S>(Dh, Dh, n, ops::packed::View<S>{dRb, Dh, 1}.t(), {Qb, Dh, 1}, dWr, Dh, true, t.Ap, t.Bpan);
