@@ -685,10 +685,35 @@ private:
     }
   }
 
+  /// alpha-hat = min(0.95, sigmoid(clip(logit, -10, 10))) of m cells, from their logits lp into ap. (Functions of
+  /// their arguments alone, so that their loops vectorise whether or not the compiler inlines them.)
+  static void alpha_hat_cells(const S* lp, S* ap, Index m) {
+    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+    for (Index k = 0; k < m; ++k) {
+      const S l = lp[k];
+      ap[k] = -(l < -clip ? -clip : (l > clip ? clip : l));
+    }
+    exp_in_place(ap, m);
+    for (Index k = 0; k < m; ++k) {
+      const S a = S(1) / (S(1) + ap[k]);
+      ap[k] = a < amax ? a : amax;
+    }
+  }
+  /// d alpha-hat / d logit of m cells into xp: sigmoid' inside the +-10 clip and below the 0.95 cap, else 0.
+  static void sigmoid_slope(const S* lp, S* xp, Index m) {
+    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+    for (Index k = 0; k < m; ++k) xp[k] = -lp[k];
+    exp_in_place(xp, m);
+    for (Index k = 0; k < m; ++k) {
+      const S x = S(1) / (S(1) + xp[k]), l = lp[k];
+      xp[k] = (l < -clip || l > clip || x > amax) ? S(0) : x * (S(1) - x);
+    }
+  }
+
   /// The gate (logit L, alpha-hat A) and the mixing coefficient M; with `gate` the rows' gate loss.
   void gate_and_mix(Index i0, Index n, const Buffers& f, const BlockMaps<S>& mp, const GateCtx<S>* gate) {
     const Index Dh = dh(), nt = n * Tk;
-    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+    const S amax = S(DeaConstants::alpha_max);
     const S* wg = hp->w_gate;
     const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = hp->c_gate;
     for (Index r = 0; r < n; ++r) {  // logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c
@@ -709,34 +734,13 @@ private:
         for (Index r = 0; r < n; ++r) fn(r * Tk, keys(i0 + r));
       }
     };
-    if (gate) {  // X = d alpha-hat / d logit: sigmoid' inside the +-10 clip and below the 0.95 cap, else 0
-      rows([&](Index k0, Index m) {
-        S* xp = t.X + k0;
-        const S* lp = f.L + k0;
-        for (Index k = 0; k < m; ++k) xp[k] = -lp[k];
-        exp_in_place(xp, m);
-        for (Index k = 0; k < m; ++k) {
-          const S x = S(1) / (S(1) + xp[k]), l = lp[k];
-          xp[k] = (l < -clip || l > clip || x > amax) ? S(0) : x * (S(1) - x);
-        }
-      });
+    if (gate) {  // X = d alpha-hat / d logit
+      rows([&](Index k0, Index m) { sigmoid_slope(f.L + k0, t.X + k0, m); });
       if (causal)
         for (Index r = 0; r < n; ++r) std::fill(t.X + r * Tk + keys(i0 + r), t.X + (r + 1) * Tk, S(0));
     }
     // alpha_hat = min(0.95, sigmoid(clip(logit, -10, 10)))
-    rows([&](Index k0, Index m) {
-      S* ap = f.A + k0;
-      const S* lp = f.L + k0;
-      for (Index k = 0; k < m; ++k) {
-        const S l = lp[k];
-        ap[k] = -(l < -clip ? -clip : (l > clip ? clip : l));
-      }
-      exp_in_place(ap, m);
-      for (Index k = 0; k < m; ++k) {
-        const S a = S(1) / (S(1) + ap[k]);
-        ap[k] = a < amax ? a : amax;
-      }
-    });
+    rows([&](Index k0, Index m) { alpha_hat_cells(f.L + k0, f.A + k0, m); });
     if (causal)
       for (Index r = 0; r < n; ++r) std::fill(f.A + r * Tk + keys(i0 + r), f.A + (r + 1) * Tk, S(0));
     // alpha_mix: the detached alpha-hat (or the frozen copy), with an oracle gamma a_eff + (1 - gamma) alpha-hat
