@@ -297,10 +297,12 @@ TEST_CASE("DEA backward accumulates into parameter gradients", "[dea][contract]"
   for (Param<double>* p : layer.parameters()) REQUIRE(p->grad.cwiseAbs().maxCoeff() == 0.0);
 }
 
-TEMPLATE_TEST_CASE("DEA results are bitwise identical for 1 and 2 threads", "[dea][threads]", float, double) {
-  using L = DualExpertAttention<TestType>;
-  const Index B = 3, T = 40, H = 4;
-  const Index D = GENERATE(16, 64);  // head sizes 4 and 16: vector reductions over slices of the cache
+/// One forward, task and gate backward of layer type L at 1, 2 and again 1 thread: every output, gradient and the
+/// gate loss must be the same bits.
+template <class L>
+void require_thread_invariance(Index D, Index H) {
+  using TestType = typename L::Scalar;
+  const Index B = 3, T = 40;
   Rng rng(5);
   L layer(D, H, rng);
   Mat<TestType> x(B * T, D);
@@ -336,6 +338,17 @@ TEMPLATE_TEST_CASE("DEA results are bitwise identical for 1 and 2 threads", "[de
   REQUIRE(one.size() == two.size());
   REQUIRE(std::memcmp(one.data(), two.data(), one.size() * sizeof(TestType)) == 0);
   REQUIRE(std::memcmp(one.data(), again.data(), one.size() * sizeof(TestType)) == 0);
+}
+
+TEMPLATE_TEST_CASE("DEA results are bitwise identical for 1 and 2 threads", "[dea][threads]", float, double) {
+  const Index D = GENERATE(16, 64);  // head sizes 4 and 16: vector reductions over slices of the cache
+  require_thread_invariance<DualExpertAttention<TestType>>(D, 4);
+}
+
+TEST_CASE("DEA with compile-time sizes: results are bitwise identical for 1 and 2 threads", "[dea][threads]") {
+  // the fixed-size head loops and (a head of one AVX-512 vector of doubles) the narrow product tile
+  require_thread_invariance<DualExpertAttention<float, 2, 8>>(16, 2);
+  require_thread_invariance<DualExpertAttention<double, 2, 8>>(16, 2);
 }
 
 TEST_CASE("DEA masks: padded keys read 0, rows normalised, fully masked rows give zeros", "[dea][mask]") {
@@ -629,9 +642,19 @@ TEST_CASE("DEA fixed sizes give the same results as dynamic sizes", "[dea]") {
   require_fixed_matches_dynamic<DualExpertAttention<double, 2, 4>>(8, 2, 7, 0.0, DeaKernel::reference);
 }
 
+TEST_CASE("DEA heads of one AVX-512 vector at fixed size (DHead = 8 doubles) match dynamic sizes", "[dea]") {
+  // a fixed head width of one vector runs the per-head products on a tile of 16 rows by one vector
+  // (ops/block_product.hpp) where AVX-512 is compiled in; elsewhere on the default tile, as dynamic sizes do
+  for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
+    CAPTURE(kernel == DeaKernel::tiled ? "tiled" : "reference");
+    require_fixed_matches_dynamic<DualExpertAttention<double, 2, 8>>(16, 2, 37, 0.2, kernel);
+  }
+}
+
 TEST_CASE("DEA one-dimensional heads at fixed size (DHead = 1) match dynamic sizes, with dropout", "[dea]") {
-  // DHead = 1 turns the per-head products into matrix-vector products: every kernel path must still compile and
-  // agree with the dynamic-size layer, dropout masks included (same seed, same counter-based mask).
+  // DHead = 1, the smallest fixed head width: the kernels' fixed-size head vectors and W_rel products are 1 x 1
+  // (Eigen's scalar-like special cases): every kernel path must still compile and agree with the dynamic-size
+  // layer, dropout masks included (same seed, same counter-based mask).
   for (const DeaKernel kernel : {DeaKernel::reference, DeaKernel::tiled}) {
     CAPTURE(kernel == DeaKernel::tiled ? "tiled" : "reference");
     require_fixed_matches_dynamic<DualExpertAttention<double, 2, 1>>(2, 2, 6, 0.3, kernel);

@@ -53,6 +53,20 @@ public:
     mask_ = std::move(m);
   }
 
+  /// The key mask's rule: key j of a row of n is real when bytes[j] != 0 (every key when bytes is null); writes
+  /// row[j] (1 real, 0 padded) and bias[j] (0 real, -inf padded) and returns the number of real keys. (Also for
+  /// the kernels that take a mask without an AttnInputs: the inference model, incremental decoding.)
+  static Index mask_row(const std::uint8_t* bytes, Index n, S* row, S* bias) {
+    Index real_keys = 0;
+    for (Index j = 0; j < n; ++j) {
+      const bool real = bytes == nullptr || bytes[j] != 0;
+      row[j] = real ? S(1) : S(0);
+      bias[j] = real ? S(0) : -std::numeric_limits<S>::infinity();
+      real_keys += real ? 1 : 0;
+    }
+    return real_keys;
+  }
+
   // ---- setting (each validates its argument at once; the message names it)
 
   /// key_mask [B, Tk], non-zero = real key. Without one every key is real.
@@ -64,15 +78,11 @@ public:
     m->row.resize(m->bytes.size());
     m->bias.resize(m->bytes.size());
     m->n_real.assign(static_cast<std::size_t>(B_), 0);
+    const std::uint8_t* km = key_mask.ptr();
+    for (std::size_t k = 0; k < m->bytes.size(); ++k) m->bytes[k] = km[k] != 0 ? 1 : 0;
     for (Index b = 0; b < B_; ++b)
-      for (Index j = 0; j < Tk_; ++j) {
-        const std::size_t k = static_cast<std::size_t>(b * Tk_ + j);
-        const bool real = key_mask[static_cast<Index>(k)] != 0;
-        m->bytes[k] = real ? 1 : 0;
-        m->row[k] = real ? S(1) : S(0);
-        m->bias[k] = real ? S(0) : -std::numeric_limits<S>::infinity();
-        m->n_real[static_cast<std::size_t>(b)] += real ? 1 : 0;
-      }
+      m->n_real[static_cast<std::size_t>(b)] =
+          mask_row(km + b * Tk_, Tk_, m->row.data() + b * Tk_, m->bias.data() + b * Tk_);
     mask_ = std::move(m);
     has_mask_ = true;
     return *this;

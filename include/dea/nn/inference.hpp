@@ -9,8 +9,8 @@
 // allocates nothing, for any batch <= max_batch and length <= max_len.
 //
 // Sizes: Heads and DHead (as in DualExpertAttention) and Layers may be fixed at compile time (they are checked
-// against the configuration; the attention kernel depends on the scalar type only, and the layer table is then
-// a std::array), or Dynamic.
+// against the configuration; a fixed DHead reaches the attention kernel's head-sized work, as in the layer, and
+// with a fixed Layers the layer table is a std::array), or Dynamic.
 //
 // Forward, for ids [B, T] (row b*T + t), N = B*T, D = d_model (the shapes and names of transformer.hpp):
 //   x = tok_emb[ids] sqrt(D) (+ seg_emb[token_types]) + PE[:T]                       [N, D]
@@ -18,8 +18,8 @@
 //   y = ln_f(x);  cls: logits = Linear3(tanh(Linear0(y[b*T + 0])))  [B, C];  mlm: logits = y tok_emb^T + b  [N, V]
 // Each step runs the kernel TransformerModel's evaluation forward runs (ops::*_into, and the Dual-Expert row-block
 // kernel of attention/dual_expert/row_block.hpp on workspace buffers laid out as the layer cache's maps), so the
-// logits agree with the model's bit for bit; tests/test_inference.cpp checks it against TransformerModel, dynamic
-// and fixed sizes.
+// logits agree with the model's bit for bit (a model whose attention has the same DHead; a fixed DHead differs
+// from Dynamic by round-off); tests/test_inference.cpp checks it against TransformerModel, dynamic and fixed sizes.
 #pragma once
 
 #include "../attention/dual_expert/row_block.hpp"
@@ -418,6 +418,7 @@ private:
     S* R = h.data();
     const Index bq = dex::block_rows<S>(0, T, T);
     const bool par = double(B * H) * double(T) * double(T) * double(4 * Dh + 20) > kParallelMinFlops;
+    const dex::PairRows<S> rows{Q.data(), K.data(), V.data(), R, D, T, T};
     parallel_for(slots, [&](Index slot) {
       for (Index bh = slot; bh < B * H; bh += slots) {
         const Index b = bh / H, hd = bh % H;
@@ -426,31 +427,9 @@ private:
         hp.W_rel = w[kWrel] + hd * Dh * Dh;
         hp.w_gate = w[kWgate] + hd * (2 * Dh + 2);
         hp.c_gate = w[kCgate][hd];
-        dex::Pair<S> p;
-        p.b = b;
-        p.h = hd;
-        p.H = H;
-        p.Tq = T;
-        p.Tk = T;
-        p.hp = &hp;
-        dex::Scratch<S>::carve(&p.t, scratch + slot * per, bq, T, Dh);
-        // the key mask row and bias of the sequence, in the slot's scratch (no oracle: p.in stays null)
-        const std::uint8_t* km = mask ? mask + b * T : nullptr;
-        Index nr = 0;
-        for (Index j = 0; j < T; ++j) {
-          const bool real = km == nullptr || km[j] != 0;
-          p.t.mrow[j] = real ? S(1) : S(0);
-          p.t.kbias[j] = real ? S(0) : -std::numeric_limits<S>::infinity();
-          nr += real ? 1 : 0;
-        }
-        p.key_row = p.t.mrow;
-        p.key_bias = p.t.kbias;
-        p.n_real_keys = nr;
-        p.ld = D;
-        p.Q = Q.data() + b * T * D + hd * Dh;
-        p.K = K.data() + b * T * D + hd * Dh;
-        p.V = V.data() + b * T * D + hd * Dh;
-        p.R = R + b * T * D + hd * Dh;
+        // the sequence's key mask by AttnInputs' rule, in the slot's scratch (no oracle: p.in stays null)
+        const auto keys = dex::PairKeys<S>::from_bytes(mask ? mask + b * T : nullptr);
+        dex::Pair<S, DHead> p = dex::make_pair<S, DHead>(bh, H, T, T, hp, rows, keys, scratch + slot * per, bq);
         p.setup(false);
         dex::RowStats<S> rs;
         rs.sigma0 = rs.sigma1 = sigma + bh * T;

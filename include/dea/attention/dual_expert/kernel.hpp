@@ -8,7 +8,8 @@
 //    from them. Memory O(B H (Tq + Tk)) besides the inputs (the oracle is the caller's shared copy, AttnInputs).
 // Every pair writes only its own rows and slices, and the parameter gradients all pairs touch (W_rel, W_gate,
 // c_gate) are reduced from per-pair partials in a fixed order: results are bitwise identical for any thread count.
-// These functions depend on the scalar type only (one instance per scalar type serves every head shape).
+// These functions depend on the scalar type and on the compile-time head width (DH, Eigen::Dynamic when the layer
+// has none: one instance per scalar type then serves every head shape).
 #pragma once
 
 #include "row_block.hpp"
@@ -141,30 +142,18 @@ void release(V& v) {
   if (v.capacity() > 0) V().swap(v);
 }
 
-/// The pair bh of a cache, on the calling thread's scratch slice (per values each).
-template <class S>
-Pair<S> cache_pair(const LayerView<S>& L, Cache<S>& c, Index bh, Index per, const HeadParams<S>& hp) {
-  Pair<S> p;
-  p.b = bh / L.H;
-  p.h = bh % L.H;
-  p.H = L.H;
-  p.Tq = c.Tq;
-  p.Tk = c.Tk;
-  p.hp = &hp;
+/// The pair bh of a cache, on the calling thread's scratch slice (per values each): the inputs' key mask,
+/// oracle and causal flag, the forward's dropout, the cache's RoPE table.
+template <class S, int DH>
+Pair<S, DH> cache_pair(const LayerView<S>& L, Cache<S>& c, Index bh, Index per, const HeadParams<S>& hp) {
+  const PairRows<S> rows{c.Q.data(), c.K.data(), c.V.data(), c.R.data(), L.D, c.Tq, c.Tk};
+  Pair<S, DH> p = make_pair<S, DH>(bh, L.H, c.Tq, c.Tk, hp, rows, PairKeys<S>::of(c.in, bh / L.H),
+                                   c.scratch.data() + thread_index() * per, c.block_q);
   p.in = &c.in;
-  p.key_row = c.in.key_row(p.b);
-  p.key_bias = c.in.key_bias(p.b);
-  p.n_real_keys = c.in.n_real(p.b);
-  p.ld = L.D;
-  p.Q = c.Q.data() + p.b * c.Tq * L.D + p.h * L.Dh;
-  p.K = c.K.data() + p.b * c.Tk * L.D + p.h * L.Dh;
-  p.V = c.V.data() + p.b * c.Tk * L.D + p.h * L.Dh;
-  p.R = c.R.data() + p.b * c.Tq * L.D + p.h * L.Dh;
   p.dropout_on = c.dropout_on;
   p.drop_seed = c.drop_seed;
   p.causal = c.in.causal();  // query i sees keys j <= i (Tq == Tk: q_offset 0)
   p.rope = L.rope_theta > 0 ? &c.rope : nullptr;  // (query row i and key row i at position i: Tq == Tk)
-  Scratch<S>::carve(&p.t, c.scratch.data() + thread_index() * per, c.block_q, c.Tk, L.Dh);
   return p;
 }
 
@@ -259,8 +248,9 @@ void dlogit_map(Cache<S>& c) {
 }
 
 /// The core of forward, after the projections (c.Q, c.K, c.V) and with c.B, Tq, Tk, kernel, in, has_oracle,
-/// dropout_on and drop_seed set: R, ctx, the maps or row statistics, and the gate loss.
-template <class S>
+/// dropout_on and drop_seed set: R, ctx, the maps or row statistics, and the gate loss. DH: the layer's
+/// compile-time head width, or Dynamic (Pair).
+template <class S, int DH = Eigen::Dynamic>
 void forward_core(const LayerView<S>& L, Cache<S>& c) {
   const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = L.H, G = 2 * L.Dh + 2;
   const bool ref = c.kernel == DeaKernel::reference, oracle = c.has_oracle;
@@ -311,7 +301,7 @@ void forward_core(const LayerView<S>& L, Cache<S>& c) {
   const bool par = double(B * H) * double(Tq) * double(Tk) * double(4 * L.Dh + 20) > kParallelMinFlops;
   parallel_for(B * H, [&](Index bh) {
     const HeadParams<S> hp = L.head(bh % H);
-    Pair<S> p = cache_pair(L, c, bh, per, hp);
+    Pair<S, DH> p = cache_pair<S, DH>(L, c, bh, per, hp);
     p.setup(false);
     GateCtx<S> g;
     if (oracle) {
@@ -337,7 +327,7 @@ void forward_core(const LayerView<S>& L, Cache<S>& c) {
 
 /// The task backward of the core: dctx [B*Tq, D] -> dQ, dK, dV and the per-pair W_rel partials
 /// dwrel_part [B*H, Dh, Dh]. Every element of the outputs is written.
-template <class S>
+template <class S, int DH = Eigen::Dynamic>
 void backward_core(const LayerView<S>& L, Cache<S>& c, const Mat<S>& dctx, Mat<S>& dQ, Mat<S>& dK, Mat<S>& dV,
                    S* dwrel_part) {
   const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = L.H, Dh = L.Dh, D = L.D;
@@ -346,7 +336,7 @@ void backward_core(const LayerView<S>& L, Cache<S>& c, const Mat<S>& dctx, Mat<S
   const Index bq = c.block_q;
   parallel_for(B * H, [&](Index bh) {
     const HeadParams<S> hp = L.head(bh % H);
-    Pair<S> p = cache_pair(L, c, bh, per, hp);
+    Pair<S, DH> p = cache_pair<S, DH>(L, c, bh, per, hp);
     p.setup(true);
     S* dWr = dwrel_part + bh * Dh * Dh;
     p.backward_begin(dWr);

@@ -1,8 +1,8 @@
 // dea/attention/dual_expert/layer_impl.hpp: the member functions of DualExpertAttention (dual_expert.hpp).
 //
 // Defined outside the class (not inline), so that an `extern template` declaration keeps other translation units
-// from instantiating them. The work is in kernel.hpp / row_block.hpp (scalar type only); these functions validate,
-// run the projections and hand the core to the kernel.
+// from instantiating them. The work is in kernel.hpp / row_block.hpp, on the scalar type and the compile-time DHead
+// (Dynamic: the run-time head width); these functions validate, run the projections and hand the core to the kernel.
 #pragma once
 
 #include "../dual_expert.hpp"  // (the class; this file is included at its end)
@@ -172,7 +172,7 @@ void DualExpertAttention<S, Heads, DHead>::forward_impl(const Mat<S>& q_in, cons
   ops::linear_forward<S>(q_in, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, c.Q);
   ops::linear_forward<S>(self ? q_in : k_in, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, c.K);
   ops::linear_forward<S>(self ? q_in : v_in, weight_[2].mat(), opt_.bias ? bias_[2].value.data() : nullptr, c.V);
-  detail::dex::forward_core<S>(view(), c);
+  detail::dex::forward_core<S, DHead>(view(), c);
   // y = ctx W_o^T + b_o, or the concatenated heads themselves without an output projection
   if (opt_.out_proj)
     ops::linear_forward<S>(c.ctx, weight_[3].mat(), opt_.bias ? bias_[3].value.data() : nullptr, y);
@@ -257,15 +257,12 @@ Mat<S> DualExpertAttention<S, Heads, DHead>::forward_decode(const Mat<S>& x_new,
   const Index per = dex::Scratch<S>::size(bq, Tk, Dh);
   if (dc.scratch.size() < static_cast<std::size_t>(nt * per)) dc.scratch.resize(static_cast<std::size_t>(nt * per));
   const bool par = double(B * H) * double(Tn) * double(Tk) * double(4 * Dh + 20) > kParallelMinFlops;
+  const dex::PairRows<S> rows{dc.Q.data(), dc.K.data(), dc.V.data(), dc.R.data(), D, Tn, dc.cap};
   parallel_for(B * H, [&](Index bh) {
     const dex::HeadParams<S> hp = L.head(bh % H);
-    dex::Pair<S> p;
-    p.b = bh / H;
-    p.h = bh % H;
-    p.H = H;
-    p.Tq = Tn;
-    p.Tk = Tk;
-    p.hp = &hp;
+    // every key real (no key mask)
+    dex::Pair<S, DHead> p = dex::make_pair<S, DHead>(bh, H, Tn, Tk, hp, rows, dex::PairKeys<S>::from_bytes(nullptr),
+                                                    dc.scratch.data() + dex::thread_index() * per, bq);
     p.causal = true;
     p.q_offset = P0;
     if (rope) {  // the cached keys are rotated already; the gate's key terms come from the cache
@@ -273,17 +270,6 @@ Mat<S> DualExpertAttention<S, Heads, DHead>::forward_decode(const Mat<S>& x_new,
       p.keys_rotated = true;
       p.key_gate = dc.Kw.data() + bh * dc.cap;
     }
-    dex::Scratch<S>::carve(&p.t, dc.scratch.data() + dex::thread_index() * per, bq, Tk, Dh);
-    std::fill(p.t.mrow, p.t.mrow + Tk, S(1));  // every key real
-    std::fill(p.t.kbias, p.t.kbias + Tk, S(0));
-    p.key_row = p.t.mrow;
-    p.key_bias = p.t.kbias;
-    p.n_real_keys = Tk;
-    p.ld = D;
-    p.Q = dc.Q.data() + p.b * Tn * D + p.h * Dh;
-    p.K = dc.K.data() + p.b * dc.cap * D + p.h * Dh;
-    p.V = dc.V.data() + p.b * dc.cap * D + p.h * Dh;
-    p.R = dc.R.data() + p.b * Tn * D + p.h * Dh;
     p.setup(false);
     const dex::RowStats<S> rs;    // nothing kept (forward only)
     const dex::BlockMaps<S> mp;   // every [n, Tk] buffer in the scratch
@@ -332,7 +318,7 @@ void DualExpertAttention<S, Heads, DHead>::backward_impl(const Mat<S>& dy, Cache
     dctx = dy;
   Mat<S> dQ(B * Tq, D_), dK(B * Tk, D_), dV(B * Tk, D_);
   Vec<S> dwrel_part(B * H * Dh * Dh);  // every element written by the kernel
-  detail::dex::backward_core<S>(view(), c, dctx, dQ, dK, dV, dwrel_part.data());
+  detail::dex::backward_core<S, DHead>(view(), c, dctx, dQ, dK, dV, dwrel_part.data());
   // W_rel gradient: per-pair partials summed in the fixed order b = 0..B-1
   parallel_for(H, [&](Index h) {
     Eigen::Map<Vec<S>> gw(W_rel_.grad.data() + h * Dh * Dh, Dh * Dh);

@@ -18,15 +18,16 @@
 // so both experts depend on the positions through j - p only (rho_p^T rho_j = rho_{j-p}). Backward takes the
 // gradients of the rotated vectors back through rho^T (the rotation is orthogonal).
 //
-// Four callers run it:
+// Four callers run it, each setting its pairs up with make_pair (rows, head parameters, key mask) and a Pair<S, DH>
+// of the layer's compile-time head width (DH, or Eigen::Dynamic):
 //  - the reference kernel (kernel.hpp, maps kept): the block's [n, Tk] buffers are slices of the cache's
 //    [B, H, Tq, Tk] maps (BlockMaps), and backward reads them;
 //  - the tiled kernel (kernel.hpp): the buffers live in the thread's scratch, forward saves per-row statistics
 //    (RowStats) and backward recomputes the block from them with this same code on the same block shapes, so it
 //    sees the bits forward saw;
 //  - nn::InferenceModel (forward only, no oracle, no dropout): slices of its workspace laid out as the reference
-//    kernel's maps, so its results equal the layer's bit for bit (vectorised loops start where the buffer's
-//    alignment says, and Eigen's packet exp is not the scalar one bit for bit). It is never causal;
+//    kernel's maps, so its results equal the layer's (of the same DHead) bit for bit (vectorised loops start where
+//    the buffer's alignment says, and Eigen's packet exp is not the scalar one bit for bit). It is never causal;
 //  - DualExpertAttention::forward_decode (forward only, causal, no oracle): the new queries against the cached keys,
 //    the buffers in the scratch as the tiled kernel's.
 //
@@ -39,7 +40,7 @@
 #include "../../core/tensor.hpp"
 #include "../../core/workspace.hpp"
 #include "../../ops/dropout.hpp"
-#include "../../ops/packed_gemm.hpp"
+#include "../../ops/block_product.hpp"
 #include "../../ops/rope.hpp"
 #include "../../ops/softmax.hpp"
 #include "../gate_loss.hpp"
@@ -64,14 +65,6 @@ template <class S>
 using ColVec = Eigen::Matrix<S, Eigen::Dynamic, 1>;
 template <class S>
 using RowVec = Eigen::Matrix<S, 1, Eigen::Dynamic>;
-
-/// The per-head products run through the library's packed product (ops/packed_gemm.hpp) where it exists, with
-/// the pair's K_h and V_h packed once for all its query blocks; elsewhere through Eigen. (The scratch pieces are
-/// aligned to kWorkspaceAlign, which must suit the packed panels.)
-template <class S>
-constexpr bool packed_core() {
-  return ops::packed::supported<S>() && kWorkspaceAlign % ops::packed::panel_align<S>() == 0;
-}
 
 /// One head's parameters and the layer's options, as the kernel reads them.
 template <class S>
@@ -106,7 +99,7 @@ struct RowStats {
 /// Pointers into one thread's scratch.
 template <class S>
 struct Scratch {
-  S *Kh, *Vh, *dKh, *dVh;                 // [Tk, Dh] row-major; packed core: dKh, dVh as [Dh, Tk]
+  S *Kh, *Vh, *dKh, *dVh;                 // [Tk, Dh] (dKh, dVh: in the layout of ops::TnAccumulator)
   S *pKt, *pK, *pV, *pVt, *Ap, *Bpan;     // packed K_h^T, K_h, V_h, V_h^T as B operands; packed A; one B panel
   S *kn, *lk, *mrow, *kbias, *col0, *col1, *g_reg, *g_spot, *has, *a;  // [Tk]
   S *Qb, *Rb, *Db, *dQb, *dRb;            // [bq, Dh] row-major
@@ -124,13 +117,15 @@ struct Scratch {
     namespace pk = ops::packed;
     Scratch s{};
     for (S** p : {&s.Kh, &s.Vh, &s.dKh, &s.dVh}) *p = take(Tk * Dh);
-    s.pKt = take(pk::whole_b_size<S>(Dh, Tk));  // (sizes 0 without the packed product)
-    s.pK = take(pk::whole_b_size<S>(Tk, Dh));
-    s.pV = take(pk::whole_b_size<S>(Tk, Dh));
-    s.pVt = take(pk::whole_b_size<S>(Dh, Tk));
+    using Rhs = ops::SharedRhs<S>;
+    s.pKt = take(Rhs::size(Dh, Tk));  // (sizes 0 without the packed product)
+    s.pK = take(Rhs::size(Tk, Dh));
+    s.pV = take(Rhs::size(Tk, Dh));
+    s.pVt = take(Rhs::size(Dh, Tk));
     const Index kb = std::min(2 * bq, pk::kKcMax);  // the deepest block of k of a product over a block's rows
-    s.Ap = take(std::max({pk::whole_a_size<S>(2 * bq, Dh), pk::whole_a_size<S>(2 * bq, Tk), pk::whole_a_size<S>(Dh, kb)}));
-    s.Bpan = take(pk::stream_b_size<S>(kb > Dh ? kb : Dh));  // also the small products of K = Dh
+    s.Ap = take(std::max({ops::product_a_size<S>(2 * bq, Dh), ops::product_a_size<S>(2 * bq, Tk),
+                          ops::product_a_size<S>(Dh, kb)}));
+    s.Bpan = take(ops::product_panel_size<S>(kb > Dh ? kb : Dh));  // also the small products of K = Dh
     for (S** p : {&s.kn, &s.lk, &s.mrow, &s.kbias, &s.col0, &s.col1, &s.g_reg, &s.g_spot, &s.has, &s.a}) *p = take(Tk);
     for (S** p : {&s.Qb, &s.Rb, &s.Db, &s.dQb, &s.dRb}) *p = take(bq * Dh);
     for (S** p : {&s.r0, &s.r1, &s.r2, &s.r3}) *p = take(bq);
@@ -211,25 +206,6 @@ void exp_in_place(S* a, Index n) {
   Eigen::Map<RowArr<S>> m(a, n);
   m = m.exp();
 }
-/// C [M, N] (row stride ldc) = A B, or += when `acc`, for the small per-head products ([n, Dh] x [Dh, Dh] and
-/// [Dh, n] x [n, Dh]); pk.Ap / pk.Bpan are the scratch of the packed product.
-template <class S>
-void small_product(Index M, Index N, Index K, ops::packed::View<S> A, ops::packed::View<S> B, S* C, Index ldc, bool acc,
-                   S* Ap, S* Bpan) {
-  if constexpr (packed_core<S>()) {
-    ops::packed::gemm_stream_b<S>(M, N, K, A, B, C, ldc, acc, Ap, Bpan);
-  } else {
-    using SMap = Eigen::Map<const RowMat<S>, 0, Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>>;
-    using Strides = Eigen::Stride<Eigen::Dynamic, Eigen::Dynamic>;
-    Eigen::Map<RowMat<S>, 0, Eigen::OuterStride<>> c(C, M, N, Eigen::OuterStride<>(ldc));
-    const SMap a(A.p, M, K, Strides(A.rs, A.cs)), b(B.p, K, N, Strides(B.rs, B.cs));
-    if (acc)
-      c.noalias() += a * b;
-    else
-      c.noalias() = a * b;
-  }
-}
-
 /// Rotates the n rows of x [n, Dh] (row stride ldx), at positions pos0, pos0 + 1, ..., by sign * phi: the
 /// arithmetic of ops::rope_forward (sign 1) and ops::rope_backward (sign -1), without their checks (the caller
 /// reserved the table for the positions; nothing here may throw).
@@ -249,8 +225,14 @@ void rope_rows(const ops::RopeTable<S>& tab, Index pos0, S* x, Index n, Index ld
   }
 }
 
-/// One (b, h) pair: its inputs, its parameters, its scratch. Set up once per pair (setup), then run per block.
-template <class S>
+/// One (b, h) pair: its inputs, its parameters, its scratch. Made by make_pair, set up once (setup), then run per
+/// block. DH is the head width when the layer fixes it at compile time (DualExpertAttention's DHead), else Dynamic:
+/// with a fixed DH the head-sized work (the copies of the head's slices of Q, K, V, the gate's Q.w_q and K.w_k,
+/// |R|^2 and |K|^2 of the lock-and-key expert, R = W_rel Q and its backward, the loops over a head's features)
+/// runs on fixed-size Eigen vectors and loops of constant trip count, which the compiler unrolls and keeps in
+/// registers; Dynamic runs the same steps at the run-time width. The two differ by round-off (the order of a
+/// head's sums), not in what they compute.
+template <class S, int DH = Eigen::Dynamic>
 class Pair {
 public:
   // ---- what the driver sets
@@ -288,6 +270,23 @@ public:
   bool any_real = false;  ///< the sequence has at least one real key
   S nr = 1;               ///< real keys, floored at 1
 
+  /// The head width: DH where it is fixed (a constant the loops over a head's features see), else hp->Dh.
+  Index dh() const {
+    if constexpr (DH == Eigen::Dynamic)
+      return hp->Dh;
+    else
+      return DH;
+  }
+  /// a.b over one head's features: a fixed-size reduction where DH is fixed, else dot().
+  S hdot(const S* a, const S* b) const {
+    if constexpr (DH == Eigen::Dynamic) {
+      return dot(a, b, hp->Dh);
+    } else {
+      using HeadArr = Eigen::Array<S, 1, DH>;
+      return (Eigen::Map<const HeadArr>(a) * Eigen::Map<const HeadArr>(b)).sum();
+    }
+  }
+
   /// The keys row i may see: [0, keys(i)) (all Tk unless causal).
   Index keys(Index i) const {
     if (!causal) return Tk;
@@ -307,26 +306,23 @@ public:
   /// K_h, V_h, |K_j|^2, the gate's key term, the mask row and bias, and with the packed product K_h^T and V_h
   /// packed as the B of the block products (for backward also K_h and V_h^T).
   void setup(bool backward) {
-    const Index Dh = hp->Dh;
+    const Index Dh = dh();
     copy_rows(K, ld, Tk, Dh, t.Kh);
     if (rope && !keys_rotated) rope_rows(*rope, 0, t.Kh, Tk, Dh, S(1));  // rho_j K_j (the experts' keys)
     copy_rows(V, ld, Tk, Dh, t.Vh);
-    if constexpr (packed_core<S>()) {
-      namespace pk = ops::packed;
-      const pk::View<S> k{t.Kh, Dh, 1}, v{t.Vh, Dh, 1};
-      pk::pack_b_whole<S>(Dh, Tk, k.t(), t.pKt);  // [E0; E1] = [Q; R] K_h^T
-      pk::pack_b_whole<S>(Tk, Dh, v, t.pV);       // ctx = P V_h
-      if (backward) {
-        pk::pack_b_whole<S>(Tk, Dh, k, t.pK);       // [dQ; dR] = [g0'; g1'] K_h
-        pk::pack_b_whole<S>(Dh, Tk, v.t(), t.pVt);  // dP = dctx V_h^T
-      }
+    const ops::packed::View<S> k{t.Kh, Dh, 1}, v{t.Vh, Dh, 1};
+    Kt_.set(Dh, Tk, k.t(), t.pKt);  // [E0; E1] = [Q; R] K_h^T
+    V_.set(Tk, Dh, v, t.pV);        // ctx = P V_h
+    if (backward) {
+      K_.set(Tk, Dh, k, t.pK);        // [dQ; dR] = [g0'; g1'] K_h
+      Vt_.set(Dh, Tk, v.t(), t.pVt);  // dP = dctx V_h^T
     }
     const S* wk = hp->w_gate + Dh;
     for (Index j = 0; j < Tk; ++j) {
       const S* kj = t.Kh + j * Dh;
-      t.kn[j] = dot(kj, kj, Dh);  // |K_j|^2 (= |rho_j K_j|^2)
+      t.kn[j] = hdot(kj, kj);  // |K_j|^2 (= |rho_j K_j|^2)
       // K_j.w_k, of the unrotated key with rope
-      t.lk[j] = !rope ? dot(kj, wk, Dh) : keys_rotated ? key_gate[j] : dot(K + j * ld, wk, Dh);
+      t.lk[j] = !rope ? hdot(kj, wk) : keys_rotated ? key_gate[j] : hdot(K + j * ld, wk);
     }
     if (key_row != t.mrow) std::copy(key_row, key_row + Tk, t.mrow);  // aligned copies for the vectorised loops
     if (key_bias != t.kbias) std::copy(key_bias, key_bias + Tk, t.kbias);
@@ -355,21 +351,14 @@ public:
       for (Index k = 0; k < n * Tk; ++k) pd[k] = d[k] * f.P[k];
       pm = pd;
     }
-    const Index Dh = hp->Dh;
+    const Index Dh = dh();
     const Index kb = block_keys(i0, n);  // causal: Pd is 0 past the block's visible keys
-    if constexpr (packed_core<S>()) {
-      if (kb < Tk && Tk <= ops::packed::kKcMax)
-        ops::packed::gemm_whole_b_rows<S>(n, Dh, kb, {pm, Tk, 1}, t.pV, Tk, ctx + i0 * ld, ld, false, t.Ap);
-      else
-        ops::packed::gemm_whole_b<S>(n, Dh, Tk, {pm, Tk, 1}, t.pV, ctx + i0 * ld, ld, false, t.Ap);
-    } else {
-      small_product<S>(n, Dh, kb, {pm, Tk, 1}, {t.Vh, Dh, 1}, ctx + i0 * ld, ld, false, t.Ap, t.Bpan);
-    }
+    V_.product(n, Dh, kb, {pm, Tk, 1}, ctx + i0 * ld, ld, false, t.Ap);
   }
 
   /// After the pair's last forward block with an oracle: the w_k partials sum_j (sum_i dl_ij) K_j of both parts.
   void finish_gate(const GateCtx<S>& gate) const {
-    const Index Dh = hp->Dh, G = 2 * Dh + 2;
+    const Index Dh = dh(), G = 2 * Dh + 2;
     for (int part = 0; part < 2; ++part) {
       S* out = gate.part + part * (G + 1) + Dh;
       const S* col = part == 0 ? t.col0 : t.col1;
@@ -384,9 +373,9 @@ public:
 
   /// Clears the pair's backward accumulators (call after setup(true)).
   void backward_begin(S* dWr) {
-    const Index Dh = hp->Dh;
-    std::fill(t.dKh, t.dKh + Tk * Dh, S(0));
-    std::fill(t.dVh, t.dVh + Tk * Dh, S(0));
+    const Index Dh = dh();
+    dK_acc().clear();
+    dV_acc().clear();
     std::fill(t.col0, t.col0 + Tk, S(0));
     std::fill(dWr, dWr + Dh * Dh, S(0));
   }
@@ -396,7 +385,7 @@ public:
   /// from the maps when `mp` has them (reference kernel), else they are recomputed from Q, K, R and rs.
   void backward_block(Index i0, Index n, const BlockMaps<S>& mp, const RowStats<S>& rs, const S* dctx, S* dQ,
                       S* dWr) {
-    const Index Dh = hp->Dh, nt = n * Tk;
+    const Index Dh = dh(), nt = n * Tk;
     const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh);
     const Scratch<S> bp = t.stacked(n, Tk, Dh);
     Buffers f;
@@ -419,7 +408,6 @@ public:
       softmax(i0, n, f, rs, true);
       cl = reinterpret_cast<const std::uint8_t*>(t.CL);
     }
-    namespace pk = ops::packed;
     const S* E0 = f.E0;
     const S* E1 = f.E1;
     const S* AM = f.M;
@@ -433,14 +421,7 @@ public:
     // causal: the products run over the block's visible keys [0, kb) (P and the gradients are 0 past them)
     const Index kb = block_keys(i0, n);
     // ctx_h = Pd V_h, Pd = P .* drop  ->  dPd = dctx V_h^T
-    if constexpr (packed_core<S>()) {
-      if (kb == Tk)
-        pk::gemm_whole_b<S>(n, Tk, Dh, {bp.Db, Dh, 1}, t.pVt, dP, Tk, false, t.Ap);
-      else
-        pk::gemm_whole_b_cols<S>(n, kb, Dh, {bp.Db, Dh, 1}, t.pVt, Tk, dP, Tk, false, t.Ap);
-    } else {
-      small_product<S>(n, kb, Dh, {bp.Db, Dh, 1}, pk::View<S>{t.Vh, Dh, 1}.t(), dP, Tk, false, t.Ap, t.Bpan);
-    }
+    Vt_.product(n, kb, Dh, {bp.Db, Dh, 1}, dP, Tk, false, t.Ap);
     const S* pd = P;
     if (dropout_on) {  // the counter-based mask, drawn again
       dropout_mask(i0, n, X);
@@ -450,11 +431,8 @@ public:
       }
       pd = X;
     }
-    // ctx = Pd V  ->  dV += Pd^T dctx   (packed: dV_h^T += dctx^T Pd, Pd read along its rows)
-    if constexpr (packed_core<S>())
-      pk::gemm_stream_b<S>(Dh, kb, n, pk::View<S>{bp.Db, Dh, 1}.t(), {pd, Tk, 1}, t.dVh, Tk, true, t.Ap, t.Bpan);
-    else
-      small_product<S>(kb, Dh, n, pk::View<S>{pd, Tk, 1}.t(), {bp.Db, Dh, 1}, t.dVh, Dh, true, t.Ap, t.Bpan);
+    // ctx = Pd V  ->  dV += Pd^T dctx
+    dV_acc().add_tn(kb, n, {pd, Tk, 1}, {bp.Db, Dh, 1}, t.Ap, t.Bpan);
     // P = softmax(S) over the real keys  ->  dS = P .* (dP - rowsum(P .* dP))   (in dP)
     for (Index r = 0; r < n; ++r) {
       const Index nk = keys(i0 + r);  // causal: P = 0 past the visible keys, and so is dS
@@ -509,61 +487,57 @@ public:
       r0[r] = sum_of(g, Tk);
       for (Index j = 0; j < Tk; ++j) cs[j] += g[j];
     }
-    if constexpr (packed_core<S>()) {
-      if (kb < Tk && Tk <= pk::kKcMax)
-        pk::gemm_whole_b_rows<S>(2 * n, Dh, kb, {G0, Tk, 1}, t.pK, Tk, bp.dQb, Dh, false, t.Ap);
-      else
-        pk::gemm_whole_b<S>(2 * n, Dh, Tk, {G0, Tk, 1}, t.pK, bp.dQb, Dh, false, t.Ap);
-    } else {
-      small_product<S>(2 * n, Dh, kb, {G0, Tk, 1}, {t.Kh, Dh, 1}, bp.dQb, Dh, false, t.Ap, t.Bpan);
-    }
+    K_.product(2 * n, Dh, kb, {G0, Tk, 1}, bp.dQb, Dh, false, t.Ap);
     for (Index r = 0; r < n; ++r) {
       const S* rr = bp.Rb + r * Dh;
       S* dr = bp.dRb + r * Dh;
       const S c = r0[r];
       for (Index d = 0; d < Dh; ++d) dr[d] -= c * rr[d];
     }
-    if constexpr (packed_core<S>())  // dK_h^T += [Qb; Rb]^T [g0'; g1']
-      pk::gemm_stream_b<S>(Dh, kb, 2 * n, pk::View<S>{bp.Qb, Dh, 1}.t(), {G0, Tk, 1}, t.dKh, Tk, true, t.Ap, t.Bpan);
-    else
-      small_product<S>(kb, Dh, 2 * n, pk::View<S>{G0, Tk, 1}.t(), {bp.Qb, Dh, 1}, t.dKh, Dh, true, t.Ap, t.Bpan);
+    dK_acc().add_tn(kb, 2 * n, {G0, Tk, 1}, {bp.Qb, Dh, 1}, t.Ap, t.Bpan);  // dK_h += [g0'; g1']^T [Qb; Rb]
     if (rope) {  // the experts read rho_i Q_i and rho_i R_i: back through rho^T, and Qb the unrotated rows again
       rope_rows(*rope, i0 + q_offset, bp.dQb, n, Dh, S(-1));
       rope_rows(*rope, i0 + q_offset, bp.dRb, n, Dh, S(-1));
       copy_rows(Q + i0 * ld, ld, n, Dh, bp.Qb);
     }
     // R = Q W_rel^T  ->  dQ += dR W_rel, dW_rel += dR^T Q
-    small_product<S>(n, Dh, Dh, {bp.dRb, Dh, 1}, {hp->W_rel, Dh, 1}, bp.dQb, Dh, true, t.Ap, t.Bpan);
-    small_product<S>(Dh, Dh, n, pk::View<S>{bp.dRb, Dh, 1}.t(), {bp.Qb, Dh, 1}, dWr, Dh, true, t.Ap, t.Bpan);
+    rel_backward(n, bp.dRb, bp.Qb, bp.dQb, dWr);
     for (Index r = 0; r < n; ++r) std::copy(bp.dQb + r * Dh, bp.dQb + (r + 1) * Dh, dQ + (i0 + r) * ld);
   }
 
   /// After the pair's last backward block: dK_h and dV_h into the pair's rows of dK, dV (row stride ld).
   void backward_end(S* dK, S* dV) const {
-    const Index Dh = hp->Dh;
+    const Index Dh = dh();
     const S* cs = t.col0;
+    const ops::TnAccumulator<S, DH> gk = dK_acc(), gv = dV_acc();
     for (Index j = 0; j < Tk; ++j) {
       S* dk = dK + j * ld;
       S* dv = dV + j * ld;
       const S* kj = t.Kh + j * Dh;
       for (Index d = 0; d < Dh; ++d) {
-        // packed: dKh and dVh hold dK_h^T and dV_h^T [Dh, Tk]; the (sum_i g1'_ij) K_j term of dK_j
-        const S gk = packed_core<S>() ? t.dKh[d * Tk + j] : t.dKh[j * Dh + d];
-        dk[d] = gk - cs[j] * kj[d];
-        dv[d] = packed_core<S>() ? t.dVh[d * Tk + j] : t.dVh[j * Dh + d];
+        dk[d] = gk.at(j, d) - cs[j] * kj[d];  // with the (sum_i g1'_ij) K_j term of dK_j
+        dv[d] = gv.at(j, d);
       }
     }
     if (rope) rope_rows(*rope, 0, dK, Tk, ld, S(-1));  // the experts read rho_j K_j: dK = rho_j^T d(rho_j K_j)
   }
 
 private:
+  /// The products' shared right-hand sides, set by setup: K_h^T [Dh, Tk], V_h [Tk, Dh] (forward and backward),
+  /// K_h [Tk, Dh], V_h^T [Dh, Tk] (backward); those Dh wide take the compile-time DH for their tile.
+  ops::SharedRhs<S> Kt_, Vt_;
+  ops::SharedRhs<S, DH> V_, K_;
+  /// The accumulators of dK_h and dV_h [Tk, Dh] (their layout is the product helper's).
+  ops::TnAccumulator<S, DH> dK_acc() const { return {t.dKh, Tk, dh()}; }
+  ops::TnAccumulator<S, DH> dV_acc() const { return {t.dVh, Tk, dh()}; }
+
   /// The block's working buffers: maps where the caller keeps them, else the scratch.
   struct Buffers {
     S *Qb = nullptr, *Rb = nullptr, *E0 = nullptr, *E1 = nullptr, *L = nullptr, *A = nullptr, *M = nullptr,
       *Sc = nullptr, *P = nullptr;
   };
   Buffers buffers(Index n, const BlockMaps<S>& mp) const {
-    const Scratch<S> s = t.stacked(n, Tk, hp->Dh);
+    const Scratch<S> s = t.stacked(n, Tk, dh());
     Buffers f;
     f.Qb = s.Qb;
     f.Rb = s.Rb;
@@ -577,6 +551,42 @@ private:
     return f;
   }
 
+  /// Heads up to this width run R = W_rel Q and its backward row by row on fixed-size Eigen matrices; wider ones
+  /// (and Dynamic) as products over the block's rows.
+  static constexpr int kRowwiseRelMax = 16;
+
+  /// R = Q W_rel^T for n rows [n, Dh] (R_i = W_rel Q_i).
+  void rel_forward(Index n, const S* Qb, S* Rb) {
+    if constexpr (DH == Eigen::Dynamic || DH > kRowwiseRelMax) {
+      const Index Dh = dh();
+      ops::product<S>(n, Dh, Dh, {Qb, Dh, 1}, ops::packed::View<S>{hp->W_rel, Dh, 1}.t(), Rb, Dh, false, t.Ap, t.Bpan);
+    } else {
+      using HeadMat = Eigen::Matrix<S, DH, DH, Eigen::RowMajor>;
+      using HeadVec = Eigen::Matrix<S, DH, 1>;
+      const Eigen::Map<const HeadMat> W(hp->W_rel);
+      for (Index r = 0; r < n; ++r)
+        Eigen::Map<HeadVec>(Rb + r * DH).noalias() = W.lazyProduct(Eigen::Map<const HeadVec>(Qb + r * DH));
+    }
+  }
+  /// Backward of rel_forward: dQ += dR W_rel, dW_rel += dR^T Q (n rows; dWr [Dh, Dh]).
+  void rel_backward(Index n, const S* dRb, const S* Qb, S* dQb, S* dWr) {
+    if constexpr (DH == Eigen::Dynamic || DH > kRowwiseRelMax) {
+      const Index Dh = dh();
+      ops::product<S>(n, Dh, Dh, {dRb, Dh, 1}, {hp->W_rel, Dh, 1}, dQb, Dh, true, t.Ap, t.Bpan);
+      ops::product<S>(Dh, Dh, n, ops::packed::View<S>{dRb, Dh, 1}.t(), {Qb, Dh, 1}, dWr, Dh, true, t.Ap, t.Bpan);
+    } else {
+      using HeadMat = Eigen::Matrix<S, DH, DH, Eigen::RowMajor>;
+      using HeadVec = Eigen::Matrix<S, DH, 1>;
+      const Eigen::Map<const HeadMat> W(hp->W_rel);
+      Eigen::Map<HeadMat> dW(dWr);
+      for (Index r = 0; r < n; ++r) {
+        const Eigen::Map<const HeadVec> dr(dRb + r * DH), q(Qb + r * DH);
+        Eigen::Map<HeadVec>(dQb + r * DH).noalias() += W.transpose().lazyProduct(dr);  // dQ_i += W_rel^T dR_i
+        dW.noalias() += dr * q.transpose();                                              // dW_rel += dR_i Q_i^T
+      }
+    }
+  }
+
   /// rows [rows, cols] from src (row stride lds) into dst (contiguous).
   static void copy_rows(const S* src, Index lds, Index rows, Index cols, S* dst) {
     for (Index r = 0; r < rows; ++r) std::copy(src + r * lds, src + r * lds + cols, dst + r * cols);
@@ -585,14 +595,13 @@ private:
   /// Q rows of the block into Qb; R = Q W_rel^T into Rb (forward: computed and saved; backward: read back). With
   /// rope both are rotated to the rows' positions (rho_i Q_i, rho_i R_i; R saved rotated).
   void load_q(Index i0, Index n, Buffers& f, bool saved_r) {
-    const Index Dh = hp->Dh;
+    const Index Dh = dh();
     copy_rows(Q + i0 * ld, ld, n, Dh, f.Qb);
     S* Rg = R + i0 * ld;
     if (saved_r) {
       copy_rows(Rg, ld, n, Dh, f.Rb);
     } else {
-      small_product<S>(n, Dh, Dh, {f.Qb, Dh, 1}, ops::packed::View<S>{hp->W_rel, Dh, 1}.t(), f.Rb, Dh, false, t.Ap,
-                       t.Bpan);
+      rel_forward(n, f.Qb, f.Rb);
       if (rope) rope_rows(*rope, i0 + q_offset, f.Rb, n, Dh, S(1));
       for (Index r = 0; r < n; ++r) std::copy(f.Rb + r * Dh, f.Rb + (r + 1) * Dh, Rg + r * ld);
     }
@@ -602,7 +611,7 @@ private:
   /// E0 = Q K^T / sqrt(Dh), E1 = min(0, (2 R.K - |R|^2 - |K|^2) / Dh); cl (when given): 1 where the clamp is active.
   /// (The scale factors are applied after the products, so forward and backward run the same operations.)
   void experts(Index i0, Index n, const Buffers& f, std::uint8_t* cl) {
-    const Index Dh = hp->Dh;
+    const Index Dh = dh();
     const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh);
     const Index kb = block_keys(i0, n);
     if (f.E1 == f.E0 + n * Tk && f.Rb == f.Qb + n * Dh) {  // both in one product: [E0; E1] = [Qb; Rb] K_h^T
@@ -616,7 +625,7 @@ private:
       const Index nk = keys(i0 + r);
       S* e1 = f.E1 + r * Tk;
       const S* rrow = f.Rb + r * Dh;
-      const S rr = dot(rrow, rrow, Dh);
+      const S rr = hdot(rrow, rrow);
       const S* knp = t.kn;
       if (cl) {
         std::uint8_t* c = cl + r * Tk;
@@ -637,15 +646,8 @@ private:
   }
   /// C [rows, 0:kb] = A [rows, Dh] K_h[0:kb]^T (row stride Tk; kb = Tk unless causal).
   void product_kt(Index rows, Index kb, const S* A, S* C) {
-    const Index Dh = hp->Dh;
-    if constexpr (packed_core<S>()) {
-      if (kb == Tk)
-        ops::packed::gemm_whole_b<S>(rows, Tk, Dh, {A, Dh, 1}, t.pKt, C, Tk, false, t.Ap);
-      else
-        ops::packed::gemm_whole_b_cols<S>(rows, kb, Dh, {A, Dh, 1}, t.pKt, Tk, C, Tk, false, t.Ap);
-    } else {
-      small_product<S>(rows, kb, Dh, {A, Dh, 1}, ops::packed::View<S>{t.Kh, Dh, 1}.t(), C, Tk, false, t.Ap, t.Bpan);
-    }
+    const Index Dh = dh();
+    Kt_.product(rows, kb, Dh, {A, Dh, 1}, C, Tk, false, t.Ap);
   }
 
   /// Per-query normalisation over the real keys, in place. Forward computes mu and sigma (saved where rs has room,
@@ -683,15 +685,40 @@ private:
     }
   }
 
+  /// alpha-hat = min(0.95, sigmoid(clip(logit, -10, 10))) of m cells, from their logits lp into ap. (Functions of
+  /// their arguments alone, so that their loops vectorise whether or not the compiler inlines them.)
+  static void alpha_hat_cells(const S* lp, S* ap, Index m) {
+    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+    for (Index k = 0; k < m; ++k) {
+      const S l = lp[k];
+      ap[k] = -(l < -clip ? -clip : (l > clip ? clip : l));
+    }
+    exp_in_place(ap, m);
+    for (Index k = 0; k < m; ++k) {
+      const S a = S(1) / (S(1) + ap[k]);
+      ap[k] = a < amax ? a : amax;
+    }
+  }
+  /// d alpha-hat / d logit of m cells into xp: sigmoid' inside the +-10 clip and below the 0.95 cap, else 0.
+  static void sigmoid_slope(const S* lp, S* xp, Index m) {
+    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+    for (Index k = 0; k < m; ++k) xp[k] = -lp[k];
+    exp_in_place(xp, m);
+    for (Index k = 0; k < m; ++k) {
+      const S x = S(1) / (S(1) + xp[k]), l = lp[k];
+      xp[k] = (l < -clip || l > clip || x > amax) ? S(0) : x * (S(1) - x);
+    }
+  }
+
   /// The gate (logit L, alpha-hat A) and the mixing coefficient M; with `gate` the rows' gate loss.
   void gate_and_mix(Index i0, Index n, const Buffers& f, const BlockMaps<S>& mp, const GateCtx<S>* gate) {
-    const Index Dh = hp->Dh, nt = n * Tk;
-    const S amax = S(DeaConstants::alpha_max), clip = S(DeaConstants::logit_clip);
+    const Index Dh = dh(), nt = n * Tk;
+    const S amax = S(DeaConstants::alpha_max);
     const S* wg = hp->w_gate;
     const S w0 = wg[2 * Dh], w1 = wg[2 * Dh + 1], cg = hp->c_gate;
     for (Index r = 0; r < n; ++r) {  // logit = Q.w_q + K.w_k + w_E0 E0~ + w_E1 E1~ + c
       const Index nk = keys(i0 + r);
-      const S lq = dot(rope ? Q + (i0 + r) * ld : f.Qb + r * Dh, wg, Dh);  // the gate's (unrotated) query
+      const S lq = hdot(rope ? Q + (i0 + r) * ld : f.Qb + r * Dh, wg);  // the gate's (unrotated) query
       const S* e0 = f.E0 + r * Tk;
       const S* e1 = f.E1 + r * Tk;
       S* l = f.L + r * Tk;
@@ -707,34 +734,13 @@ private:
         for (Index r = 0; r < n; ++r) fn(r * Tk, keys(i0 + r));
       }
     };
-    if (gate) {  // X = d alpha-hat / d logit: sigmoid' inside the +-10 clip and below the 0.95 cap, else 0
-      rows([&](Index k0, Index m) {
-        S* xp = t.X + k0;
-        const S* lp = f.L + k0;
-        for (Index k = 0; k < m; ++k) xp[k] = -lp[k];
-        exp_in_place(xp, m);
-        for (Index k = 0; k < m; ++k) {
-          const S x = S(1) / (S(1) + xp[k]), l = lp[k];
-          xp[k] = (l < -clip || l > clip || x > amax) ? S(0) : x * (S(1) - x);
-        }
-      });
+    if (gate) {  // X = d alpha-hat / d logit
+      rows([&](Index k0, Index m) { sigmoid_slope(f.L + k0, t.X + k0, m); });
       if (causal)
         for (Index r = 0; r < n; ++r) std::fill(t.X + r * Tk + keys(i0 + r), t.X + (r + 1) * Tk, S(0));
     }
     // alpha_hat = min(0.95, sigmoid(clip(logit, -10, 10)))
-    rows([&](Index k0, Index m) {
-      S* ap = f.A + k0;
-      const S* lp = f.L + k0;
-      for (Index k = 0; k < m; ++k) {
-        const S l = lp[k];
-        ap[k] = -(l < -clip ? -clip : (l > clip ? clip : l));
-      }
-      exp_in_place(ap, m);
-      for (Index k = 0; k < m; ++k) {
-        const S a = S(1) / (S(1) + ap[k]);
-        ap[k] = a < amax ? a : amax;
-      }
-    });
+    rows([&](Index k0, Index m) { alpha_hat_cells(f.L + k0, f.A + k0, m); });
     if (causal)
       for (Index r = 0; r < n; ++r) std::fill(f.A + r * Tk + keys(i0 + r), f.A + (r + 1) * Tk, S(0));
     // alpha_mix: the detached alpha-hat (or the frozen copy), with an oracle gamma a_eff + (1 - gamma) alpha-hat
@@ -783,7 +789,7 @@ private:
   /// The gate loss of row r (query i) from the gate's own alpha-hat (never the frozen copy), then its gate
   /// partials: part 0 (regression) sums g_reg sigmoid' over the labelled keys, part 1 (spotlight) the target's.
   void gate_row(Index r, Index i, const Buffers& f, const BlockMaps<S>& mp, const GateCtx<S>& gate) {
-    const Index Dh = hp->Dh, G = 2 * Dh + 2;
+    const Index Dh = dh(), G = 2 * Dh + 2;
     const S* e0 = f.E0 + r * Tk;
     const S* e1 = f.E1 + r * Tk;
     const S* am = f.A + r * Tk;
@@ -892,6 +898,67 @@ private:
     ops::counter_dropout_mask(D, n * Tk, drop_seed, static_cast<std::uint64_t>(((b * H + h) * Tq + i0) * Tk), hp->dropout);
   }
 };
+
+/// Where the pairs' rows are: Q, K, V and R [rows, D] (row stride ld) hold every sequence, head h at column
+/// h * Dh; sequence b's queries (and R) start at row b * q_rows, its keys and values at row b * k_rows.
+template <class S>
+struct PairRows {
+  const S *Q = nullptr, *K = nullptr, *V = nullptr;
+  S* R = nullptr;
+  Index ld = 0, q_rows = 0, k_rows = 0;
+};
+
+/// A sequence's key mask as the kernel reads it: what AttnInputs validated (the 0/1 row, the 0/-inf bias and the
+/// count of real keys), or, where there is no AttnInputs (inference, decoding), its bytes [Tk] (null: every key
+/// real), which make_pair turns into the row and bias by AttnInputs' own rule (AttnInputs::mask_row).
+template <class S>
+struct PairKeys {
+  const S* row = nullptr;
+  const S* bias = nullptr;
+  Index n_real = 0;
+  const std::uint8_t* bytes = nullptr;
+
+  static PairKeys of(const AttnInputs<S>& in, Index b) {
+    return {in.key_row(b), in.key_bias(b), in.n_real(b), nullptr};
+  }
+  static PairKeys from_bytes(const std::uint8_t* bytes) {
+    PairKeys k;
+    k.bytes = bytes;
+    return k;
+  }
+};
+
+/// The pair bh = b * H + h of Tq queries against Tk keys, on `scratch` (Scratch::size(bq, Tk, Dh) values) for
+/// blocks of bq queries: its rows, parameters and key mask. The caller sets what its pass adds (the inputs' oracle,
+/// dropout, causal rows, rope) and then calls setup().
+template <class S, int DH = Eigen::Dynamic>
+Pair<S, DH> make_pair(Index bh, Index H, Index Tq, Index Tk, const HeadParams<S>& hp, const PairRows<S>& rows,
+                      const PairKeys<S>& keys, S* scratch, Index bq) {
+  Pair<S, DH> p;
+  p.b = bh / H;
+  p.h = bh % H;
+  p.H = H;
+  p.Tq = Tq;
+  p.Tk = Tk;
+  p.hp = &hp;
+  const Index Dh = p.dh(), col = p.h * Dh;
+  p.ld = rows.ld;
+  p.Q = rows.Q + p.b * rows.q_rows * rows.ld + col;
+  p.K = rows.K + p.b * rows.k_rows * rows.ld + col;
+  p.V = rows.V + p.b * rows.k_rows * rows.ld + col;
+  p.R = rows.R + p.b * rows.q_rows * rows.ld + col;
+  Scratch<S>::carve(&p.t, scratch, bq, Tk, Dh);
+  if (keys.row) {
+    p.key_row = keys.row;
+    p.key_bias = keys.bias;
+    p.n_real_keys = keys.n_real;
+  } else {  // into the scratch (setup would copy them there anyway)
+    p.n_real_keys = AttnInputs<S>::mask_row(keys.bytes, Tk, p.t.mrow, p.t.kbias);
+    p.key_row = p.t.mrow;
+    p.key_bias = p.t.kbias;
+  }
+  return p;
+}
 
 }  // namespace dex
 }  // namespace detail
