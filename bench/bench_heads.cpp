@@ -27,7 +27,7 @@
 #include <dea/attention/dual_expert.hpp>
 #include <dea/nn/inference.hpp>
 #include <dea/nn/transformer.hpp>
-#include <dea/train/flags.hpp>
+#include <dea/cli/flags.hpp>
 
 #include <fmt/core.h>
 
@@ -239,7 +239,7 @@ int main(int argc, char** argv) try {
       }
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "bench_heads: {}\n{}", e.what(), kUsage);
+    fmt::print(stderr, "bench_heads: {}\n{}", dea::without_error_prefix(e.what()), kUsage);
     return 2;
   }
   for (int t : threads)
@@ -265,6 +265,6 @@ int main(int argc, char** argv) try {
     }
   return 0;
 } catch (const std::exception& e) {
-  fmt::print(stderr, "bench_heads: {}\n", e.what());
+  fmt::print(stderr, "bench_heads: {}\n", dea::without_error_prefix(e.what()));
   return 1;
 }
