@@ -1,6 +1,8 @@
-// bench_heads: what a compile-time head width buys the Dual-Expert kernels, printed as one JSON line per measurement.
+// bench_heads: what a compile-time head width buys the Dual-Expert kernels and the softmax-attention core (the
+// dot-product class), printed as one JSON line per measurement.
 //
-//   bench_heads [--config d64h4,d128h8,d512h8,inference] [--threads 1] [--reps 15] [--batch B] [--len T]
+//   bench_heads [--config d64h4,d128h8,d512h8,inference,dot_d64h4,dot_d128h8,dot_d512h8] [--threads 1] [--reps 15]
+//               [--batch B] [--len T]
 //
 // Each configuration times the same work twice in one run, with the head width fixed at compile time
 // (DualExpertAttention<float, Heads, DHead>, nn::InferenceModel<float, Heads, DHead, Layers>) and with
@@ -13,7 +15,10 @@
 //  - d64h4:     d_model 64, 4 heads of 16 (the embedded example's small model), B = 8, T = 64;
 //  - d128h8:    d_model 128, 8 heads of 16, B = 8, T = 64;
 //  - d512h8:    d_model 512, 8 heads of 64, B = 4, T = 128;
-//  - inference: nn::InferenceModel, d_model 64, 4 heads, 2 layers, d_ff 128, one sequence of 32 tokens (cls).
+//  - inference: nn::InferenceModel, d_model 64, 4 heads, 2 layers, d_ff 128, one sequence of 32 tokens (cls);
+//  - dot_d64h4, dot_d128h8, dot_d512h8: DotProductAttention<float, Heads, DHead> against DotProductAttention<float>
+//    at the sizes of the three layer configurations (training step: forward with a key mask, backward of
+//    mean(y^2)); not in the default list.
 // --batch and --len replace B and T of every layer configuration (the inference model keeps its own).
 // Modes of a layer configuration: forward (inference: no oracle) and train_step (forward with an oracle block and
 // gamma_mix 0.5, backward of mean(y^2), backward of the gate loss).
@@ -24,6 +29,7 @@
 // program stops (exit 3) before timing.
 // Values: --threads integers in [1, 4096]; --reps 1..100000; --batch 1..4096; --len 2..4096.
 // Exit status: 0 done; 1 a failure; 2 bad command line; 3 fixed and dynamic sizes disagree.
+#include <dea/attention/dot_product.hpp>
 #include <dea/attention/dual_expert.hpp>
 #include <dea/nn/inference.hpp>
 #include <dea/nn/transformer.hpp>
@@ -158,6 +164,64 @@ bool run_layer(const LayerCase& c, int threads, int reps) {
   return true;
 }
 
+/// The dot-product class: the same comparison over the softmax-attention core (no gate, no oracle).
+template <class Layer>
+struct DotRun {
+  Layer layer;
+  typename Layer::Cache cache;
+  AttnInputs<float> in;
+  Mat<float> y, dx;
+
+  explicit DotRun(const LayerCase& c) : layer(make(c)), in(c.B, c.T) {
+    Tensor<std::uint8_t> mask({c.B, c.T}, 1);
+    for (Index b = 0; b < c.B; ++b) mask[b * c.T + c.T - 1] = 0;  // one padded key per sequence
+    in.set_key_mask(mask);
+  }
+  static Layer make(const LayerCase& c) {
+    Rng rng(3);
+    return Layer(c.D, c.H, rng);
+  }
+  void forward(const Mat<float>& x) { layer.forward(x, in, cache, y); }
+  void step(const Mat<float>& x) {
+    layer.zero_grad();
+    layer.forward(x, in, cache, y);
+    dx = layer.backward((2.0f / float(y.size())) * y, cache);  // d mean(y^2) / dy
+  }
+};
+
+template <class Fixed>
+bool run_dot(const LayerCase& c, int threads, int reps) {
+  set_num_threads(threads);
+  Rng rng(1);
+  Mat<float> x(c.B * c.T, c.D);
+  init::normal(x, rng, 0, 1);
+  DotRun<Fixed> fx(c);
+  DotRun<DotProductAttention<float>> dy(c);
+  fx.step(x);
+  dy.step(x);
+  double worst = std::max(rel_diff(fx.y, dy.y), rel_diff(fx.dx, dy.dx));
+  const ParamList<float> pf = fx.layer.parameters(), pd = dy.layer.parameters();
+  for (std::size_t k = 0; k < pf.size(); ++k)
+    worst = std::max(worst, rel_diff(pf[k]->grad, pd[k]->grad));
+  const Index Dh = c.D / c.H;
+  fmt::print("{{\"bench\": \"heads_check\", \"config\": \"{}\", \"D\": {}, \"H\": {}, \"Dh\": {}, \"threads\": {}, "
+             "\"max_rel_diff\": {:.3e}, \"bound\": {:.0e}, \"ok\": {}}}\n",
+             c.name, c.D, c.H, Dh, threads, worst, kBound, worst <= kBound ? "true" : "false");
+  std::fflush(stdout);
+  if (!(worst <= kBound)) return false;
+  for (int mode = 0; mode < 2; ++mode) {
+    const Timer t = mode == 0 ? alternate(reps, [&] { fx.forward(x); }, [&] { dy.forward(x); })
+                              : alternate(reps, [&] { fx.step(x); }, [&] { dy.step(x); });
+    const double mf = Timer::median(t.fixed), md = Timer::median(t.dynamic);
+    fmt::print("{{\"bench\": \"heads_{}\", \"config\": \"{}\", \"B\": {}, \"T\": {}, \"D\": {}, \"H\": {}, \"Dh\": {}, "
+               "\"threads\": {}, \"reps\": {}, \"fixed_ms\": {:.3f}, \"dynamic_ms\": {:.3f}, "
+               "\"fixed_over_dynamic\": {:.3f}}}\n",
+               mode == 0 ? "forward" : "train_step", c.name, c.B, c.T, c.D, c.H, Dh, threads, reps, mf, md, mf / md);
+    std::fflush(stdout);
+  }
+  return true;
+}
+
 /// nn::InferenceModel with compile-time sizes against dynamic sizes, bound to one TransformerModel's parameters.
 bool run_inference(int threads, int reps) {
   set_num_threads(threads);
@@ -201,7 +265,8 @@ bool run_inference(int threads, int reps) {
 }
 
 constexpr const char* kUsage =
-    "usage: bench_heads [--config d64h4,d128h8,d512h8,inference] [--threads 1] [--reps 15] [--batch B] [--len T]\n";
+    "usage: bench_heads [--config d64h4,d128h8,d512h8,inference,dot_d64h4,dot_d128h8,dot_d512h8] [--threads 1]\n"
+    "                   [--reps 15] [--batch B] [--len T]\n";
 
 }  // namespace
 
@@ -210,7 +275,8 @@ int main(int argc, char** argv) try {
   std::vector<int> threads = {1};
   int reps = 15;
   Index batch = 0, len = 0;
-  const std::vector<std::string> known = {"d64h4", "d128h8", "d512h8", "inference"};
+  const std::vector<std::string> known = {"d64h4",     "d128h8",     "d512h8",    "inference",
+                                          "dot_d64h4", "dot_d128h8", "dot_d512h8"};
   try {
     cli::Args args(argc, argv);
     while (args.next()) {
@@ -223,7 +289,7 @@ int main(int argc, char** argv) try {
         configs = cli::split(v, ',');
         for (const std::string& w : configs)
           if (std::find(known.begin(), known.end(), w) == known.end())
-            cli::bad_value("--config", v, "a comma-separated list of d64h4, d128h8, d512h8, inference");
+            cli::bad_value("--config", v, "a comma-separated list of d64h4, d128h8, d512h8, inference, dot_d64h4, dot_d128h8, dot_d512h8");
       } else if (args.is("--threads")) {
         threads.clear();
         for (const std::int64_t t : cli::parse_int_list("--threads", args.value(), 1, cli::kMaxThreads))
@@ -248,14 +314,22 @@ int main(int argc, char** argv) try {
       if (name == "inference") {
         ok = run_inference(t, reps);
       } else {
-        LayerCase c = name == "d64h4"    ? LayerCase{"d64h4", 64, 4, 8, 64}
-                      : name == "d128h8" ? LayerCase{"d128h8", 128, 8, 8, 64}
+        const bool dot = name.rfind("dot_", 0) == 0;
+        const std::string size = dot ? name.substr(4) : name;
+        LayerCase c = size == "d64h4"    ? LayerCase{"d64h4", 64, 4, 8, 64}
+                      : size == "d128h8" ? LayerCase{"d128h8", 128, 8, 8, 64}
                                          : LayerCase{"d512h8", 512, 8, 4, 128};
+        c.name = name.c_str();
         if (batch > 0) c.B = batch;
         if (len > 0) c.T = len;
-        ok = name == "d64h4"    ? run_layer<DualExpertAttention<float, 4, 16>>(c, t, reps)
-             : name == "d128h8" ? run_layer<DualExpertAttention<float, 8, 16>>(c, t, reps)
-                                : run_layer<DualExpertAttention<float, 8, 64>>(c, t, reps);
+        if (dot)
+          ok = size == "d64h4"    ? run_dot<DotProductAttention<float, 4, 16>>(c, t, reps)
+               : size == "d128h8" ? run_dot<DotProductAttention<float, 8, 16>>(c, t, reps)
+                                  : run_dot<DotProductAttention<float, 8, 64>>(c, t, reps);
+        else
+          ok = size == "d64h4"    ? run_layer<DualExpertAttention<float, 4, 16>>(c, t, reps)
+               : size == "d128h8" ? run_layer<DualExpertAttention<float, 8, 16>>(c, t, reps)
+                                  : run_layer<DualExpertAttention<float, 8, 64>>(c, t, reps);
       }
       if (!ok) {
         fmt::print(stderr, "bench_heads: FAILED: fixed and dynamic sizes disagree in {} (above {:.0e}); nothing "
