@@ -123,21 +123,11 @@ struct LayerRun {
   }
 };
 
-template <class Fixed>
-bool run_layer(const LayerCase& c, int threads, int reps) {
-  set_num_threads(threads);
-  Rng rng(1);
-  Mat<float> x(c.B * c.T, c.D);
-  init::normal(x, rng, 0, 1);
-  // an oracle block: rows 1..T/2-1 against keys T/2..T-2 labelled, the rest unlabelled
-  Tensor<float> oracle({c.B, c.T, c.T}, std::numeric_limits<float>::quiet_NaN());
-  for (Index b = 0; b < c.B; ++b)
-    for (Index i = 1; i < c.T / 2; ++i)
-      for (Index j = c.T / 2; j < c.T - 1; ++j) oracle[(b * c.T + i) * c.T + j] = float(rng.uniform(0, 0.95));
-  LayerRun<Fixed> fx(c, oracle);
-  LayerRun<DualExpertAttention<float>> dy(c, oracle);
-
-  // the same function: one training step of each (the same seed gives the same parameters)
+/// Checks that two runs (fixed and dynamic sizes) compute the same function, one training step of each on `x`
+/// (the same seed gives the same parameters), then times their forward passes and training steps alternately.
+/// False when they disagree (nothing is timed then).
+template <class FixedRun, class DynamicRun>
+bool compare_and_time(const LayerCase& c, int threads, int reps, const Mat<float>& x, FixedRun& fx, DynamicRun& dy) {
   fx.step(x);
   dy.step(x);
   double worst = std::max(rel_diff(fx.y, dy.y), rel_diff(fx.dx, dy.dx));
@@ -162,6 +152,22 @@ bool run_layer(const LayerCase& c, int threads, int reps) {
     std::fflush(stdout);
   }
   return true;
+}
+
+template <class Fixed>
+bool run_layer(const LayerCase& c, int threads, int reps) {
+  set_num_threads(threads);
+  Rng rng(1);
+  Mat<float> x(c.B * c.T, c.D);
+  init::normal(x, rng, 0, 1);
+  // an oracle block: rows 1..T/2-1 against keys T/2..T-2 labelled, the rest unlabelled
+  Tensor<float> oracle({c.B, c.T, c.T}, std::numeric_limits<float>::quiet_NaN());
+  for (Index b = 0; b < c.B; ++b)
+    for (Index i = 1; i < c.T / 2; ++i)
+      for (Index j = c.T / 2; j < c.T - 1; ++j) oracle[(b * c.T + i) * c.T + j] = float(rng.uniform(0, 0.95));
+  LayerRun<Fixed> fx(c, oracle);
+  LayerRun<DualExpertAttention<float>> dy(c, oracle);
+  return compare_and_time(c, threads, reps, x, fx, dy);
 }
 
 /// The dot-product class: the same comparison over the softmax-attention core (no gate, no oracle).
@@ -197,29 +203,7 @@ bool run_dot(const LayerCase& c, int threads, int reps) {
   init::normal(x, rng, 0, 1);
   DotRun<Fixed> fx(c);
   DotRun<DotProductAttention<float>> dy(c);
-  fx.step(x);
-  dy.step(x);
-  double worst = std::max(rel_diff(fx.y, dy.y), rel_diff(fx.dx, dy.dx));
-  const ParamList<float> pf = fx.layer.parameters(), pd = dy.layer.parameters();
-  for (std::size_t k = 0; k < pf.size(); ++k)
-    worst = std::max(worst, rel_diff(pf[k]->grad, pd[k]->grad));
-  const Index Dh = c.D / c.H;
-  fmt::print("{{\"bench\": \"heads_check\", \"config\": \"{}\", \"D\": {}, \"H\": {}, \"Dh\": {}, \"threads\": {}, "
-             "\"max_rel_diff\": {:.3e}, \"bound\": {:.0e}, \"ok\": {}}}\n",
-             c.name, c.D, c.H, Dh, threads, worst, kBound, worst <= kBound ? "true" : "false");
-  std::fflush(stdout);
-  if (!(worst <= kBound)) return false;
-  for (int mode = 0; mode < 2; ++mode) {
-    const Timer t = mode == 0 ? alternate(reps, [&] { fx.forward(x); }, [&] { dy.forward(x); })
-                              : alternate(reps, [&] { fx.step(x); }, [&] { dy.step(x); });
-    const double mf = Timer::median(t.fixed), md = Timer::median(t.dynamic);
-    fmt::print("{{\"bench\": \"heads_{}\", \"config\": \"{}\", \"B\": {}, \"T\": {}, \"D\": {}, \"H\": {}, \"Dh\": {}, "
-               "\"threads\": {}, \"reps\": {}, \"fixed_ms\": {:.3f}, \"dynamic_ms\": {:.3f}, "
-               "\"fixed_over_dynamic\": {:.3f}}}\n",
-               mode == 0 ? "forward" : "train_step", c.name, c.B, c.T, c.D, c.H, Dh, threads, reps, mf, md, mf / md);
-    std::fflush(stdout);
-  }
-  return true;
+  return compare_and_time(c, threads, reps, x, fx, dy);
 }
 
 /// nn::InferenceModel with compile-time sizes against dynamic sizes, bound to one TransformerModel's parameters.
