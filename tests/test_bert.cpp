@@ -4,6 +4,8 @@
 // input embeddings (padded rows and a sequence with no real token included), 1 and 2 threads bit for bit, the
 // accumulation contract, HF names and a save / load round trip, and every bad input of the loader with its message.
 #include <catch2/catch.hpp>
+
+#include "same_results.hpp"
 #include <dea/bert/config.hpp>
 #include <dea/bert/hf_dir.hpp>
 #include <dea/bert/model.hpp>
@@ -897,14 +899,7 @@ std::vector<Mat<float>> self_attention_run(Index B, Index T, Index hidden, Index
 
 TEST_CASE("BertSelfAttention: fixed Heads and DHead give the dynamic instance's bits", "[bert][fixed]") {
   // the per-head products take the same steps with a compile-time head width: every result is bit-identical
-  auto same = [](const std::vector<Mat<float>>& a, const std::vector<Mat<float>>& b) {
-    REQUIRE(a.size() == b.size());
-    for (std::size_t k = 0; k < a.size(); ++k) {
-      INFO("result " << k);
-      REQUIRE(a[k].cwiseAbs().maxCoeff() > 0);
-      REQUIRE(a[k] == b[k]);
-    }
-  };
+  const auto same = dea_tests::require_same_results;
   SECTION("hidden 64, 4 heads of 16") {
     same(self_attention_run<bert::BertSelfAttention<float, 4, 16>>(3, 21, 64, 4),
          self_attention_run<bert::BertSelfAttention<float>>(3, 21, 64, 4));

@@ -1,5 +1,7 @@
 // Tests of dea/attention/dot_product.hpp: the multi-head scaled dot-product baseline.
 #include <catch2/catch.hpp>
+
+#include "same_results.hpp"
 #include <dea/attention/dot_product.hpp>
 #include <dea/testing/gradcheck.hpp>
 
@@ -402,14 +404,7 @@ std::vector<Mat<float>> run_once(Index B, Index T, Index D, Index H, bool causal
 
 TEST_CASE("DotProductAttention: fixed Heads and DHead give the dynamic instance's bits", "[dot_product][fixed]") {
   // the per-head products take the same steps with a compile-time head width: every result is bit-identical
-  auto same = [](const std::vector<Mat<float>>& a, const std::vector<Mat<float>>& b) {
-    REQUIRE(a.size() == b.size());
-    for (std::size_t k = 0; k < a.size(); ++k) {
-      INFO("result " << k);
-      REQUIRE(a[k].cwiseAbs().maxCoeff() > 0);
-      REQUIRE(a[k] == b[k]);
-    }
-  };
+  const auto same = dea_tests::require_same_results;
   SECTION("d_model 64, 4 heads of 16, causal over two tiles and a key mask") {
     same(run_once<DotProductAttention<float, 4, 16>>(2, 80, 64, 4, true, 0.0f),
          run_once<DotProductAttention<float>>(2, 80, 64, 4, true, 0.0f));

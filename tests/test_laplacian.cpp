@@ -1,6 +1,8 @@
 // Tests of dea/attention/laplacian.hpp (First-Spike Laplacian attention) and of the
 // ops it is built from: ops/activations.hpp, ops/l1_distance.hpp.
 #include <catch2/catch.hpp>
+
+#include "same_results.hpp"
 // first: a header that opens dea::ops::detail before l1_distance.hpp, whose helpers live in dea::detail (an
 // unqualified detail:: there once resolved to the wrong namespace and did not compile in this order)
 #include <dea/ops/gelu.hpp>
@@ -805,14 +807,7 @@ std::vector<Mat<float>> run_once(Index B, Index T, Index D, Index H, bool causal
 
 TEST_CASE("LaplacianAttention: fixed Heads and DHead give the dynamic instance's bits", "[laplacian][fixed]") {
   // the distances, the softmax and the value products take the same steps with a compile-time head width
-  auto same = [](const std::vector<Mat<float>>& a, const std::vector<Mat<float>>& b) {
-    REQUIRE(a.size() == b.size());
-    for (std::size_t k = 0; k < a.size(); ++k) {
-      INFO("result " << k);
-      REQUIRE(a[k].cwiseAbs().maxCoeff() > 0);
-      REQUIRE(a[k] == b[k]);
-    }
-  };
+  const auto same = dea_tests::require_same_results;
   SECTION("d_model 64, 4 heads of 16, causal, key mask") {
     same(run_once<LaplacianAttention<float, 4, 16>>(2, 40, 64, 4, true, 0.0f),
          run_once<LaplacianAttention<float>>(2, 40, 64, 4, true, 0.0f));
