@@ -8,6 +8,7 @@
 #pragma once
 
 #include "core/allocator.hpp"
+#include "core/bf16.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "core/files.hpp"
@@ -29,6 +30,7 @@
 #include "ops/layer_norm.hpp"
 #include "ops/linear.hpp"
 #include "ops/mse.hpp"
+#include "ops/packed_bf16.hpp"
 #include "ops/packed_gemm.hpp"
 #include "ops/rms_norm.hpp"
 #include "ops/rope.hpp"

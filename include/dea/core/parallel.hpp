@@ -43,6 +43,12 @@ inline bool in_parallel() {
 #endif
 }
 
+/// The precision of float matrix products: fp32, or bf16 operands with float accumulation.
+enum class Precision { fp32, bf16 };
+
+/// "fp32" or "bf16".
+inline const char* precision_name(Precision p) { return p == Precision::bf16 ? "bf16" : "fp32"; }
+
 /// Per-thread settings that the library's parallel loops (parallel_for, parallel_team) carry from the calling
 /// thread into their worker threads for the duration of the loop.
 struct ThreadSettings {
@@ -51,6 +57,10 @@ struct ThreadSettings {
   /// other rows of its batch (a sequence gives the same numbers alone and in any batch of sequences). Off by
   /// default: below ops::packed::kMinRows rows Eigen's own product is faster, and its bits depend on the row count.
   bool batch_invariant_products = false;
+  /// The precision of the matrix products of ops/gemm.hpp on float operands: Precision::bf16 rounds both operands
+  /// to bf16 and accumulates in float (ops/packed_bf16.hpp); fp32 (the default) multiplies the floats themselves.
+  /// Double products ignore it. The training and inference policies set it around the products they cover.
+  Precision product_precision = Precision::fp32;
 };
 
 /// This thread's settings.
@@ -72,6 +82,21 @@ public:
 
 private:
   bool saved_;
+};
+
+/// Sets ThreadSettings::product_precision for the calling thread (and the library's loops it starts) until the end
+/// of the scope.
+class ScopedPrecision {
+public:
+  explicit ScopedPrecision(Precision p) : saved_(thread_settings().product_precision) {
+    thread_settings().product_precision = p;
+  }
+  ~ScopedPrecision() { thread_settings().product_precision = saved_; }
+  ScopedPrecision(const ScopedPrecision&) = delete;
+  ScopedPrecision& operator=(const ScopedPrecision&) = delete;
+
+private:
+  Precision saved_;
 };
 
 /// Eigen's own products on the calling thread run single-threaded until the end of the scope. The library's

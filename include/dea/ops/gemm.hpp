@@ -10,7 +10,10 @@
 
 #include "../core/parallel.hpp"
 #include "../core/tensor.hpp"
+#include "packed_bf16.hpp"
 #include "packed_gemm.hpp"
+
+#include <type_traits>
 
 namespace dea {
 namespace ops {
@@ -85,6 +88,17 @@ bool try_packed(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, 
     const packed::View<S> a = TA ? view_of(A).t() : view_of(A), b = TB ? view_of(B).t() : view_of(B);
     DC& c = C.derived();
     if (c.innerStride() != 1 && M > 1 && N > 1) return false;
+    if constexpr (std::is_same<S, float>::value) {
+      if (thread_settings().product_precision == Precision::bf16) {  // any row count: one rule for every product
+        if (DC::IsRowMajor || M == 1)
+          packed::gemm_bf16(M, N, K, a, b, c.data(), DC::IsRowMajor ? Index(c.outerStride()) : N, accumulate, bias);
+        else if (bias)
+          return false;
+        else  // column-major C: C^T = B^T A^T (a bf16 step is symmetric in its two operands: the same bits)
+          packed::gemm_bf16(N, M, K, b.t(), a.t(), c.data(), Index(c.outerStride()), accumulate, nullptr);
+        return true;
+      }
+    }
     // a few rows: Eigen is faster (unless the rows must not depend on their batch: ThreadSettings)
     const Index min_rows = thread_settings().batch_invariant_products ? 1 : packed::kMinRows;
     if ((DC::IsRowMajor || M == 1 ? M : N) < min_rows) return false;
