@@ -183,7 +183,8 @@ TEST_CASE("gemm_bf16 equals the rule element by element on every path, view and 
   struct Shape {
     Index M, N, K;
   };
-  const Shape shapes[] = {{1, 1, 1}, {13, 33, 7}, {12, 32, 2}, {50, 70, 513}, {25, 97, 1100}, {3, 200, 64}};
+  const Shape shapes[] = {{1, 1, 1},   {13, 33, 7},    {12, 32, 2}, {50, 70, 513},
+                           {25, 97, 1100}, {3, 200, 64}, {2, 50, 40}, {4, 420, 1030}, {1, 900, 33}};
   for (const Shape s : shapes)
     for (int layout = 0; layout < 4; ++layout) {
       const Strided A(s.M, s.K, layout & 1, g), B(s.K, s.N, layout & 2, g);
@@ -215,6 +216,29 @@ TEST_CASE("gemm_bf16 with bf16 weights equals it with the float weights they rou
   ops::packed::gemm_bf16(M, N, K, A.view(), W.view().t(), want.data(), N, false);
   ops::packed::gemm_bf16(M, N, K, A.view(), Bb, got.data(), N, false);
   require_same(got, want);
+}
+
+TEST_CASE("a right-hand side packed once (Bf16Matrix) gives the bits of the product on its view", "[bf16]") {
+  std::mt19937 g(17);
+  for (const Index K : {Index(1), Index(9), Index(600), Index(1301)}) {
+    const Index N = 75;
+    const Strided W(N, K, true, g);  // B = W^T, the inference layout
+    std::vector<bf16> Wb(W.v.size());
+    for (std::size_t i = 0; i < Wb.size(); ++i) Wb[i] = to_bf16(W.v[i]);
+    const ops::packed::Bf16Matrix from_float(K, N, W.view().t()), from_bf16(K, N, View<bf16>{Wb.data(), 1, W.ld});
+    CHECK(from_float.bytes() >= std::size_t(2 * K * N));
+    CHECK(from_float.bytes() <= std::size_t(2 * (K + 1) * (N + 31)));
+    for (const Index M : {Index(1), Index(13), Index(100)}) {
+      const Strided A(M, K, true, g);
+      std::vector<float> bias(std::size_t(N), 0.5f), want(std::size_t(M * N)), got(want.size()), got2(want.size());
+      ops::packed::gemm_bf16(M, N, K, A.view(), W.view().t(), want.data(), N, false, bias.data());
+      ops::packed::gemm_bf16(M, A.view(), from_float, got.data(), N, false, bias.data());
+      ops::packed::gemm_bf16(M, A.view(), from_bf16, got2.data(), N, false, bias.data());
+      INFO("M " << M << " K " << K);
+      require_same(got, want);
+      require_same(got2, want);
+    }
+  }
 }
 
 TEST_CASE("gemm_bf16 gives the same bits on 1 and 2 threads and for any split of rows and columns", "[bf16]") {

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -305,6 +306,47 @@ __attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
   store_tile(acc, x);
 }
 
+/// Few rows (R <= 4, A read in place): R rows against NP panels at once (2 R NP <= 24 accumulators), so that a
+/// product with one row (a decode step) keeps the instruction's pipes busy. x describes the first panel; panel t is
+/// at x.b + t * x.pairs * NR and writes columns t * NR onwards; `npv` panels are valid, the others repeat the last
+/// valid one and are discarded, and the last valid one has x.cols columns.
+template <int R, int NP>
+__attribute__((target("avx512f,avx512bf16"))) void wide_instruction(const TileArgs& x, int npv) {
+  const u32* bp[NP];
+  for (int t = 0; t < NP; ++t) bp[t] = x.b + (t < npv ? t : npv - 1) * x.pairs * NR;
+  __m512 acc[R][NP][2];
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < NP; ++t) acc[i][t][0] = acc[i][t][1] = _mm512_setzero_ps();
+  for (Index p = 0; p < x.pairs; ++p) {
+    __m512bh av[R];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) av[i] = (__m512bh)_mm512_set1_epi32(int(x.a[i * x.lda + p]));
+#pragma GCC unroll 12
+    for (int t = 0; t < NP; ++t) {
+      const __m512bh b0 = (__m512bh)_mm512_load_si512(bp[t] + p * NR);
+      const __m512bh b1 = (__m512bh)_mm512_load_si512(bp[t] + p * NR + 16);
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) {
+        acc[i][t][0] = _mm512_dpbf16_ps(acc[i][t][0], av[i], b0);
+        acc[i][t][1] = _mm512_dpbf16_ps(acc[i][t][1], av[i], b1);
+      }
+    }
+  }
+  alignas(64) float t_[MR * NR];
+  for (int t = 0; t < npv; ++t) {
+    for (int i = 0; i < R; ++i) {
+      _mm512_store_ps(t_ + i * NR, acc[i][t][0]);
+      _mm512_store_ps(t_ + i * NR + 16, acc[i][t][1]);
+    }
+    TileArgs y = x;
+    y.c = x.c + t * NR;
+    y.rows = R;
+    y.cols = t == npv - 1 ? x.cols : NR;
+    y.bias = x.bias ? x.bias + t * NR : nullptr;
+    write_tile(t_, y);
+  }
+}
+
 /// The CPU's features, read once.
 inline bool cpu_has_bf16_dot() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
@@ -324,7 +366,11 @@ inline bool cpu_has_avx512() { return false; }
 struct Kernels {
   void (*packed)(const TileArgs&);
   void (*direct)(const TileArgs&);
+  /// wide[R - 1]: R rows against up to wide_panels(R) panels (null: this path has none)
+  void (*wide[4])(const TileArgs&, int);
 };
+/// Panels a wide kernel of R rows takes at once.
+constexpr int wide_panels(int R) { return 12 / R; }
 inline Kernels tile_kernels() {
   Bf16Path path = bf16_path();
 #if DEA_BF16_X86
@@ -332,17 +378,19 @@ inline Kernels tile_kernels() {
     path = cpu_has_bf16_dot() ? Bf16Path::instruction : cpu_has_avx512() ? Bf16Path::emulated : Bf16Path::scalar_model;
   if (path == Bf16Path::instruction) {
     check(cpu_has_bf16_dot(), "ops::packed::gemm_bf16: the instruction path was forced on a CPU without AVX512_BF16");
-    return {tile_instruction<false>, tile_instruction<true>};
+    return {tile_instruction<false>,
+            tile_instruction<true>,
+            {wide_instruction<1, 12>, wide_instruction<2, 6>, wide_instruction<3, 4>, wide_instruction<4, 3>}};
   }
   if (path == Bf16Path::emulated) {
     check(cpu_has_avx512(), "ops::packed::gemm_bf16: the emulated path was forced on a CPU without AVX-512");
-    return {tile_emulated<false>, tile_emulated<true>};
+    return {tile_emulated<false>, tile_emulated<true>, {}};
   }
 #else
   check(path == Bf16Path::automatic || path == Bf16Path::scalar_model,
         "ops::packed::gemm_bf16: only the scalar model is available on this CPU");
 #endif
-  return {tile_model<false>, tile_model<true>};
+  return {tile_model<false>, tile_model<true>, {}};
 }
 
 /// Row i of a row-major A as dwords of pairs (the last one padded when K is odd): the blocks of k all start at even
@@ -389,22 +437,25 @@ inline Index n_block(Index K, Index N) {
 /// The packed product: A packed whole (every row panel, every block of k) by the team, then, per block of B, its
 /// panels packed by the team and its tiles shared out as in ops/packed_gemm.hpp. Which thread computes a tile, and
 /// how the blocks of columns are cut, changes no result.
+/// With `pre` non-null, B comes packed whole (pack_b_whole's layout) and is read where it is.
 template <class TB>
 void gemm_fast(Index M, Index N, Index K, View<float> A, View<TB> B, float* C, Index ldc, bool accumulate,
-               const float* bias) {
+               const float* bias, const u32* pre = nullptr) {
   const Kernels kernels = tile_kernels();
   const Index kb = k_block_bf16(K), nblk = (K + kb - 1) / kb, half = kb / 2;
   const Index P = (nblk - 1) * half + (K - (nblk - 1) * kb + 1) / 2;  // pairs in all
   const Index panels_m = (M + MR - 1) / MR;
   // a row-major A is converted row by row and read in place; any other is packed in panels
   const bool direct = A.cs == 1;
+  void (*const wide)(const TileArgs&, int) = direct && M <= 4 ? kernels.wide[M - 1] : nullptr;
   u32* const Ap = a_scratch().get(direct ? M * P : panels_m * P * MR);
   const Index nc = n_block(K, N), b_vals = half * nc;
   const Index n_jc = (N + nc - 1) / nc, blocks = n_jc * nblk;
   const bool par = !in_parallel() && 2.0 * double(M) * double(N) * double(K) > 4 * kParallelMinFlops;
   const int want = par ? num_threads() : 1;
-  const bool two = want > 1 && blocks > 1;
-  u32* const Bbuf = b_scratch().get(two ? 2 * b_vals : b_vals);
+  const bool two = want > 1 && blocks > 1 && !pre;
+  u32* const Bbuf = pre ? nullptr : b_scratch().get(two ? 2 * b_vals : b_vals);
+  const Index Np = (N + NR - 1) / NR * NR;
   parallel_team(want, [&](int tid, int team) {
     if (direct) {  // A, all of it: row i at Ap + i * P
       for (Index i = M * tid / team; i < M * (tid + 1) / team; ++i) convert_row(A.p + i * A.rs, K, Ap + i * P);
@@ -420,13 +471,33 @@ void gemm_fast(Index M, Index N, Index K, View<float> A, View<TB> B, float* C, I
       for (Index b = 0; b < nblk; ++b, ++blk) {
         const Index k0 = b * kb, k1 = std::min(K, k0 + kb), pairs = (k1 - k0 + 1) / 2;
         const bool init = !accumulate && b == 0;
-        u32* const Bp = Bbuf + (two ? (blk % 2) * b_vals : 0);
-        if (team > 1 && !two && blk > 0) team_barrier();  // the previous block's panels are no longer read
-        for (Index p = np * tid / team; p < np * (tid + 1) / team; ++p) {
-          const Index n0 = jc + p * NR;
-          pack_b(B, k0, k1, n0, int(std::min<Index>(NR, N - n0)), Bp + p * pairs * NR);
+        const u32* Bp;
+        if (pre) {
+          Bp = pre + b * half * Np + jc * pairs;  // the block of k at b * half * Np, panel n0 at n0 * pairs
+          if (team > 1 && blk == 0) team_barrier();  // A is packed
+        } else {
+          u32* const buf = Bbuf + (two ? (blk % 2) * b_vals : 0);
+          if (team > 1 && !two && blk > 0) team_barrier();  // the previous block's panels are no longer read
+          for (Index p = np * tid / team; p < np * (tid + 1) / team; ++p) {
+            const Index n0 = jc + p * NR;
+            pack_b(B, k0, k1, n0, int(std::min<Index>(NR, N - n0)), buf + p * pairs * NR);
+          }
+          if (team > 1) team_barrier();  // A (first block) and every panel of this block are packed
+          Bp = buf;
         }
-        if (team > 1) team_barrier();  // A (first block) and every panel of this block are packed
+        if (wide) {  // M <= 4: groups of panels, each read once for all the rows
+          const int G = wide_panels(int(M));
+          const Index groups = (np + G - 1) / G;
+          for (Index u = groups * tid / team; u < groups * (tid + 1) / team; ++u) {
+            const Index p = u * G, n0 = jc + p * NR;
+            const int npv = int(std::min<Index>(G, np - p));
+            const Index last = jc + (p + npv - 1) * NR;
+            const TileArgs x{pairs, Ap + b * half, P, Bp + p * pairs * NR, C + n0, ldc, int(M),
+                             int(std::min<Index>(NR, N - last)), init, bias ? bias + n0 : nullptr};
+            wide(x, npv);
+          }
+          continue;
+        }
         const Index tiles = panels_m * np, u0 = tiles * tid / team, u1 = tiles * (tid + 1) / team;
         for (Index u = u0; u < u1; ++u) {
           const Index q = u / np, p = u % np, m0 = q * MR, n0 = jc + p * NR;
@@ -475,6 +546,51 @@ inline void gemm_bf16(Index M, Index N, Index K, View<float> A, View<bf16> B, fl
   if (M <= 0 || N <= 0) return;
   if (K <= 0) return bf16_detail::fill_empty(M, N, C, ldc, accumulate, bias);
   bf16_detail::gemm_fast(M, N, K, A, B, C, ldc, accumulate, bias);
+}
+
+/// A right-hand side B [K, N] packed once for bf16 products (the weights of an inference model, B = W^T): the
+/// products that use it skip packing, and it holds 2 bytes per weight (plus the padding of the last panel).
+class Bf16Matrix {
+public:
+  Bf16Matrix() = default;
+  /// B packed from a float or bf16 view (a weight W [N, K] stored row-major: View{W, 1, K}, i.e. W^T).
+  template <class T>
+  Bf16Matrix(Index K, Index N, View<T> B) : K_(K), N_(N) {
+    check(K >= 0 && N >= 0, "ops::packed::Bf16Matrix: negative shape ", K, " x ", N);
+    using namespace bf16_detail;
+    const Index kb = k_block_bf16(K), half = kb / 2, Np = (N + NR - 1) / NR * NR;
+    const Index P = K == 0 ? 0 : ((K + kb - 1) / kb - 1) * half + (K - ((K + kb - 1) / kb - 1) * kb + 1) / 2;
+    data_.reset(static_cast<u32*>(std::aligned_alloc(64, std::size_t((P * Np * 4 + 63) / 64 * 64 + 64))));
+    check(data_ != nullptr, "ops::packed::Bf16Matrix: out of memory for ", P * Np * 4, " bytes");
+    size_ = P * Np;
+    for (Index b = 0; b * kb < K; ++b) {
+      const Index k0 = b * kb, k1 = std::min(K, k0 + kb), pairs = (k1 - k0 + 1) / 2;
+      for (Index n0 = 0; n0 < N; n0 += NR)
+        pack_b(B, k0, k1, n0, int(std::min<Index>(NR, N - n0)), data_.get() + b * half * Np + n0 * pairs);
+    }
+  }
+  Index rows() const { return K_; }
+  Index cols() const { return N_; }
+  /// Bytes of the packed values.
+  std::size_t bytes() const { return std::size_t(size_) * 4; }
+  const bf16_detail::u32* data() const { return data_.get(); }
+
+private:
+  struct Free {
+    void operator()(bf16_detail::u32* p) const { std::free(p); }
+  };
+  Index K_ = 0, N_ = 0, size_ = 0;
+  std::unique_ptr<bf16_detail::u32, Free> data_;
+};
+
+/// C [M, N] (row stride ldc) (=|+=) bf16(A) B (+ bias) for a B packed once: the same bits as gemm_bf16 on the view
+/// B was packed from.
+inline void gemm_bf16(Index M, View<float> A, const Bf16Matrix& B, float* C, Index ldc, bool accumulate,
+                      const float* bias = nullptr) {
+  const Index N = B.cols(), K = B.rows();
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) return bf16_detail::fill_empty(M, N, C, ldc, accumulate, bias);
+  bf16_detail::gemm_fast(M, N, K, A, View<float>{nullptr, 0, 0}, C, ldc, accumulate, bias, B.data());
 }
 
 /// The rule computed element by element with the scalar model (bf16_model::dp_step), for tests: the same bits as
