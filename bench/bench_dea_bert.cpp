@@ -178,7 +178,7 @@ int run(const Options& opt) {
                secs(t0, Clock::now()));
     const double yard = opt.yardstick ? bench_util::yardstick_gflops(th, 3) : 0.0;
     const bench_peak::Peak peak = bench_peak::measure_peak(
-        opt.precision == Precision::bf16 ? bench_peak::Kind::bf16 : bench_peak::Kind::fp32, th, 3, 0.05);
+        opt.precision == Precision::bf16 ? bench_peak::Kind::bf16 : bench_peak::Kind::fp32, th);
     const ScopedPrecision precision(opt.precision);  // the float products of the steps
     bert::DualExpertBert<float>::Cache cache;
     std::vector<double> t_total, t_cpu, t_fwd, t_bwd, t_opt;

@@ -4,7 +4,7 @@
 // (dea/ops/packed_bf16.hpp) against the float packed product.
 //
 //   bench_gemm [--shape MxNxK ...] [--set train,lm,bert] [--threads 1,2] [--rounds 5] [--scalar float|double|bf16]
-//              [--peak-reps 5]
+//              [--peak-reps 10]
 //
 // A shape is M rows (batch x tokens), N outputs, K inputs. Products: forward y = x W^T (x [M, K], W [N, K]),
 // input_grad dx = dy W (dy [M, N]), weight_grad dW += dy^T x. Each round times one call of each side (best of
@@ -13,7 +13,8 @@
 // Before timing, both sides' results are compared (max difference relative to the largest |value|; above 1e-4 in
 // float or 1e-12 in double the program fails with exit status 3).
 //
-// Every line also gives the peak of its precision on its thread count, measured by the peak probe (bench/peak.hpp)
+// Every line also gives the peak of its precision on its thread count, measured by the peak probe (bench/peak.hpp,
+// the best of --peak-reps short rounds)
 // before the thread count's shapes: peak_gflops (FP32 fused multiply-adds for float, FP64 for double, bf16 dot
 // products for bf16; 0 when the CPU has no instruction for it) and peak_fraction = packed_gflops / peak_gflops.
 //
@@ -21,9 +22,11 @@
 // dea::ScopedPrecision(Precision::bf16) (float operands rounded to bf16 as they are packed, float accumulation),
 // against the same calls in float (fp32_gflops, packed_over_fp32: above 1 the bf16 product is faster); and, as a
 // line of its own ("weights": "bf16"), the forward product of inference with the weight stored in bf16
-// (ops::packed::gemm_bf16 with a bf16 B). Before timing, each bf16 result is compared with the float product's on
-// the same inputs (above 2e-2 of the largest |value| the program fails with exit status 3: bf16 keeps 8 bits, so
-// this only catches a broken product), and the bf16-weight forward must equal the float-operand one bit for bit.
+// (ops::packed::gemm_bf16 with a bf16 B), and one more ("weights": "bf16_packed") with the weight packed once
+// (ops::packed::Bf16Matrix, as an inference model keeps it). Before timing, each bf16 result is compared with the
+// float product's on the same inputs (above 2e-2 of the largest |value| the program fails with exit status 3: bf16
+// keeps 8 bits, so this only catches a broken product), and the bf16-weight forwards must equal the float-operand
+// one bit for bit.
 //
 // Shape sets (--set, used when no --shape is given; default train,lm,bert):
 //   train  a 32x128x512x8 attention layer's projections (4096x512x512) and the quick, mid and paper training
@@ -65,7 +68,7 @@ struct Shape3 {
 
 constexpr const char* kUsage =
     "usage: bench_gemm [--shape MxNxK ...] [--set train,lm,bert] [--threads 1,2] [--rounds 5]\n"
-    "                  [--scalar float|double|bf16] [--peak-reps 5]\n";
+    "                  [--scalar float|double|bf16] [--peak-reps 10]\n";
 
 /// The shape sets of --set (see the file comment).
 std::vector<Shape3> shape_set(const std::string& name) {
@@ -223,10 +226,15 @@ int run_bf16(const Shape3& s, int threads, int rounds, double peak) {
   const ops::packed::View<S> xv{x.data(), s.K, 1};
   const ops::packed::View<bf16> wtv = ops::packed::View<bf16>{Wb.data(), s.K, 1}.t();
   auto bfw_forward = [&] { ops::packed::gemm_bf16(s.M, s.N, s.K, xv, wtv, y_w.data(), s.N, false, nullptr); };
+  // the same weight packed once (ops::packed::Bf16Matrix), as an inference model holds it
+  const ops::packed::Bf16Matrix Wp(s.K, s.N, wtv);
+  Mat<S> y_p(s.M, s.N);
+  auto bfp_forward = [&] { ops::packed::gemm_bf16(s.M, xv, Wp, y_p.data(), s.N, false, nullptr); };
 
   f32_forward();
   bf_forward();
   bfw_forward();
+  bfp_forward();
   f32_input_grad();
   bf_input_grad();
   f32_weight_grad();
@@ -240,7 +248,7 @@ int run_bf16(const Shape3& s, int threads, int rounds, double peak) {
                  names[k], s.M, s.N, s.K, diffs[k], bound);
       return 3;
     }
-  if (!(y_w.array() == y_b.array()).all()) {
+  if (!(y_w.array() == y_b.array()).all() || !(y_p.array() == y_b.array()).all()) {
     fmt::print(stderr, "bench_gemm: the forward product with bf16 weights differs from the one with float weights "
                "rounded as it runs at {}x{}x{}\n", s.M, s.N, s.K);
     return 3;
@@ -257,7 +265,7 @@ int run_bf16(const Shape3& s, int threads, int rounds, double peak) {
                peak > 0 ? median(gb) / peak : 0.0);
     std::fflush(stdout);
   };
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < 5; ++k) {
     std::vector<double> gf, gb, ratio;
     for (int r = 0; r < rounds; ++r) {
       double mf, mb;
@@ -270,9 +278,12 @@ int run_bf16(const Shape3& s, int threads, int rounds, double peak) {
       } else if (k == 2) {
         mf = best_ms(f32_weight_grad);
         mb = best_ms(bf_weight_grad);
-      } else {
+      } else if (k == 3) {
         mb = best_ms(bfw_forward);
         mf = best_ms(f32_forward);
+      } else {
+        mf = best_ms(f32_forward);
+        mb = best_ms(bfp_forward);
       }
       gf.push_back(gflop / (mf / 1e3));
       gb.push_back(gflop / (mb / 1e3));
@@ -281,7 +292,7 @@ int run_bf16(const Shape3& s, int threads, int rounds, double peak) {
     if (k < 3)
       line(names[k], "float", gf, gb, ratio, diffs[k]);
     else
-      line("forward", "bf16", gf, gb, ratio, diffs[0]);
+      line("forward", k == 3 ? "bf16" : "bf16_packed", gf, gb, ratio, diffs[0]);
   }
   return 0;
 }
@@ -291,7 +302,7 @@ int run_bf16(const Shape3& s, int threads, int rounds, double peak) {
 int main(int argc, char** argv) try {
   std::vector<Shape3> shapes;
   std::vector<int> threads = {1, 2};
-  int rounds = 5, peak_reps = 5;
+  int rounds = 5, peak_reps = 10;
   std::string scalar = "float";
   std::vector<std::string> sets = {"train", "lm", "bert"};
   try {

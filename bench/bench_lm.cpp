@@ -374,7 +374,7 @@ void run_config(const std::string& name, const Options& opt) {
     set_num_threads(th);
     const double load_before = load1();
     const bench_peak::Peak peak = bench_peak::measure_peak(
-        opt.precision == Precision::bf16 ? bench_peak::Kind::bf16 : bench_peak::Kind::fp32, th, 3, 0.05);
+        opt.precision == Precision::bf16 ? bench_peak::Kind::bf16 : bench_peak::Kind::fp32, th);
     const ScopedPrecision precision(opt.precision);  // the float products of everything below
     fmt::print(stderr, "[{} threads={}] GEMM yardstick {}x{}x{} ...\n", name, th, tokens, opt.ffn, opt.hidden);
     const Yardstick y0 = measure_yardstick(tokens, opt.ffn, opt.hidden, opt.yardstick_rounds);

@@ -1,10 +1,10 @@
 // bench_peak: the machine's arithmetic limit for products (bench/peak.hpp): the FP32 and FP64 fused multiply-add
 // peaks and the bf16 dot-product peak (vdpbf16ps, fp32 accumulation), in GFLOP/s, on each thread count.
 //
-//   bench_peak [--threads 1,2] [--reps 5] [--seconds 0.1]
+//   bench_peak [--threads 1,2] [--reps 10] [--seconds 0.02]
 //
 // One JSON line per (precision, threads) on stdout: {"bench": "peak", "precision", "threads", "available", "isa",
-// "gflops", "gflops_per_thread", "reps", "seconds"} (gflops: the median over --reps rounds of about --seconds each,
+// "gflops", "gflops_per_thread", "reps", "seconds"} (gflops: the best of --reps rounds of about --seconds each,
 // summed over the threads); a precision the CPU has no instruction for is "available": false. A table of the same
 // figures goes to stderr.
 // Exit status: 0 done, 1 failure, 2 bad command line.
@@ -21,15 +21,15 @@
 
 namespace {
 
-constexpr const char* kUsage = "usage: bench_peak [--threads 1,2] [--reps 5] [--seconds 0.1]\n";
+constexpr const char* kUsage = "usage: bench_peak [--threads 1,2] [--reps 10] [--seconds 0.02]\n";
 
 }  // namespace
 
 int main(int argc, char** argv) try {
   using namespace dea;
   std::vector<int> threads = {1, 2};
-  int reps = 5;
-  double seconds = 0.1;
+  int reps = 10;
+  double seconds = 0.02;
   try {
     cli::Args args(argc, argv);
     while (args.next()) {
@@ -79,7 +79,8 @@ int main(int argc, char** argv) try {
                                  : fmt::format("| {} | {} | absent | absent | no instruction on this CPU |",
                                                bench_peak::kind_name(k), t));
     }
-  fmt::print(stderr, "\n| precision | threads | GFLOP/s | per thread | instruction |\n| --- | --- | --- | --- | --- |\n");
+  fmt::print(stderr, "\n| precision | threads | GFLOP/s | per thread | instruction |\n"
+                     "| --- | --- | --- | --- | --- |\n");
   for (const auto& r : rows) fmt::print(stderr, "{}\n", r);
   return 0;
 } catch (const std::exception& e) {

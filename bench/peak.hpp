@@ -188,10 +188,12 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
 /// Whether this CPU has an instruction for `kind`'s probe.
 inline bool peak_available(Kind kind) { return detail::pick(kind).run != nullptr; }
 
-/// The peak of `kind` on `threads` threads at once (each thread runs its own chains): the median over `reps` rounds
+/// The peak of `kind` on `threads` threads at once (each thread runs its own chains): the best over `reps` rounds
 /// of the total FLOP over the wall time of the round (all threads start together and the round ends when the last
-/// one does), each round about `seconds` long, after a calibration round.
-inline Peak measure_peak(Kind kind, int threads, int reps = 5, double seconds = 0.1) {
+/// one does), each round about `seconds` long, after a calibration round. The best, not the median: a round can
+/// only be slowed down (another process taking the core for part of it), never sped up, and short rounds make an
+/// undisturbed one likely even on a shared machine.
+inline Peak measure_peak(Kind kind, int threads, int reps = 10, double seconds = 0.02) {
   const detail::Kernel k = detail::pick(kind);
   Peak p;
   if (!k.run) return p;
@@ -236,8 +238,7 @@ inline Peak measure_peak(Kind kind, int threads, int reps = 5, double seconds = 
 #endif
     rates.push_back(double(team) * double(iters) * k.flop_per_iter / wall / 1e9);
   }
-  std::sort(rates.begin(), rates.end());
-  p.gflops = rates[rates.size() / 2];
+  p.gflops = *std::max_element(rates.begin(), rates.end());
   return p;
 }
 
