@@ -393,6 +393,11 @@ inline Kernels tile_kernels() {
   return {tile_model<false>, tile_model<true>, {}};
 }
 
+/// dst[i] = the pair (lo[i], hi[i]) for i < n.
+inline void convert_pairs(const float* __restrict lo, const float* __restrict hi, Index n, u32* __restrict dst) {
+  for (Index i = 0; i < n; ++i) dst[i] = pair(lo[i], hi[i]);
+}
+
 /// Row i of a row-major A as dwords of pairs (the last one padded when K is odd): the blocks of k all start at even
 /// k, so pair p of block b is dword b * k_block_bf16(K) / 2 + p of the row.
 inline void convert_row(const float* __restrict src, Index K, u32* __restrict dst) {
@@ -417,6 +422,10 @@ struct Scratch {
   }
 };
 inline Scratch& a_scratch() {
+  thread_local Scratch s;
+  return s;
+}
+inline Scratch& row_scratch() {
   thread_local Scratch s;
   return s;
 }
@@ -459,6 +468,32 @@ void gemm_fast(Index M, Index N, Index K, View<float> A, View<TB> B, float* C, I
   parallel_team(want, [&](int tid, int team) {
     if (direct) {  // A, all of it: row i at Ap + i * P
       for (Index i = M * tid / team; i < M * (tid + 1) / team; ++i) convert_row(A.p + i * A.rs, K, Ap + i * P);
+    } else if (A.rs == 1) {  // a transposed A (dy^T): the thread's rows of one pair converted in one pass
+      const Index q0 = panels_m * tid / team, q1 = panels_m * (tid + 1) / team;
+      const Index r0 = q0 * MR, r1 = std::min(M, q1 * MR);
+      u32* const tmp = row_scratch().get(std::max<Index>(1, r1 - r0));
+      for (Index b = 0; b < nblk && q0 < q1; ++b) {
+        const Index k0 = b * kb, k1 = std::min(K, k0 + kb);
+        for (Index p = 0; p < (k1 - k0 + 1) / 2; ++p) {
+          const float* lo = A.p + r0 + (k0 + 2 * p) * A.cs;
+          if (k0 + 2 * p + 1 < k1)
+            convert_pairs(lo, lo + A.cs, r1 - r0, tmp);
+          else
+            for (Index i = 0; i < r1 - r0; ++i) tmp[i] = bits_of(lo[i]);
+          for (Index q = q0; q < q1; ++q) {
+            u32* d = Ap + (q * P + b * half + p) * MR;
+            const Index rows = std::min<Index>(MR, M - q * MR);
+            const u32* src = tmp + (q - q0) * MR;
+            if (rows == MR) {
+#pragma GCC unroll 12
+              for (int i = 0; i < MR; ++i) d[i] = src[i];
+            } else {
+              for (Index i = 0; i < rows; ++i) d[i] = src[i];
+              for (Index i = rows; i < MR; ++i) d[i] = 0;
+            }
+          }
+        }
+      }
     } else {  // A, all of it: panel q, block b at Ap + (q * P + b * half) * MR
       for (Index q = panels_m * tid / team; q < panels_m * (tid + 1) / team; ++q)
         for (Index b = 0; b < nblk; ++b)
