@@ -41,9 +41,10 @@ constexpr Index k_block_bf16(Index K) {
   return d + (d & 1);
 }
 
-/// Which code computes the bf16 products: the fastest the CPU allows (automatic), or one forced (for tests and
-/// benchmarks: `instruction` on a CPU without AVX512_BF16 is an error).
-enum class Bf16Path { automatic, instruction, emulated, scalar_model };
+/// Which code computes the bf16 products: the fastest the CPU allows (automatic: the instruction with AVX512_BF16,
+/// else its emulation with AVX-512 fused multiply-adds, else with AVX2's, else the scalar model), or one forced (for
+/// tests and benchmarks; forcing one the CPU cannot run is an error).
+enum class Bf16Path { automatic, instruction, emulated, emulated_avx2, scalar_model };
 
 /// The path the calling process uses (process-wide; set it before the products run, not while they do).
 inline Bf16Path& bf16_path() {
@@ -306,6 +307,39 @@ __attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
   store_tile(acc, x);
 }
 
+/// The same chains with AVX2 fused multiply-adds (CPUs without AVX-512): the tile in four strips of 8 columns, each
+/// a pass over the pairs with 12 accumulators; the bits do not depend on which strip or register an element is in.
+template <bool Direct>
+__attribute__((target("avx2,fma"))) void tile_emulated_avx2(const TileArgs& x) {
+  const u32* ar[MR];
+  for (int i = 0; i < MR; ++i) ar[i] = Direct ? x.a + (i < x.rows ? i : x.rows - 1) * x.lda : x.a + i;
+  constexpr Index step = Direct ? 1 : MR;
+  alignas(64) float t[MR * NR];
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ
+  const __m256i hi_mask = _mm256_set1_epi32(int(0xffff0000u));
+  for (int s = 0; s < NR / 8; ++s) {
+    __m256 acc[MR];
+    for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+    const u32* b = x.b + s * 8;
+    for (Index p = 0; p < x.pairs; ++p, b += NR) {
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(b));
+      const __m256 bh = _mm256_castsi256_ps(_mm256_and_si256(w, hi_mask));
+      const __m256 bl = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+#pragma GCC unroll 12
+      for (int i = 0; i < MR; ++i) {
+        const __m256i a = _mm256_set1_epi32(int(ar[i][p * step]));
+        const __m256 ah = _mm256_castsi256_ps(_mm256_and_si256(a, hi_mask));
+        const __m256 al = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+        acc[i] = _mm256_fmadd_ps(al, bl, _mm256_fmadd_ps(ah, bh, acc[i]));
+      }
+    }
+    for (int i = 0; i < MR; ++i) _mm256_store_ps(t + i * NR + s * 8, acc[i]);
+  }
+  _mm_setcsr(csr);
+  write_tile(t, x);
+}
+
 /// Few rows (R <= 4, A read in place): R rows against NP panels at once (2 R NP <= 24 accumulators), so that a
 /// product with one row (a decode step) keeps the instruction's pipes busy. x describes the first panel; panel t is
 /// at x.b + t * x.pairs * NR and writes columns t * NR onwards; `npv` panels are valid, the others repeat the last
@@ -356,10 +390,15 @@ inline bool cpu_has_avx512() {
   static const bool has = __builtin_cpu_supports("avx512f");
   return has;
 }
+inline bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
 #else
 #define DEA_BF16_X86 0
 inline bool cpu_has_bf16_dot() { return false; }
 inline bool cpu_has_avx512() { return false; }
+inline bool cpu_has_avx2_fma() { return false; }
 #endif
 
 /// The tile kernels the process uses, for a packed and for an in-place A.
@@ -375,7 +414,10 @@ inline Kernels tile_kernels() {
   Bf16Path path = bf16_path();
 #if DEA_BF16_X86
   if (path == Bf16Path::automatic)
-    path = cpu_has_bf16_dot() ? Bf16Path::instruction : cpu_has_avx512() ? Bf16Path::emulated : Bf16Path::scalar_model;
+    path = cpu_has_bf16_dot()   ? Bf16Path::instruction
+           : cpu_has_avx512()   ? Bf16Path::emulated
+           : cpu_has_avx2_fma() ? Bf16Path::emulated_avx2
+                                : Bf16Path::scalar_model;
   if (path == Bf16Path::instruction) {
     check(cpu_has_bf16_dot(), "ops::packed::gemm_bf16: the instruction path was forced on a CPU without AVX512_BF16");
     return {tile_instruction<false>,
@@ -385,6 +427,10 @@ inline Kernels tile_kernels() {
   if (path == Bf16Path::emulated) {
     check(cpu_has_avx512(), "ops::packed::gemm_bf16: the emulated path was forced on a CPU without AVX-512");
     return {tile_emulated<false>, tile_emulated<true>, {}};
+  }
+  if (path == Bf16Path::emulated_avx2) {
+    check(cpu_has_avx2_fma(), "ops::packed::gemm_bf16: the AVX2 path was forced on a CPU without AVX2 and FMA");
+    return {tile_emulated_avx2<false>, tile_emulated_avx2<true>, {}};
   }
 #else
   check(path == Bf16Path::automatic || path == Bf16Path::scalar_model,
