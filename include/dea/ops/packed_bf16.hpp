@@ -108,66 +108,42 @@ u32 pair(T lo, T hi) {
   return bits_of(lo) | (bits_of(hi) << 16);
 }
 
-/// Rows [m0, m0 + rows) of A, pairs of columns [k0, k1), as a panel [pairs][MR] (rows past `rows` and the missing
-/// odd element of a block of odd depth are zero).
-template <class T>
-void pack_a(View<T> A, Index m0, int rows, Index k0, Index k1, u32* __restrict dst) {
+/// Rows [r0, r0 + rows) of X [., K], pairs of its columns [k0, k1), as a panel [pairs][W] (rows past `rows` and the
+/// missing odd element of a block of odd depth are zero). A panel of A is pack_panel<MR>(A, ...), one of B is
+/// pack_panel<NR>(B^T, ...).
+template <int W, class T>
+void pack_panel(View<T> X, Index r0, int rows, Index k0, Index k1, u32* __restrict dst) {
   const Index pairs = (k1 - k0 + 1) / 2, full = (k1 - k0) / 2;
-  if (A.rs == 1) {  // a transposed A (a weight gradient's dy^T): the rows of a pair of k are contiguous
+  if (X.rs == 1) {  // the rows of one k are contiguous (a transposed A, a row-major B): read a pair of lines at once
     for (Index p = 0; p < full; ++p) {
-      const T* lo = A.p + m0 + (k0 + 2 * p) * A.cs;
-      const T* hi = lo + A.cs;
-      u32* d = dst + p * MR;
+      const T* lo = X.p + r0 + (k0 + 2 * p) * X.cs;
+      const T* hi = lo + X.cs;
+      u32* d = dst + p * W;
       for (int i = 0; i < rows; ++i) d[i] = pair(lo[i], hi[i]);
-      for (int i = rows; i < MR; ++i) d[i] = 0;
+      for (int i = rows; i < W; ++i) d[i] = 0;
     }
-  } else {
+  } else {  // a row of X at a time (B = W^T: a row of the weight, its pairs contiguous when X.cs == 1)
     for (int i = 0; i < rows; ++i) {
-      const T* src = A.p + (m0 + i) * A.rs + k0 * A.cs;
-      if (A.cs == 1)
-        for (Index p = 0; p < full; ++p) dst[p * MR + i] = pair(src[2 * p], src[2 * p + 1]);
+      const T* src = X.p + (r0 + i) * X.rs + k0 * X.cs;
+      if (X.cs == 1)
+        for (Index p = 0; p < full; ++p) dst[p * W + i] = pair(src[2 * p], src[2 * p + 1]);
       else
-        for (Index p = 0; p < full; ++p) dst[p * MR + i] = pair(src[2 * p * A.cs], src[(2 * p + 1) * A.cs]);
+        for (Index p = 0; p < full; ++p) dst[p * W + i] = pair(src[2 * p * X.cs], src[(2 * p + 1) * X.cs]);
     }
-    for (int i = rows; i < MR; ++i)
-      for (Index p = 0; p < full; ++p) dst[p * MR + i] = 0;
+    for (int i = rows; i < W; ++i)
+      for (Index p = 0; p < full; ++p) dst[p * W + i] = 0;
   }
   if (pairs > full) {
-    u32* d = dst + full * MR;
-    for (int i = 0; i < rows; ++i) d[i] = bits_of(A.p[(m0 + i) * A.rs + (k1 - 1) * A.cs]);
-    for (int i = rows; i < MR; ++i) d[i] = 0;
+    u32* d = dst + full * W;
+    for (int i = 0; i < rows; ++i) d[i] = bits_of(X.p[(r0 + i) * X.rs + (k1 - 1) * X.cs]);
+    for (int i = rows; i < W; ++i) d[i] = 0;
   }
 }
 
-/// Columns [n0, n0 + cols) of B, pairs of rows [k0, k1), as a panel [pairs][NR] (columns past `cols` and the
-/// missing odd element of a block of odd depth are zero).
+/// Columns [n0, n0 + cols) of B, pairs of rows [k0, k1), as a panel [pairs][NR].
 template <class T>
 void pack_b(View<T> B, Index k0, Index k1, Index n0, int cols, u32* __restrict dst) {
-  const Index pairs = (k1 - k0 + 1) / 2, full = (k1 - k0) / 2;
-  if (B.cs == 1) {  // row-major B (dx = dy W): the columns of a row are contiguous
-    for (Index p = 0; p < full; ++p) {
-      const T* lo = B.p + (k0 + 2 * p) * B.rs + n0;
-      const T* hi = lo + B.rs;
-      u32* d = dst + p * NR;
-      for (int j = 0; j < cols; ++j) d[j] = pair(lo[j], hi[j]);
-      for (int j = cols; j < NR; ++j) d[j] = 0;
-    }
-  } else {  // B = W^T (y = x W^T): a column of B is a row of W, its pairs contiguous when B.rs == 1
-    for (int j = 0; j < cols; ++j) {
-      const T* src = B.p + (n0 + j) * B.cs + k0 * B.rs;
-      if (B.rs == 1)
-        for (Index p = 0; p < full; ++p) dst[p * NR + j] = pair(src[2 * p], src[2 * p + 1]);
-      else
-        for (Index p = 0; p < full; ++p) dst[p * NR + j] = pair(src[2 * p * B.rs], src[(2 * p + 1) * B.rs]);
-    }
-    for (int j = cols; j < NR; ++j)
-      for (Index p = 0; p < full; ++p) dst[p * NR + j] = 0;
-  }
-  if (pairs > full) {
-    u32* d = dst + full * NR;
-    for (int j = 0; j < cols; ++j) d[j] = bits_of(B.p[(k1 - 1) * B.rs + (n0 + j) * B.cs]);
-    for (int j = cols; j < NR; ++j) d[j] = 0;
-  }
+  pack_panel<NR>(B.t(), n0, cols, k0, k1, dst);
 }
 
 /// A tile's operands: A either packed ([pairs][MR] dwords, `a`) or read in place from a row-major copy of dwords
@@ -197,6 +173,13 @@ inline void write_tile(const float* __restrict t, const TileArgs& x) {
     else
       for (int j = 0; j < x.cols; ++j) ci[j] = ti[j];
   }
+}
+
+/// Where row i of a tile's A starts: element (i, p) is ar[i][p] in place (Direct), ar[i][p * MR] packed. In place,
+/// rows past x.rows read row x.rows - 1 again (their results are discarded), so nothing past A is read.
+template <bool Direct>
+inline void row_pointers(const TileArgs& x, const u32* (&ar)[MR]) {
+  for (int i = 0; i < MR; ++i) ar[i] = Direct ? x.a + (i < x.rows ? i : x.rows - 1) * x.lda : x.a + i;
 }
 
 /// Element (i, p) of a tile's A.
@@ -252,12 +235,11 @@ __attribute__((target("avx512f"))) inline void store_tile(__m512 (&acc)[MR][2], 
   write_tile(t, x);
 }
 
-/// The tile with vdpbf16ps. Rows past x.rows read row x.rows - 1 again in the Direct form (their results are
-/// discarded), so nothing past A is read.
+/// The tile with vdpbf16ps.
 template <bool Direct>
 __attribute__((target("avx512f,avx512bf16"))) void tile_instruction(const TileArgs& x) {
   const u32* ar[MR];
-  for (int i = 0; i < MR; ++i) ar[i] = Direct ? x.a + (i < x.rows ? i : x.rows - 1) * x.lda : x.a + i;
+  row_pointers<Direct>(x, ar);
   constexpr Index step = Direct ? 1 : MR;
   __m512 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
@@ -280,7 +262,7 @@ __attribute__((target("avx512f,avx512bf16"))) void tile_instruction(const TileAr
 template <bool Direct>
 __attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
   const u32* ar[MR];
-  for (int i = 0; i < MR; ++i) ar[i] = Direct ? x.a + (i < x.rows ? i : x.rows - 1) * x.lda : x.a + i;
+  row_pointers<Direct>(x, ar);
   constexpr Index step = Direct ? 1 : MR;
   const unsigned csr = _mm_getcsr();
   _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ
@@ -289,7 +271,8 @@ __attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   const u32* b = x.b;
   for (Index p = 0; p < x.pairs; ++p, b += NR) {
-    const __m512i w0 = _mm512_load_si512(b), w1 = _mm512_load_si512(b + 16);  // (maskz: GCC 12 warns on the plain shift)
+    // (the shifts masked: GCC 12 warns of an uninitialised value in the plain form)
+    const __m512i w0 = _mm512_load_si512(b), w1 = _mm512_load_si512(b + 16);
     const __m512 b0h = _mm512_castsi512_ps(_mm512_and_si512(w0, hi_mask));
     const __m512 b0l = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, w0, 16));
     const __m512 b1h = _mm512_castsi512_ps(_mm512_and_si512(w1, hi_mask));
@@ -312,7 +295,7 @@ __attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
 template <bool Direct>
 __attribute__((target("avx2,fma"))) void tile_emulated_avx2(const TileArgs& x) {
   const u32* ar[MR];
-  for (int i = 0; i < MR; ++i) ar[i] = Direct ? x.a + (i < x.rows ? i : x.rows - 1) * x.lda : x.a + i;
+  row_pointers<Direct>(x, ar);
   constexpr Index step = Direct ? 1 : MR;
   alignas(64) float t[MR * NR];
   const unsigned csr = _mm_getcsr();
@@ -543,7 +526,7 @@ void gemm_fast(Index M, Index N, Index K, View<float> A, View<TB> B, float* C, I
     } else {  // A, all of it: panel q, block b at Ap + (q * P + b * half) * MR
       for (Index q = panels_m * tid / team; q < panels_m * (tid + 1) / team; ++q)
         for (Index b = 0; b < nblk; ++b)
-          pack_a(A, q * MR, int(std::min<Index>(MR, M - q * MR)), b * kb, std::min(K, (b + 1) * kb),
+          pack_panel<MR>(A, q * MR, int(std::min<Index>(MR, M - q * MR)), b * kb, std::min(K, (b + 1) * kb),
                  Ap + (q * P + b * half) * MR);
     }
     Index blk = 0;
