@@ -142,7 +142,8 @@ TEST_CASE("the kernels compute the scalar model's chain bit for bit, special val
   };
   // the same operands as a packed A ([pairs][MR]) and as rows read in place ([MR][pairs])
   std::array<u32, pairs * d::MR> rows;
-  auto run = [&](void (*packed)(const d::TileArgs&), void (*direct)(const d::TileArgs&), float* out, float* out_direct) {
+  using Kernel = void (*)(const d::TileArgs&);
+  auto run = [&](Kernel packed, Kernel direct, float* out, float* out_direct) {
     for (Index p = 0; p < pairs; ++p)
       for (int i = 0; i < d::MR; ++i) rows[std::size_t(i * pairs + p)] = a[std::size_t(p * d::MR + i)];
     packed({pairs, a.data(), 0, b.data(), out, d::NR, d::MR, d::NR, true, nullptr});
