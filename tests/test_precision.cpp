@@ -205,6 +205,58 @@ TEST_CASE("bf16 training, decoder LM with TR-MoE: thread invariance, bit-exact r
   });
 }
 
+TEST_CASE("bf16 accuracy: the decoder LM smoke runs reach a validation NLL within 2% of fp32's after 40 steps",
+          "[precision]") {
+  // the runs of tests/lm_train.cmake (grouped-query attention with TR-MoE, token-routed v2 with SwiGLU, causal
+  // Dual-Expert with SwiGLU)
+  const ThreadScope restore;
+  for (const char* arch : {"gqa_trmoe", "trmha2_swiglu", "dea_swiglu"}) {
+    TrainConfig c;
+    c.model = "lm";
+    c.data_source = "text";
+    c.text = std::string(DEA_TEST_DATA_DIR) + "/lm/tiny_corpus.txt";
+    c.d_model = 32;
+    c.n_heads = 4;
+    c.n_layers = 2;
+    c.d_ff = 64;
+    c.max_len = 32;
+    c.batch_size = 8;
+    c.lr_main = 3e-3;
+    c.steps = 40;
+    c.log_every = 40;
+    c.eval_every = 40;
+    c.seed = 7;
+    c.threads = 1;
+    if (std::string(arch) == "gqa_trmoe") {
+      c.attention = "gqa";
+      c.kv_heads = 2;
+      c.mlp = "tr_moe";
+      c.experts = 4;
+      c.top_k = 2;
+      c.shared_expert = true;
+      c.shared_d_ff = 48;
+      c.routing = "balanced_hash";
+      c.label_smoothing = 0.1;
+      c.warmup_steps = 5;
+    } else {
+      c.attention = std::string(arch) == "dea_swiglu" ? "dea" : "tr_mha_v2";
+    }
+    double nll[2];
+    for (int k = 0; k < 2; ++k) {
+      c.precision = k ? "bf16" : "fp32";
+      c.out_dir = temp_dir(std::string("lm_accuracy_") + arch + "_" + c.precision);
+      lm_run::TrainOptions o;
+      o.verbose = false;
+      const lm_run::TrainResult r = lm_run::run_training<float>(c, o);
+      REQUIRE(r.last_eval);
+      nll[k] = r.last_eval->nll;
+    }
+    INFO(arch << ": validation NLL fp32 " << nll[0] << ", bf16 " << nll[1]);
+    CHECK(nll[1] != nll[0]);
+    CHECK(std::abs(nll[1] - nll[0]) <= 0.02 * nll[0]);
+  }
+}
+
 TEST_CASE("bf16: gradient isolation is exact under bf16 products, which do change the task gradients",
           "[precision]") {
   const ThreadScope restore;
