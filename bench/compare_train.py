@@ -134,7 +134,8 @@ def main():
                         "torch_bf16_over_torch_fp32": {
                             "speed": round(f["torch"]["s_per_step"] / h["torch"]["s_per_step"], 3)},
                         "first_task_loss_bf16_minus_fp32": {
-                            side: h[side]["first_task_loss"] - f[side]["first_task_loss"] for side in ("dea", "torch")}}}
+                            side: h[side]["first_task_loss"] - f[side]["first_task_loss"]
+                            for side in ("dea", "torch")}}}
                     print(json.dumps(cmp), flush=True)
                     rows.append((config, th, f, h, cmp["bf16"]))
                 per_threads[th] = best
