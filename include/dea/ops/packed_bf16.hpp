@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -240,7 +241,7 @@ template <bool Direct>
 __attribute__((target("avx512f,avx512bf16"))) void tile_instruction(const TileArgs& x) {
   const u32* ar[MR];
   row_pointers<Direct>(x, ar);
-  constexpr Index step = Direct ? 1 : MR;
+  const u32* const a0 = x.a;  // packed: element (i, p) at a0[p * MR + i], constant offsets from one register
   __m512 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   const u32* b = x.b;
@@ -249,7 +250,7 @@ __attribute__((target("avx512f,avx512bf16"))) void tile_instruction(const TileAr
     const __m512bh b1 = (__m512bh)_mm512_load_si512(b + 16);
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(ar[i][p * step]));
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int((Direct ? ar[i][p] : a0[p * MR + i])));
       acc[i][0] = _mm512_dpbf16_ps(acc[i][0], av, b0);
       acc[i][1] = _mm512_dpbf16_ps(acc[i][1], av, b1);
     }
@@ -263,7 +264,7 @@ template <bool Direct>
 __attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
   const u32* ar[MR];
   row_pointers<Direct>(x, ar);
-  constexpr Index step = Direct ? 1 : MR;
+  const u32* const a0 = x.a;  // packed: element (i, p) at a0[p * MR + i], constant offsets from one register
   const unsigned csr = _mm_getcsr();
   _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ
   const __m512i hi_mask = _mm512_set1_epi32(int(0xffff0000u));
@@ -279,7 +280,7 @@ __attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
     const __m512 b1l = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, w1, 16));
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
-      const u32 w = ar[i][p * step];
+      const u32 w = (Direct ? ar[i][p] : a0[p * MR + i]);
       const __m512 ah = _mm512_set1_ps(bits_float(w & 0xffff0000u));
       const __m512 al = _mm512_set1_ps(bits_float(w << 16));
       acc[i][0] = _mm512_fmadd_ps(al, b0l, _mm512_fmadd_ps(ah, b0h, acc[i][0]));
@@ -296,7 +297,7 @@ template <bool Direct>
 __attribute__((target("avx2,fma"))) void tile_emulated_avx2(const TileArgs& x) {
   const u32* ar[MR];
   row_pointers<Direct>(x, ar);
-  constexpr Index step = Direct ? 1 : MR;
+  const u32* const a0 = x.a;  // packed: element (i, p) at a0[p * MR + i], constant offsets from one register
   alignas(64) float t[MR * NR];
   const unsigned csr = _mm_getcsr();
   _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ
@@ -311,7 +312,7 @@ __attribute__((target("avx2,fma"))) void tile_emulated_avx2(const TileArgs& x) {
       const __m256 bl = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 #pragma GCC unroll 12
       for (int i = 0; i < MR; ++i) {
-        const __m256i a = _mm256_set1_epi32(int(ar[i][p * step]));
+        const __m256i a = _mm256_set1_epi32(int((Direct ? ar[i][p] : a0[p * MR + i])));
         const __m256 ah = _mm256_castsi256_ps(_mm256_and_si256(a, hi_mask));
         const __m256 al = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
         acc[i] = _mm256_fmadd_ps(al, bl, _mm256_fmadd_ps(ah, bh, acc[i]));
@@ -514,8 +515,7 @@ void gemm_fast(Index M, Index N, Index K, View<float> A, View<TB> B, float* C, I
             const Index rows = std::min<Index>(MR, M - q * MR);
             const u32* src = tmp + (q - q0) * MR;
             if (rows == MR) {
-#pragma GCC unroll 12
-              for (int i = 0; i < MR; ++i) d[i] = src[i];
+              std::memcpy(d, src, sizeof(u32) * MR);  // a fixed size: a few vector moves
             } else {
               for (Index i = 0; i < rows; ++i) d[i] = src[i];
               for (Index i = rows; i < MR; ++i) d[i] = 0;
