@@ -28,10 +28,12 @@
 #include "../attention/dual_expert.hpp"
 #include "../attention/token_routed.hpp"
 #include "../core/init.hpp"
+#include "../core/parallel.hpp"
 #include "../core/param.hpp"
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
 #include "../ops/linear.hpp"
+#include "../ops/packed_gemm.hpp"
 #include "../ops/rms_norm.hpp"
 #include "causal_attention.hpp"
 #include "config.hpp"
@@ -49,6 +51,35 @@
 
 namespace dea {
 namespace lm {
+namespace detail {
+
+/// While `on`, the library's loops and Eigen's products started from the calling thread run on that thread alone
+/// (OpenMP's thread count is a per-thread setting: other threads keep theirs).
+class ScopedOneThread {
+public:
+  explicit ScopedOneThread(bool on) {
+#ifdef _OPENMP
+    if (on) {
+      saved_ = omp_get_max_threads();
+      if (saved_ > 1) omp_set_num_threads(1);
+    }
+#else
+    (void)on;
+#endif
+  }
+  ~ScopedOneThread() {
+#ifdef _OPENMP
+    if (saved_ > 1) omp_set_num_threads(saved_);
+#endif
+  }
+  ScopedOneThread(const ScopedOneThread&) = delete;
+  ScopedOneThread& operator=(const ScopedOneThread&) = delete;
+
+private:
+  int saved_ = 1;
+};
+
+}  // namespace detail
 
 template <class S>
 class DecoderLM {
@@ -210,7 +241,16 @@ public:
   /// state.length .. state.length + Sn - 1, given the keys and values of the earlier positions in `state` (empty:
   /// a fresh sequence). Appends the new positions to `state`. The same function as forward on the whole prefix, at
   /// O(length) cost per new position. Forward only.
+  ///
+  /// A step of fewer than kSerialStepRows rows (B*Sn: a decoding step, a short prompt) runs on the calling thread
+  /// alone: its products have too few rows to share, and what is left to split (each head's scores against the
+  /// cache, the norms) costs less than waking a thread, so more threads only made generation slower. Longer steps
+  /// (a long prompt's prefill) use the library's threads. The results are the same bits either way.
   Mat<S> forward_step(const IdTensor& new_ids, DecodeState& state);
+
+  /// Steps with fewer rows than this run on one thread (forward_step): the row count below which the float
+  /// products are not split between threads either (ops::packed::kMinRows).
+  static constexpr Index kSerialStepRows = ops::packed::kMinRows;
 
 private:
   struct Block {
@@ -449,6 +489,7 @@ Mat<S> DecoderLM<S>::forward_step(const IdTensor& new_ids, DecodeState& st) {
             st.dea_kv.size() == static_cast<std::size_t>(L_),
         "DecoderLM::forward_step: the decode state holds ", st.kv.size(), " layers, this model has ", L_,
         " (a state of another model?)");
+  const detail::ScopedOneThread one_thread(N < kSerialStepRows);
   const S eps = static_cast<S>(cfg_.norm_eps);
   Mat<S> h;
   embed_lookup_(new_ids, h, "DecoderLM::forward_step");
