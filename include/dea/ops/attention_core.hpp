@@ -23,6 +23,9 @@
 //                            heads (T and d_h up to a few dozen), where Eigen's packing costs as much as the arithmetic
 //   HeadProducts::eigen      Eigen's GEMM on one thread; faster at the decoder's sizes (T = 256 with d_h = 48 or 64:
 //                            about 15 % per head on AVX-512)
+// Under ScopedPrecision(Precision::bf16), the float products of HeadProducts::eigen (q k^T, P v and the four of the
+// backward) are ops/packed_bf16.hpp's bf16 products (one thread each: the caller is parallel over heads); the
+// register kernel, the masks, the softmax and its backward stay float.
 // A compile-time DHead reaches both: the head views have DHead columns, and head_product's loops over d_h (the
 // depth of q k^T and dO v^T, the width of P v, dS k and dS^T q) have a constant trip count.
 #pragma once
@@ -35,6 +38,7 @@
 #include "../core/error.hpp"
 #include "../core/parallel.hpp"
 #include "../core/tensor.hpp"
+#include "gemm.hpp"
 #include "softmax.hpp"
 
 namespace dea {
@@ -277,6 +281,26 @@ inline bool no_real_key(const AttentionMask& m, Index T) {
 
 }  // namespace detail
 
+namespace detail {
+/// True when a head's HeadProducts::eigen products run in bf16 (float, under ScopedPrecision(Precision::bf16)).
+template <class S>
+bool bf16_head_products() {
+  return std::is_same<S, float>::value && thread_settings().product_precision == Precision::bf16;
+}
+/// C (row stride ldc) (=|+=) op(A) op(B) in bf16 for a head's float views (op = transpose when TA / TB); nothing
+/// for other scalar types (bf16_head_products is false for them).
+template <bool TA, bool TB, class DA, class DB, class T>
+void bf16_head_product(const Eigen::MatrixBase<DA>& A, const Eigen::MatrixBase<DB>& B, T* C, Index ldc,
+                       bool accumulate) {
+  if constexpr (std::is_same<T, float>::value) {
+    const packed::View<float> a = TA ? gemm_impl::view_of(A).t() : gemm_impl::view_of(A);
+    const packed::View<float> b = TB ? gemm_impl::view_of(B).t() : gemm_impl::view_of(B);
+    packed::gemm_bf16(TA ? A.cols() : A.rows(), TB ? B.rows() : B.cols(), TA ? A.rows() : A.cols(), a, b, C, ldc,
+                      accumulate);
+  }
+}
+}  // namespace detail
+
 /// Forward of one head (see the file comment). q, k, v [T, d_h] (d_h == DHead when fixed); p points at T x T
 /// elements (row stride T; zero above the causal tiles when causal, the caller zero-fills it); drop: nullptr or the
 /// head's T x T dropout multipliers; o [T, d_h] is written.
@@ -304,6 +328,16 @@ void attention_core_forward(const Eigen::MatrixBase<DQ>& q_, const Eigen::Matrix
       head_product<S, DHead>(tb, kc, dh, q.data() + i0 * q.outerStride(), q.outerStride(), 1, kt.data(), T,
                              p + i0 * T, T);                                     // S = q k^T
       scale.apply(Pt);                                                           //     * scale
+    } else if constexpr (std::is_same<S, float>::value) {
+      if (detail::bf16_head_products<S>()) {
+        detail::bf16_head_product<false, true>(q.middleRows(i0, tb), k.topRows(kc), p + i0 * T, T, false);
+        scale.apply(Pt);                                                         // S = q k^T * scale, bf16 product
+      } else if (!scale.divides()) {
+        Pt.noalias() = (q.middleRows(i0, tb) * k.topRows(kc).transpose()) * scale.value();
+      } else {
+        Pt.noalias() = q.middleRows(i0, tb) * k.topRows(kc).transpose();
+        scale.apply(Pt);
+      }
     } else if (!scale.divides()) {
       Pt.noalias() = (q.middleRows(i0, tb) * k.topRows(kc).transpose()) * scale.value();  // S = q k^T * scale
     } else {
@@ -314,6 +348,9 @@ void attention_core_forward(const Eigen::MatrixBase<DQ>& q_, const Eigen::Matrix
     if (products == HeadProducts::registers || drop)                             // o = (P .* M) v
       attend_values<DHead>(p + i0 * T, tb, kc, T, drop ? drop + i0 * T : nullptr, head_view<DHead>(v.topRows(kc)),
                            head_view_mut<DHead>(o.middleRows(i0, tb)));
+    else if (detail::bf16_head_products<S>())
+      detail::bf16_head_product<false, false>(Pt, v.topRows(kc), o.data() + i0 * o.outerStride(),
+                                              o.outerStride(), false);
     else
       o.middleRows(i0, tb).noalias() = Pt * v.topRows(kc);
   }
@@ -354,6 +391,9 @@ void attention_core_backward(const S* p, const S* drop, const Eigen::MatrixBase<
       else
         attend_values_backward<DHead, true>(p + i0 * T, tb, kc, T, dt, vt.data(), T, head_view<DHead>(dOt),
                                             head_view_mut<DHead>(dv.topRows(kc)), dS.data());
+    } else if (detail::bf16_head_products<S>()) {                                // the same in bf16
+      detail::bf16_head_product<true, false>(Pt, dOt, dv.data(), dv.outerStride(), true);
+      detail::bf16_head_product<false, true>(dOt, v.topRows(kc), dS.data(), kc, false);
     } else {
       dv.topRows(kc).noalias() += Pt.transpose() * dOt;                          // o = P v  ->  dv += P^T dO
       dS.noalias() = dOt * v.topRows(kc).transpose();                            //          ->  dP = dO v^T
@@ -370,6 +410,12 @@ void attention_core_backward(const S* p, const S* drop, const Eigen::MatrixBase<
       else
         head_product<S, Eigen::Dynamic, DHead, true>(kc, dh, tb, dS.data(), 1, kc, q.data() + i0 * q.outerStride(),
                                                      q.outerStride(), dk.data(), dk.outerStride());  // dk += dS^T q
+    } else if (detail::bf16_head_products<S>()) {                                // the same in bf16
+      detail::bf16_head_product<false, false>(dS, k.topRows(kc),
+                                              dq.data() + i0 * dq.outerStride(),
+                                              dq.outerStride(), false);
+      detail::bf16_head_product<true, false>(dS, q.middleRows(i0, tb), dk.data(),
+                                             dk.outerStride(), true);
     } else {
       dq.middleRows(i0, tb).noalias() = dS * k.topRows(kc);                      //          ->  dq = dS k
       dk.topRows(kc).noalias() += dS.transpose() * q.middleRows(i0, tb);         //          ->  dk += dS^T q

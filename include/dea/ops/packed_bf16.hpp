@@ -21,7 +21,13 @@
 #include "packed_gemm.hpp"
 
 #include <algorithm>
-#include <vector>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
 
 namespace dea {
 namespace ops {
@@ -80,17 +86,518 @@ void gemm_model(Index M, Index N, Index K, View<float> A, View<TB> B, float* C, 
 
 }  // namespace bf16_detail
 
+namespace bf16_detail {
+
+using u32 = std::uint32_t;
+
+/// The register tile, the same on every CPU (it fixes the packed layout, not the results): 12 rows by 32 columns,
+/// two AVX-512 vectors of 16 float lanes per row, 24 accumulators.
+constexpr int MR = 12, NR = 32;
+
+/// The bf16 bits of the float with bits u (to_bf16 without a branch, so that loops over it vectorise).
+inline u32 bf16_bits(u32 u) {
+  const u32 r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return (u & 0x7fffffffu) > 0x7f800000u ? ((u >> 16) | 0x40u) : r;
+}
+inline u32 bits_of(float f) { return bf16_bits(float_bits(f)); }
+inline u32 bits_of(bf16 h) { return h.bits; }
+/// One packed pair: the even element in the lower half, the odd one in the upper half (the instruction's order).
+template <class T>
+u32 pair(T lo, T hi) {
+  return bits_of(lo) | (bits_of(hi) << 16);
+}
+
+/// Rows [m0, m0 + rows) of A, pairs of columns [k0, k1), as a panel [pairs][MR] (rows past `rows` and the missing
+/// odd element of a block of odd depth are zero).
+template <class T>
+void pack_a(View<T> A, Index m0, int rows, Index k0, Index k1, u32* __restrict dst) {
+  const Index pairs = (k1 - k0 + 1) / 2, full = (k1 - k0) / 2;
+  if (A.rs == 1) {  // a transposed A (a weight gradient's dy^T): the rows of a pair of k are contiguous
+    for (Index p = 0; p < full; ++p) {
+      const T* lo = A.p + m0 + (k0 + 2 * p) * A.cs;
+      const T* hi = lo + A.cs;
+      u32* d = dst + p * MR;
+      for (int i = 0; i < rows; ++i) d[i] = pair(lo[i], hi[i]);
+      for (int i = rows; i < MR; ++i) d[i] = 0;
+    }
+  } else {
+    for (int i = 0; i < rows; ++i) {
+      const T* src = A.p + (m0 + i) * A.rs + k0 * A.cs;
+      if (A.cs == 1)
+        for (Index p = 0; p < full; ++p) dst[p * MR + i] = pair(src[2 * p], src[2 * p + 1]);
+      else
+        for (Index p = 0; p < full; ++p) dst[p * MR + i] = pair(src[2 * p * A.cs], src[(2 * p + 1) * A.cs]);
+    }
+    for (int i = rows; i < MR; ++i)
+      for (Index p = 0; p < full; ++p) dst[p * MR + i] = 0;
+  }
+  if (pairs > full) {
+    u32* d = dst + full * MR;
+    for (int i = 0; i < rows; ++i) d[i] = bits_of(A.p[(m0 + i) * A.rs + (k1 - 1) * A.cs]);
+    for (int i = rows; i < MR; ++i) d[i] = 0;
+  }
+}
+
+/// Columns [n0, n0 + cols) of B, pairs of rows [k0, k1), as a panel [pairs][NR] (columns past `cols` and the
+/// missing odd element of a block of odd depth are zero).
+template <class T>
+void pack_b(View<T> B, Index k0, Index k1, Index n0, int cols, u32* __restrict dst) {
+  const Index pairs = (k1 - k0 + 1) / 2, full = (k1 - k0) / 2;
+  if (B.cs == 1) {  // row-major B (dx = dy W): the columns of a row are contiguous
+    for (Index p = 0; p < full; ++p) {
+      const T* lo = B.p + (k0 + 2 * p) * B.rs + n0;
+      const T* hi = lo + B.rs;
+      u32* d = dst + p * NR;
+      for (int j = 0; j < cols; ++j) d[j] = pair(lo[j], hi[j]);
+      for (int j = cols; j < NR; ++j) d[j] = 0;
+    }
+  } else {  // B = W^T (y = x W^T): a column of B is a row of W, its pairs contiguous when B.rs == 1
+    for (int j = 0; j < cols; ++j) {
+      const T* src = B.p + (n0 + j) * B.cs + k0 * B.rs;
+      if (B.rs == 1)
+        for (Index p = 0; p < full; ++p) dst[p * NR + j] = pair(src[2 * p], src[2 * p + 1]);
+      else
+        for (Index p = 0; p < full; ++p) dst[p * NR + j] = pair(src[2 * p * B.rs], src[(2 * p + 1) * B.rs]);
+    }
+    for (int j = cols; j < NR; ++j)
+      for (Index p = 0; p < full; ++p) dst[p * NR + j] = 0;
+  }
+  if (pairs > full) {
+    u32* d = dst + full * NR;
+    for (int j = 0; j < cols; ++j) d[j] = bits_of(B.p[(k1 - 1) * B.rs + (n0 + j) * B.cs]);
+    for (int j = cols; j < NR; ++j) d[j] = 0;
+  }
+}
+
+/// A tile's operands: A either packed ([pairs][MR] dwords, `a`) or read in place from a row-major copy of dwords
+/// (`Direct`: row i at a + i * lda), B packed ([pairs][NR], 64-byte aligned), and where its result goes.
+struct TileArgs {
+  Index pairs;
+  const u32* a;
+  Index lda;
+  const u32* b;
+  float* c;
+  Index ldc;
+  int rows, cols;
+  bool init;
+  const float* bias;
+};
+
+/// c (rows x cols corner of a tile, row stride ldc) = t (+ bias) when init, else c + t: plain float additions,
+/// outside any flushing mode (the same code after every kernel).
+inline void write_tile(const float* __restrict t, const TileArgs& x) {
+  for (int i = 0; i < x.rows; ++i) {
+    float* ci = x.c + i * x.ldc;
+    const float* ti = t + i * NR;
+    if (!x.init)
+      for (int j = 0; j < x.cols; ++j) ci[j] = ci[j] + ti[j];
+    else if (x.bias)
+      for (int j = 0; j < x.cols; ++j) ci[j] = ti[j] + x.bias[j];
+    else
+      for (int j = 0; j < x.cols; ++j) ci[j] = ti[j];
+  }
+}
+
+/// Element (i, p) of a tile's A.
+template <bool Direct>
+inline u32 a_at(const TileArgs& x, int i, Index p) {
+  return Direct ? x.a[i * x.lda + p] : x.a[p * MR + i];
+}
+
+/// The scalar model on one tile.
+template <bool Direct>
+void tile_model(const TileArgs& x) {
+  alignas(64) float t[MR * NR];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NR; ++j) {
+      float s = 0.0f;
+      if (i < x.rows)
+        for (Index p = 0; p < x.pairs; ++p) {
+          const u32 u = a_at<Direct>(x, i, p), v = x.b[p * NR + j];
+          s = bf16_model::dp_step(s, bf16{std::uint16_t(u)}, bf16{std::uint16_t(u >> 16)}, bf16{std::uint16_t(v)},
+                                  bf16{std::uint16_t(v >> 16)});
+        }
+      t[i * NR + j] = s;
+    }
+  write_tile(t, x);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define DEA_BF16_X86 1
+
+/// The accumulators' way out, AVX-512: a whole tile straight to c, a cut one through write_tile.
+__attribute__((target("avx512f"))) inline void store_tile(__m512 (&acc)[MR][2], const TileArgs& x) {
+  if (x.rows == MR && x.cols == NR) {
+    for (int i = 0; i < MR; ++i) {
+      float* ci = x.c + i * x.ldc;
+      __m512 v0 = acc[i][0], v1 = acc[i][1];
+      if (!x.init) {
+        v0 = _mm512_add_ps(_mm512_loadu_ps(ci), v0);
+        v1 = _mm512_add_ps(_mm512_loadu_ps(ci + 16), v1);
+      } else if (x.bias) {
+        v0 = _mm512_add_ps(v0, _mm512_loadu_ps(x.bias));
+        v1 = _mm512_add_ps(v1, _mm512_loadu_ps(x.bias + 16));
+      }
+      _mm512_storeu_ps(ci, v0);
+      _mm512_storeu_ps(ci + 16, v1);
+    }
+    return;
+  }
+  alignas(64) float t[MR * NR];
+  for (int i = 0; i < MR; ++i) {
+    _mm512_store_ps(t + i * NR, acc[i][0]);
+    _mm512_store_ps(t + i * NR + 16, acc[i][1]);
+  }
+  write_tile(t, x);
+}
+
+/// The tile with vdpbf16ps. Rows past x.rows read row x.rows - 1 again in the Direct form (their results are
+/// discarded), so nothing past A is read.
+template <bool Direct>
+__attribute__((target("avx512f,avx512bf16"))) void tile_instruction(const TileArgs& x) {
+  const u32* ar[MR];
+  for (int i = 0; i < MR; ++i) ar[i] = Direct ? x.a + (i < x.rows ? i : x.rows - 1) * x.lda : x.a + i;
+  constexpr Index step = Direct ? 1 : MR;
+  __m512 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  const u32* b = x.b;
+  for (Index p = 0; p < x.pairs; ++p, b += NR) {
+    const __m512bh b0 = (__m512bh)_mm512_load_si512(b);
+    const __m512bh b1 = (__m512bh)_mm512_load_si512(b + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; ++i) {
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(ar[i][p * step]));
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], av, b0);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], av, b1);
+    }
+  }
+  store_tile(acc, x);
+}
+
+/// The same chains with AVX-512F fused multiply-adds: each pair's odd element first, denormals flushed by the
+/// MXCSR's DAZ and FTZ bits, set for the accumulation only.
+template <bool Direct>
+__attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
+  const u32* ar[MR];
+  for (int i = 0; i < MR; ++i) ar[i] = Direct ? x.a + (i < x.rows ? i : x.rows - 1) * x.lda : x.a + i;
+  constexpr Index step = Direct ? 1 : MR;
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ
+  const __m512i hi_mask = _mm512_set1_epi32(int(0xffff0000u));
+  __m512 acc[MR][2];
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  const u32* b = x.b;
+  for (Index p = 0; p < x.pairs; ++p, b += NR) {
+    const __m512i w0 = _mm512_load_si512(b), w1 = _mm512_load_si512(b + 16);
+    const __m512 b0h = _mm512_castsi512_ps(_mm512_and_si512(w0, hi_mask));
+    const __m512 b0l = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+    const __m512 b1h = _mm512_castsi512_ps(_mm512_and_si512(w1, hi_mask));
+    const __m512 b1l = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+#pragma GCC unroll 12
+    for (int i = 0; i < MR; ++i) {
+      const u32 w = ar[i][p * step];
+      const __m512 ah = _mm512_set1_ps(bits_float(w & 0xffff0000u));
+      const __m512 al = _mm512_set1_ps(bits_float(w << 16));
+      acc[i][0] = _mm512_fmadd_ps(al, b0l, _mm512_fmadd_ps(ah, b0h, acc[i][0]));
+      acc[i][1] = _mm512_fmadd_ps(al, b1l, _mm512_fmadd_ps(ah, b1h, acc[i][1]));
+    }
+  }
+  _mm_setcsr(csr);
+  store_tile(acc, x);
+}
+
+/// Few rows (R <= 4, A read in place): R rows against NP panels at once (2 R NP <= 24 accumulators), so that a
+/// product with one row (a decode step) keeps the instruction's pipes busy. x describes the first panel; panel t is
+/// at x.b + t * x.pairs * NR and writes columns t * NR onwards; `npv` panels are valid, the others repeat the last
+/// valid one and are discarded, and the last valid one has x.cols columns.
+template <int R, int NP>
+__attribute__((target("avx512f,avx512bf16"))) void wide_instruction(const TileArgs& x, int npv) {
+  const u32* bp[NP];
+  for (int t = 0; t < NP; ++t) bp[t] = x.b + (t < npv ? t : npv - 1) * x.pairs * NR;
+  __m512 acc[R][NP][2];
+  for (int i = 0; i < R; ++i)
+    for (int t = 0; t < NP; ++t) acc[i][t][0] = acc[i][t][1] = _mm512_setzero_ps();
+  for (Index p = 0; p < x.pairs; ++p) {
+    __m512bh av[R];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; ++i) av[i] = (__m512bh)_mm512_set1_epi32(int(x.a[i * x.lda + p]));
+#pragma GCC unroll 12
+    for (int t = 0; t < NP; ++t) {
+      const __m512bh b0 = (__m512bh)_mm512_load_si512(bp[t] + p * NR);
+      const __m512bh b1 = (__m512bh)_mm512_load_si512(bp[t] + p * NR + 16);
+#pragma GCC unroll 4
+      for (int i = 0; i < R; ++i) {
+        acc[i][t][0] = _mm512_dpbf16_ps(acc[i][t][0], av[i], b0);
+        acc[i][t][1] = _mm512_dpbf16_ps(acc[i][t][1], av[i], b1);
+      }
+    }
+  }
+  alignas(64) float t_[MR * NR];
+  for (int t = 0; t < npv; ++t) {
+    for (int i = 0; i < R; ++i) {
+      _mm512_store_ps(t_ + i * NR, acc[i][t][0]);
+      _mm512_store_ps(t_ + i * NR + 16, acc[i][t][1]);
+    }
+    TileArgs y = x;
+    y.c = x.c + t * NR;
+    y.rows = R;
+    y.cols = t == npv - 1 ? x.cols : NR;
+    y.bias = x.bias ? x.bias + t * NR : nullptr;
+    write_tile(t_, y);
+  }
+}
+
+/// The CPU's features, read once.
+inline bool cpu_has_bf16_dot() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16");
+  return has;
+}
+inline bool cpu_has_avx512() {
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+}
+#else
+#define DEA_BF16_X86 0
+inline bool cpu_has_bf16_dot() { return false; }
+inline bool cpu_has_avx512() { return false; }
+#endif
+
+/// The tile kernels the process uses, for a packed and for an in-place A.
+struct Kernels {
+  void (*packed)(const TileArgs&);
+  void (*direct)(const TileArgs&);
+  /// wide[R - 1]: R rows against up to wide_panels(R) panels (null: this path has none)
+  void (*wide[4])(const TileArgs&, int);
+};
+/// Panels a wide kernel of R rows takes at once.
+constexpr int wide_panels(int R) { return 12 / R; }
+inline Kernels tile_kernels() {
+  Bf16Path path = bf16_path();
+#if DEA_BF16_X86
+  if (path == Bf16Path::automatic)
+    path = cpu_has_bf16_dot() ? Bf16Path::instruction : cpu_has_avx512() ? Bf16Path::emulated : Bf16Path::scalar_model;
+  if (path == Bf16Path::instruction) {
+    check(cpu_has_bf16_dot(), "ops::packed::gemm_bf16: the instruction path was forced on a CPU without AVX512_BF16");
+    return {tile_instruction<false>,
+            tile_instruction<true>,
+            {wide_instruction<1, 12>, wide_instruction<2, 6>, wide_instruction<3, 4>, wide_instruction<4, 3>}};
+  }
+  if (path == Bf16Path::emulated) {
+    check(cpu_has_avx512(), "ops::packed::gemm_bf16: the emulated path was forced on a CPU without AVX-512");
+    return {tile_emulated<false>, tile_emulated<true>, {}};
+  }
+#else
+  check(path == Bf16Path::automatic || path == Bf16Path::scalar_model,
+        "ops::packed::gemm_bf16: only the scalar model is available on this CPU");
+#endif
+  return {tile_model<false>, tile_model<true>, {}};
+}
+
+/// Row i of a row-major A as dwords of pairs (the last one padded when K is odd): the blocks of k all start at even
+/// k, so pair p of block b is dword b * k_block_bf16(K) / 2 + p of the row.
+inline void convert_row(const float* __restrict src, Index K, u32* __restrict dst) {
+  const Index full = K / 2;
+  for (Index p = 0; p < full; ++p) dst[p] = pair(src[2 * p], src[2 * p + 1]);
+  if (K & 1) dst[full] = bits_of(src[K - 1]);
+}
+
+/// Thread-local growable scratch of dwords (64-byte aligned).
+struct Scratch {
+  u32* p = nullptr;
+  Index n = 0;
+  ~Scratch() { std::free(p); }
+  u32* get(Index want) {
+    if (want <= n) return p;
+    std::free(p);
+    const std::size_t bytes = (static_cast<std::size_t>(want) * 4 + 63) / 64 * 64;
+    p = static_cast<u32*>(std::aligned_alloc(64, bytes));
+    check(p != nullptr, "ops::packed::gemm_bf16: out of memory for a ", bytes, "-byte packing buffer");
+    n = want;
+    return p;
+  }
+};
+inline Scratch& a_scratch() {
+  thread_local Scratch s;
+  return s;
+}
+inline Scratch& b_scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+/// Columns of B per packed block: the [pairs, nc] block of dwords stays within kBBlockBytes.
+inline Index n_block(Index K, Index N) {
+  const Index pairs = std::max<Index>(1, k_block_bf16(K) / 2);
+  Index nc = kBBlockBytes / (pairs * 4) / NR * NR;
+  if (nc < NR) nc = NR;
+  const Index whole = (N + NR - 1) / NR * NR;
+  return std::min(nc, whole);
+}
+
+/// The packed product: A packed whole (every row panel, every block of k) by the team, then, per block of B, its
+/// panels packed by the team and its tiles shared out as in ops/packed_gemm.hpp. Which thread computes a tile, and
+/// how the blocks of columns are cut, changes no result.
+/// With `pre` non-null, B comes packed whole (pack_b_whole's layout) and is read where it is.
+template <class TB>
+void gemm_fast(Index M, Index N, Index K, View<float> A, View<TB> B, float* C, Index ldc, bool accumulate,
+               const float* bias, const u32* pre = nullptr) {
+  const Kernels kernels = tile_kernels();
+  const Index kb = k_block_bf16(K), nblk = (K + kb - 1) / kb, half = kb / 2;
+  const Index P = (nblk - 1) * half + (K - (nblk - 1) * kb + 1) / 2;  // pairs in all
+  const Index panels_m = (M + MR - 1) / MR;
+  // a row-major A is converted row by row and read in place; any other is packed in panels
+  const bool direct = A.cs == 1;
+  void (*const wide)(const TileArgs&, int) = direct && M <= 4 ? kernels.wide[M - 1] : nullptr;
+  u32* const Ap = a_scratch().get(direct ? M * P : panels_m * P * MR);
+  const Index nc = n_block(K, N), b_vals = half * nc;
+  const Index n_jc = (N + nc - 1) / nc, blocks = n_jc * nblk;
+  const bool par = !in_parallel() && 2.0 * double(M) * double(N) * double(K) > 4 * kParallelMinFlops;
+  const int want = par ? num_threads() : 1;
+  const bool two = want > 1 && blocks > 1 && !pre;
+  u32* const Bbuf = pre ? nullptr : b_scratch().get(two ? 2 * b_vals : b_vals);
+  const Index Np = (N + NR - 1) / NR * NR;
+  parallel_team(want, [&](int tid, int team) {
+    if (direct) {  // A, all of it: row i at Ap + i * P
+      for (Index i = M * tid / team; i < M * (tid + 1) / team; ++i) convert_row(A.p + i * A.rs, K, Ap + i * P);
+    } else {  // A, all of it: panel q, block b at Ap + (q * P + b * half) * MR
+      for (Index q = panels_m * tid / team; q < panels_m * (tid + 1) / team; ++q)
+        for (Index b = 0; b < nblk; ++b)
+          pack_a(A, q * MR, int(std::min<Index>(MR, M - q * MR)), b * kb, std::min(K, (b + 1) * kb),
+                 Ap + (q * P + b * half) * MR);
+    }
+    Index blk = 0;
+    for (Index jc = 0; jc < N; jc += nc) {
+      const Index ncur = std::min(nc, N - jc), np = (ncur + NR - 1) / NR;
+      for (Index b = 0; b < nblk; ++b, ++blk) {
+        const Index k0 = b * kb, k1 = std::min(K, k0 + kb), pairs = (k1 - k0 + 1) / 2;
+        const bool init = !accumulate && b == 0;
+        const u32* Bp;
+        if (pre) {
+          Bp = pre + b * half * Np + jc * pairs;  // the block of k at b * half * Np, panel n0 at n0 * pairs
+          if (team > 1 && blk == 0) team_barrier();  // A is packed
+        } else {
+          u32* const buf = Bbuf + (two ? (blk % 2) * b_vals : 0);
+          if (team > 1 && !two && blk > 0) team_barrier();  // the previous block's panels are no longer read
+          for (Index p = np * tid / team; p < np * (tid + 1) / team; ++p) {
+            const Index n0 = jc + p * NR;
+            pack_b(B, k0, k1, n0, int(std::min<Index>(NR, N - n0)), buf + p * pairs * NR);
+          }
+          if (team > 1) team_barrier();  // A (first block) and every panel of this block are packed
+          Bp = buf;
+        }
+        if (wide) {  // M <= 4: groups of panels, each read once for all the rows
+          const int G = wide_panels(int(M));
+          const Index groups = (np + G - 1) / G;
+          for (Index u = groups * tid / team; u < groups * (tid + 1) / team; ++u) {
+            const Index p = u * G, n0 = jc + p * NR;
+            const int npv = int(std::min<Index>(G, np - p));
+            const Index last = jc + (p + npv - 1) * NR;
+            const TileArgs x{pairs, Ap + b * half, P, Bp + p * pairs * NR, C + n0, ldc, int(M),
+                             int(std::min<Index>(NR, N - last)), init, bias ? bias + n0 : nullptr};
+            wide(x, npv);
+          }
+          continue;
+        }
+        const Index tiles = panels_m * np, u0 = tiles * tid / team, u1 = tiles * (tid + 1) / team;
+        for (Index u = u0; u < u1; ++u) {
+          const Index q = u / np, p = u % np, m0 = q * MR, n0 = jc + p * NR;
+          TileArgs x{pairs, nullptr, P, Bp + p * pairs * NR, C + m0 * ldc + n0, ldc,
+                     int(std::min<Index>(MR, M - m0)), int(std::min<Index>(NR, N - n0)), init,
+                     bias ? bias + n0 : nullptr};
+          if (direct) {
+            x.a = Ap + m0 * P + b * half;
+            kernels.direct(x);
+          } else {
+            x.a = Ap + (q * P + b * half) * MR;
+            kernels.packed(x);
+          }
+        }
+      }
+    }
+  });
+}
+
+/// C = bias (or 0), or left as it is, for an empty inner dimension.
+inline void fill_empty(Index M, Index N, float* C, Index ldc, bool accumulate, const float* bias) {
+  if (accumulate) return;
+  for (Index i = 0; i < M; ++i)
+    for (Index j = 0; j < N; ++j) C[i * ldc + j] = bias ? bias[j] : 0.0f;
+}
+
+}  // namespace bf16_detail
+
+/// True when this CPU runs the bf16 products with the vdpbf16ps instruction (AVX512_BF16); otherwise they are
+/// emulated (the same bits, at most the float product's speed).
+inline bool bf16_instruction_available() { return bf16_detail::cpu_has_bf16_dot(); }
+
 /// C [M, N] (row stride ldc) = bf16(A) bf16(B) (+ bias as a row, when non-null), or C += ... when `accumulate`
 /// (bias ignored), float accumulation, by the rule of the file comment. A is [M, K], B is [K, N], any strided views.
+/// Multi-threaded over tiles (run serially inside a parallel region); the results never depend on the threads.
 inline void gemm_bf16(Index M, Index N, Index K, View<float> A, View<float> B, float* C, Index ldc, bool accumulate,
                       const float* bias = nullptr) {
   if (M <= 0 || N <= 0) return;
-  bf16_detail::gemm_model(M, N, K, A, B, C, ldc, accumulate, bias);
+  if (K <= 0) return bf16_detail::fill_empty(M, N, C, ldc, accumulate, bias);
+  bf16_detail::gemm_fast(M, N, K, A, B, C, ldc, accumulate, bias);
 }
 
 /// The same with B already in bf16 (weights stored for inference).
 inline void gemm_bf16(Index M, Index N, Index K, View<float> A, View<bf16> B, float* C, Index ldc, bool accumulate,
                       const float* bias = nullptr) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) return bf16_detail::fill_empty(M, N, C, ldc, accumulate, bias);
+  bf16_detail::gemm_fast(M, N, K, A, B, C, ldc, accumulate, bias);
+}
+
+/// A right-hand side B [K, N] packed once for bf16 products (the weights of an inference model, B = W^T): the
+/// products that use it skip packing, and it holds 2 bytes per weight (plus the padding of the last panel).
+class Bf16Matrix {
+public:
+  Bf16Matrix() = default;
+  /// B packed from a float or bf16 view (a weight W [N, K] stored row-major: View{W, 1, K}, i.e. W^T).
+  template <class T>
+  Bf16Matrix(Index K, Index N, View<T> B) : K_(K), N_(N) {
+    check(K >= 0 && N >= 0, "ops::packed::Bf16Matrix: negative shape ", K, " x ", N);
+    using namespace bf16_detail;
+    const Index kb = k_block_bf16(K), half = kb / 2, Np = (N + NR - 1) / NR * NR;
+    const Index P = K == 0 ? 0 : ((K + kb - 1) / kb - 1) * half + (K - ((K + kb - 1) / kb - 1) * kb + 1) / 2;
+    data_.reset(static_cast<u32*>(std::aligned_alloc(64, std::size_t((P * Np * 4 + 63) / 64 * 64 + 64))));
+    check(data_ != nullptr, "ops::packed::Bf16Matrix: out of memory for ", P * Np * 4, " bytes");
+    size_ = P * Np;
+    for (Index b = 0; b * kb < K; ++b) {
+      const Index k0 = b * kb, k1 = std::min(K, k0 + kb), pairs = (k1 - k0 + 1) / 2;
+      for (Index n0 = 0; n0 < N; n0 += NR)
+        pack_b(B, k0, k1, n0, int(std::min<Index>(NR, N - n0)), data_.get() + b * half * Np + n0 * pairs);
+    }
+  }
+  Index rows() const { return K_; }
+  Index cols() const { return N_; }
+  /// Bytes of the packed values.
+  std::size_t bytes() const { return std::size_t(size_) * 4; }
+  const bf16_detail::u32* data() const { return data_.get(); }
+
+private:
+  struct Free {
+    void operator()(bf16_detail::u32* p) const { std::free(p); }
+  };
+  Index K_ = 0, N_ = 0, size_ = 0;
+  std::unique_ptr<bf16_detail::u32, Free> data_;
+};
+
+/// C [M, N] (row stride ldc) (=|+=) bf16(A) B (+ bias) for a B packed once: the same bits as gemm_bf16 on the view
+/// B was packed from.
+inline void gemm_bf16(Index M, View<float> A, const Bf16Matrix& B, float* C, Index ldc, bool accumulate,
+                      const float* bias = nullptr) {
+  const Index N = B.cols(), K = B.rows();
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) return bf16_detail::fill_empty(M, N, C, ldc, accumulate, bias);
+  bf16_detail::gemm_fast(M, N, K, A, View<float>{nullptr, 0, 0}, C, ldc, accumulate, bias, B.data());
+}
+
+/// The rule computed element by element with the scalar model (bf16_model::dp_step), for tests: the same bits as
+/// gemm_bf16.
+template <class TB>
+void gemm_bf16_model(Index M, Index N, Index K, View<float> A, View<TB> B, float* C, Index ldc, bool accumulate,
+                     const float* bias = nullptr) {
   if (M <= 0 || N <= 0) return;
   bf16_detail::gemm_model(M, N, K, A, B, C, ldc, accumulate, bias);
 }
