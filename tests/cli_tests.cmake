@@ -546,6 +546,8 @@ if(TARGET dea_cli)
                --prompt hi --temperature -1)
   dea_cli_test(generate_rejects_missing_run dea_cli 2 "--ckpt '/nonexistent/lm_run': .*config.json"
                generate --ckpt /nonexistent/lm_run --prompt hi)
+  dea_cli_test(generate_rejects_bad_precision dea_cli 2 "--precision.*fp32.*bf16" generate --ckpt d --prompt hi
+               --precision fp16)
 endif()
 
 # What a flag implies is inferred when nothing else is possible, and an explicit contradiction is still refused (the
