@@ -15,11 +15,11 @@
 // Precision: NliOracle<float> is what the reference computes (float32 models, phi taken as float32 by its
 // `.float()`): phi and sim are the float results, widened exactly to double. NliOracle<double> runs the float64
 // forward of the (upcast) weights, as the golden cases were computed, and keeps phi in double. alpha_raw and alpha
-// are computed in double from phi and sim in both. With OracleOptions::precision bf16 (NliOracle<float>), the matrix
-// products of both models (projections, FFN, the attention's scores and values, the classifier) read bf16 copies of
-// their operands and accumulate in float; norms, GELU, softmax, pooling and the scores stay float. On the golden
-// pairs alpha then stays within 0.01 of the float oracle's (tests/test_oracle.cpp); the bits still depend on each
-// pair alone.
+// are computed in double from phi and sim in both. With OracleOptions::precision bf16 (NliOracle<float>), the weight
+// products of both models (the attention projections, the FFN, the pooler, the classifier) read bf16 copies of their
+// operands and accumulate in float; the attention's per-head products, norms, GELU, softmax, pooling and the scores
+// stay float. On the golden pairs alpha then stays within 0.01 of the float oracle's (tests/test_oracle.cpp); the
+// bits still depend on each pair alone.
 //
 // Batches, threads and determinism. The reference pads each batch to its longest sequence. Here sequences of equal
 // length run together (no padding) in forwards of at most OracleOptions::max_batch_tokens tokens, on all threads,
