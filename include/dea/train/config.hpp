@@ -9,6 +9,7 @@
 
 #include "../core/error.hpp"
 #include "../core/files.hpp"
+#include "../core/parallel.hpp"
 #include "../core/tensor.hpp"
 #include "../io/json_limits.hpp"
 #include "../cli/flags.hpp"
@@ -63,6 +64,10 @@ struct RunOptions {
   /// gradients are summed in a fixed binary tree (dist/tree_sum.hpp), so that the step gives the same bits on any
   /// number of ranks dividing M (`mpirun -np R dea train`). 1 = the whole batch at once.
   std::int64_t micro_batches = 1;
+  /// fp32 | bf16: the precision of the matrix products of training and of its evaluations (mixed precision: bf16
+  /// operands with fp32 accumulation; the gate, normalisations, softmax, losses, gradients and AdamW's master
+  /// weights and state stay fp32). Recorded in config.json and in the checkpoint; a resumed run keeps it.
+  std::string precision = "fp32";
   /// The fingerprint of the run's data (a data::Fingerprint of its records or sentences, 16 hex digits), recorded in
   /// config.json when a run starts; a run rebuilt from config.json must find the same data. Empty: not recorded
   /// (a configuration from code, or a run imported from the reference). Not a flag.
@@ -321,6 +326,9 @@ inline const cli::FlagTable<TrainConfig>& config_flags() {
               "OpenMP threads (0 = the library default)")
         .resumable();
     f.toggle("resume", &C::resume, "continue the run in --out_dir from its checkpoint (bit for bit)");
+    f.choice("precision", &C::precision, {"fp32", "bf16"},
+             "the matrix products: fp32, or bf16 operands accumulated in fp32 (mixed precision; the gate, norms, "
+             "softmax, losses, gradients and AdamW's weights and state stay fp32; docs/training.md)");
     // --model lm
     f.choice("attention", &C::attention, {"mha", "gqa", "tr_mha", "tr_mha_v2", "dea"},
              "--model lm: causal attention (multi-head, grouped-query, token-routed v1 / v2, causal Dual-Expert)");
@@ -448,6 +456,9 @@ inline void validate(const TrainConfig& c) {
   check(c.data_source == "dalpha" || c.oracle == "mock", "--oracle '", c.oracle,
         "': an alpha cache applies only to --data_source dalpha");
 }
+
+/// The product precision of a configuration's --precision.
+inline Precision run_precision(const TrainConfig& c) { return c.precision == "bf16" ? Precision::bf16 : Precision::fp32; }
 
 /// A configuration that passed validate(): built from a TrainConfig (validating it, dea::Error naming the flag),
 /// read only afterwards. What the data and the trainer take.
@@ -587,6 +598,7 @@ inline nlohmann::json to_json(const TrainConfig& c) {
   j["resume"] = c.resume;
   j["eval_batches"] = c.eval_batches;
   j["micro_batches"] = c.micro_batches;
+  j["precision"] = c.precision;
   j["oracle_fallback"] = c.oracle_fallback;
   j["dalpha_source"] = c.dalpha_source;
   j["babi"] = c.babi;
@@ -692,6 +704,7 @@ inline ValidConfig config_from_json(const nlohmann::json& j, const std::string& 
   get("resume", c.resume);
   get("eval_batches", c.eval_batches);
   get("micro_batches", c.micro_batches);
+  get("precision", c.precision);  // absent (a run from before mixed precision, or the reference's): fp32
   get("oracle_fallback", c.oracle_fallback);
   get("dalpha_source", c.dalpha_source);
   get("babi", c.babi);

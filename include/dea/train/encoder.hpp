@@ -513,7 +513,7 @@ void save_run(const std::string& dir, const TrainConfig& cfg, const data::RunTok
   std::filesystem::create_directories(dir);
   tok.save(tokenizer_path(dir));
   write_config(config_path(dir), cfg);
-  save_checkpoint(dir, model, opt, step, cfg.seed);
+  save_checkpoint(dir, model, opt, step, cfg.seed, nullptr, "dea-train-checkpoint", run_precision(cfg));
 }
 
 // ------------------------------------------------------------------------------------------------------------
@@ -561,7 +561,7 @@ void save_run(const std::string& dir, const TrainConfig& cfg, const ModelFamily<
   std::filesystem::create_directories(dir);
   family.write_files(dir, d);
   write_config(config_path(dir), cfg);
-  save_checkpoint(dir, model, opt, step, cfg.seed);
+  save_checkpoint(dir, model, opt, step, cfg.seed, nullptr, "dea-train-checkpoint", run_precision(cfg));
 }
 
 /// What a run does besides training (TrainOptions<S> for the encoder).
@@ -621,13 +621,14 @@ void print_data_line(const TrainConfig& cfg, const RunData& d, const std::string
   for (auto* p : model.parameters()) n_params += static_cast<std::size_t>(p->numel());
   const std::int64_t M = cfg.micro_batches;
   fmt::print("data: {} train / {} val / {} test ({}), vocab {} ({}), {} {:.2f}M parameters (D={} H={} L={} "
-             "d_ff={}), {} steps, batch {}{}, gamma_steps {}{}\n",
+             "d_ff={}), {} steps, batch {}{}, gamma_steps {}{}{}\n",
              d.size(Split::train), d.size(Split::val), d.size(Split::test), d.source, d.tok.vocab_size(), d.tok.kind(),
              name, static_cast<double>(n_params) / 1e6, cfg.d_model, cfg.n_heads, cfg.n_layers, cfg.d_ff, cfg.steps,
              cfg.batch_size,
              M > 1 || ranks > 1 ? fmt::format(" ({} micro-batches on {} rank{})", M, ranks, ranks > 1 ? "s" : "")
                                 : std::string(),
-             cfg.gamma_steps, step0 ? fmt::format(", resumed at step {}", step0) : std::string());
+             cfg.gamma_steps, cfg.precision == "bf16" ? ", bf16 products" : "",
+             step0 ? fmt::format(", resumed at step {}", step0) : std::string());
 }
 
 /// The training split's batches (see the file comment): the whole batch of a step, or micro-batch k of it (M > 1):
@@ -869,7 +870,9 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
   start.config_json = to_json(saved_cfg).dump();
   auto opened = open_run(
       comm, start, [&] { return family.build(d); }, [&](Model& m) { return make_optimizer(m, cfg); },
-      [&](Model& m, optim::AdamW<S>& opt) { return load_checkpoint(cfg.out_dir, m, &opt, cfg.seed); });
+      [&](Model& m, optim::AdamW<S>& opt) {
+        return load_checkpoint(cfg.out_dir, m, &opt, cfg.seed, {}, run_precision(cfg));
+      });
   Model& model = *opened.model;
   optim::AdamW<S>& opt = *opened.opt;
   const std::int64_t step0 = res.start_step = opened.step0;
@@ -877,6 +880,7 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
 
   detail::TrainBatches<S> batches(d, cfg);
   dist::together(comm, [&] {  // on rank 0: it changes no parameter
+    const ScopedPrecision precision(run_precision(cfg));  // the isolation of the products the steps run
     if (root) detail::check_isolation(model, d, cfg, plain ? batches.whole(1) : batches.micro(1, 0), verbose, res);
   });
   TrainLog log;
@@ -888,6 +892,7 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
 
   Steps steps(model, cfg.gamma_steps);
   Trainer<Steps> trainer(steps, opt, cfg.seed, nullptr, o.fault);
+  trainer.set_precision(run_precision(cfg));
   if (!plain) trainer.set_micro_batches(comm, M);
   typename Trainer<Steps>::Hooks h;
   h.steps = cfg.steps;
@@ -962,13 +967,14 @@ BasicLoadedRun<Model> load_run_with(const std::string& dir, FamilyOf&& family_of
   // a data file the run's config.json names (--text, --oracle, --babi, ...) is reported with that origin
   RunData d = with_context(config_path(dir) + ": ", [&] { return build_data(cfg, &tok); });
   std::unique_ptr<Model> model = family.build(d);
-  const std::int64_t step = load_checkpoint(dir, *model, nullptr, cfg->seed);
+  const std::int64_t step = load_checkpoint(dir, *model, nullptr, cfg->seed, {}, run_precision(cfg));
   return BasicLoadedRun<Model>{std::move(cfg), std::move(tok), std::move(d), std::move(model), step};
 }
 
-/// eval.py on a loaded run: `split` at gamma = 0, all batches.
+/// eval.py on a loaded run: `split` at gamma = 0, all batches, with the products of the run's --precision.
 template <class Model>
 EvalResult evaluate_run(BasicLoadedRun<Model>& run, Split split) {
+  const ScopedPrecision precision(run_precision(run.cfg));
   return evaluate(*run.model, run.data, split, run.cfg->batch_size, run.cfg->max_len, run.cfg->seed, 0);
 }
 

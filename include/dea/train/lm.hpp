@@ -217,7 +217,7 @@ inline std::string route_table_name(Index l) { return fmt::format("layers.{}.mlp
 /// Writes checkpoint.safetensors (atomically): the trainer's contents and the route tables.
 template <class S>
 void save_checkpoint(const std::string& dir, Model<S>& model, const optim::AdamW<S>* opt, std::int64_t step,
-                     std::uint64_t seed) {
+                     std::uint64_t seed, Precision precision = Precision::fp32) {
   train::save_checkpoint(dir, model, opt, step, seed, [&](io::SafeTensors& st) {
     for (Index l = 0; l < model.num_layers(); ++l)
       if (const auto* moe = model.tr_moe(l)) {
@@ -226,17 +226,19 @@ void save_checkpoint(const std::string& dir, Model<S>& model, const optim::AdamW
         std::copy(buf.begin(), buf.end(), t.ptr());
         st.put(route_table_name(l), t, io::DType::I64);
       }
-  }, "dea-lm-checkpoint");
+  }, "dea-lm-checkpoint", precision);
 }
 
 /// Loads checkpoint.safetensors of `dir` into `model` (and `opt`): the trainer's load_checkpoint, then every TR-MoE
 /// layer's route table (a missing or invalid one is a dea::Error naming the file and the tensor). Returns the step.
+/// `precision` (when given) must be the one the checkpoint records (train::load_checkpoint).
 template <class S>
-std::int64_t load_checkpoint(const std::string& dir, Model<S>& model, optim::AdamW<S>* opt, std::uint64_t seed) {
+std::int64_t load_checkpoint(const std::string& dir, Model<S>& model, optim::AdamW<S>* opt, std::uint64_t seed,
+                             std::optional<Precision> precision = std::nullopt) {
   std::vector<std::string> tables;
   for (Index l = 0; l < model.num_layers(); ++l)
     if (model.tr_moe(l)) tables.push_back(route_table_name(l));
-  const std::int64_t step = ::dea::train::load_checkpoint(dir, model, opt, seed, tables);
+  const std::int64_t step = ::dea::train::load_checkpoint(dir, model, opt, seed, tables, precision);
   if (tables.empty()) return step;
   const std::string path = checkpoint_path(dir);
   const io::SafeTensors st = io::SafeTensors::load(path);
@@ -355,7 +357,7 @@ void print_data_line(const TrainConfig& cfg, const LmData& d, Model<S>& model, i
   const Index T = cfg.max_len;
   const std::int64_t M = cfg.micro_batches;
   fmt::print("data: {} train / {} val bytes ({} validation windows of {}), vocab 256 (bytes), DecoderLM {:.3f}M "
-             "parameters (D={} H={} kv={} L={} d_ff={} attention {} mlp {}{}), {} steps, batch {}{}{}\n",
+             "parameters (D={} H={} kv={} L={} d_ff={} attention {} mlp {}{}), {} steps, batch {}{}{}{}\n",
              d.train.size(), d.val.size(), val_starts(d, T).size(), T + 1, static_cast<double>(n_params) / 1e6,
              cfg.d_model, cfg.n_heads, model.num_kv_heads(), cfg.n_layers, cfg.d_ff, cfg.attention, cfg.mlp,
              cfg.mlp == "tr_moe"
@@ -365,6 +367,7 @@ void print_data_line(const TrainConfig& cfg, const LmData& d, Model<S>& model, i
              M > 1 || ranks > 1 ? fmt::format(" ({} micro-batches of {} on {} rank{})", M, cfg.batch_size / M, ranks,
                                               ranks > 1 ? "s" : "")
                                 : std::string(),
+             cfg.precision == "bf16" ? ", bf16 products" : "",
              step0 ? fmt::format(", resumed at step {}", step0) : std::string());
 }
 
@@ -411,7 +414,9 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
   start.config_json = to_json(saved_cfg).dump();
   auto opened = open_run(
       comm, start, [&] { return build_model<S>(cfg); }, [&](Model<S>& m) { return make_optimizer(m, cfg); },
-      [&](Model<S>& m, optim::AdamW<S>& opt) { return load_checkpoint(cfg.out_dir, m, &opt, cfg.seed); });
+      [&](Model<S>& m, optim::AdamW<S>& opt) {
+        return load_checkpoint(cfg.out_dir, m, &opt, cfg.seed, run_precision(cfg));
+      });
   Model<S>& model = *opened.model;
   optim::AdamW<S>& opt = *opened.opt;
   const std::int64_t step0 = opened.step0;
@@ -422,6 +427,7 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
 
   LmFamily<S> family(model, cfg.label_smoothing);
   Trainer<LmFamily<S>> trainer(family, opt, cfg.seed, [&cfg](std::int64_t s) { return lr_at(cfg, s); }, o.fault);
+  trainer.set_precision(run_precision(cfg));
   if (M > 1 || comm.size() > 1) trainer.set_micro_batches(comm, M);
   typename Trainer<LmFamily<S>>::Batches batches;
   batches.whole = [&](std::int64_t s) { return train_batch(d, cfg.batch_size, T, cfg.seed, s); };
@@ -477,7 +483,7 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
   };
   h.checkpoint = [&](std::int64_t step) {
     write_config(config_path(cfg.out_dir), saved_cfg);
-    save_checkpoint(cfg.out_dir, model, &opt, step, cfg.seed);
+    save_checkpoint(cfg.out_dir, model, &opt, step, cfg.seed, run_precision(cfg));
   };
 
   const auto t_loop = std::chrono::steady_clock::now();
@@ -508,7 +514,7 @@ LoadedRun<S> load_run(const std::string& dir) {
   check((*run.cfg)->model == "lm", config_path(dir), ": the run is a --model ", (*run.cfg)->model,
         " run, not a language model (--model lm)");
   run.model = build_model<S>(*run.cfg);
-  run.step = load_checkpoint<S>(dir, *run.model, nullptr, (*run.cfg)->seed);
+  run.step = load_checkpoint<S>(dir, *run.model, nullptr, (*run.cfg)->seed, run_precision(*run.cfg));
   return run;
 }
 

@@ -4,7 +4,8 @@
 //   checkpoint.safetensors  parameters under the reference's state_dict names (F32), the AdamW state under
 //                           "optim." (exp_avg.<name>, exp_avg_sq.<name>, step.<group>), "train.step" (I64 []),
 //                           "train.rng_state" (I64 [4], the xoshiro state of the next step's dropout Rng, a
-//                           consistency check) and metadata {format, step}
+//                           consistency check) and metadata {format, step, precision} (precision: the run's
+//                           --precision, fp32 or bf16; a checkpoint without it was trained in fp32)
 //   config.json             every flag of the run (train/config.hpp)
 //   tokenizer.txt           the vocabulary (one token per line); a dea_bert run has instead:
 //   vocab.txt               --model dea_bert: --hf_model's vocab.txt, copied byte for byte (the WordPiece vocabulary)
@@ -18,6 +19,7 @@
 #include "../core/error.hpp"
 #include "../core/files.hpp"
 #include "../core/param.hpp"
+#include "../core/parallel.hpp"
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
 #include "../io/json_limits.hpp"
@@ -96,14 +98,24 @@ inline std::array<std::uint64_t, 4> checkpoint_rng_state(std::uint64_t seed, std
   return Rng(stream_seed(seed, kDropoutStream, static_cast<std::uint64_t>(step + 1))).state();
 }
 
+/// The product precision a checkpoint's metadata records (its "precision": "fp32" or "bf16"); a checkpoint without
+/// it (written before mixed precision, or exported from the reference) was trained in fp32. Any other value is a
+/// dea::Error naming `path`.
+inline Precision checkpoint_precision(const io::SafeTensors& st, const std::string& path) {
+  const auto it = st.metadata().find("precision");
+  if (it == st.metadata().end() || it->second == "fp32") return Precision::fp32;
+  check(it->second == "bf16", path, ": metadata 'precision' must be 'fp32' or 'bf16', got '", it->second, "'");
+  return Precision::bf16;
+}
+
 /// Writes checkpoint.safetensors of `dir` (atomically): the parameters, the optimiser state (when given), the
 /// step and the Rng state check of `seed`, then what `extra` adds (a model family's buffers), under the metadata
-/// format `format`.
+/// format `format` and the run's product precision `precision`.
 template <class Model>
 void save_checkpoint(const std::string& dir, Model& model, const optim::AdamW<typename Model::Scalar>* opt,
                      std::int64_t step, std::uint64_t seed,
                      const std::function<void(io::SafeTensors&)>& extra = nullptr,
-                     const std::string& format = "dea-train-checkpoint") {
+                     const std::string& format = "dea-train-checkpoint", Precision precision = Precision::fp32) {
   std::filesystem::create_directories(dir);
   io::SafeTensors st(checkpoint_path(dir));
   io::put_parameters(st, model.parameters(), io::DType::F32);
@@ -115,7 +127,7 @@ void save_checkpoint(const std::string& dir, Model& model, const optim::AdamW<ty
   for (int i = 0; i < 4; ++i) std::memcpy(&rs[i], &s[static_cast<std::size_t>(i)], sizeof(std::uint64_t));
   st.put("train.rng_state", rs, io::DType::I64);
   if (extra) extra(st);
-  st.set_metadata({{"format", format}, {"step", std::to_string(step)}});
+  st.set_metadata({{"format", format}, {"step", std::to_string(step)}, {"precision", precision_name(precision)}});
   st.save(checkpoint_path(dir));
 }
 
@@ -130,14 +142,22 @@ struct has_positional_table<M, std::void_t<decltype(std::declval<M&>().positiona
 /// checkpoint exported from the reference, which has no "train.step"). Everything is validated first; any
 /// problem is a dea::Error naming the file. `seed` (when given) is checked against the stored Rng state.
 /// `extra_tensors`: names (prefixes) of the model's other tensors in the file, which the caller loads itself (the
-/// TR-MoE route tables of an LM run).
+/// TR-MoE route tables of an LM run). `precision` (when given: the run configuration's) must be the one the
+/// checkpoint records (checkpoint_precision), else a dea::Error names both and the flag.
 template <class Model>
 std::int64_t load_checkpoint(const std::string& dir, Model& model, optim::AdamW<typename Model::Scalar>* opt,
                                     std::optional<std::uint64_t> seed = std::nullopt,
-                                    const std::vector<std::string>& extra_tensors = {}) {
+                                    const std::vector<std::string>& extra_tensors = {},
+                                    std::optional<Precision> precision = std::nullopt) {
   using Scalar = typename Model::Scalar;
   const std::string path = checkpoint_path(dir);
   const io::SafeTensors st = io::SafeTensors::load(path);
+  if (precision) {
+    const Precision saved = checkpoint_precision(st, path);
+    check(saved == *precision, path, ": the checkpoint was trained with --precision ", precision_name(saved),
+          ", but the run's configuration says --precision ", precision_name(*precision),
+          " (a run keeps the precision it started with)");
+  }
   std::int64_t step = 0;
   if (st.has("train.step")) {
     const Tensor<std::int64_t> t = st.get<std::int64_t>("train.step");

@@ -24,6 +24,11 @@
 // a LossFault the caller installs sees every task loss before the checks (a program's rehearsal of the failure path;
 // the library installs none and reads no environment variable).
 //
+// Precision: set_precision(Precision::bf16) runs the family's forward/backward passes and hooks.evaluate under
+// ScopedPrecision (core/parallel.hpp): their float matrix products take bf16 operands and accumulate in fp32, as
+// PyTorch's CPU autocast does; what is not a product of ops/gemm.hpp (the Dual-Expert gate, normalisations, softmax,
+// losses), the gradients, clipping and AdamW's master weights and state stay fp32. The default is fp32.
+//
 // Randomness: step s (1-based) draws its dropout masks from Rng(stream_seed(seed, kDropoutStream, s)) (seeds.hpp),
 // so a run resumed at step k continues as the uninterrupted run does.
 //
@@ -37,6 +42,7 @@
 #pragma once
 
 #include "../core/error.hpp"
+#include "../core/parallel.hpp"
 #include "../core/param.hpp"
 #include "../core/rng.hpp"
 #include "../dist/comm.hpp"
@@ -296,6 +302,11 @@ public:
   }
   bool micro_batched() const { return reducer_ != nullptr; }
 
+  /// The precision of the products of the family's forward/backward passes and of hooks.evaluate (see the file
+  /// comment); fp32 by default.
+  void set_precision(Precision p) { precision_ = p; }
+  Precision precision() const { return precision_; }
+
   /// Steps first+1 .. hooks.steps (see the file comment). Returns the number of steps run. NonFiniteError (on every
   /// rank) naming the step and the checkpoint kept; dist::RankFailed on every rank when a rank failed.
   std::int64_t run(std::int64_t first, const Batches& batches, const Hooks& h) {
@@ -439,6 +450,7 @@ private:
   /// zero_grad, the family's forward/backward, and the fault (when installed) on its task loss.
   Losses forward_backward(const Batch& b, std::int64_t step, std::int64_t micro, Rng& dropout) {
     opt_.zero_grad();
+    const ScopedPrecision products(precision_);
     Losses l = family_.forward_backward(b, step, dropout);
     if (fault_) l.task = fault_(l.task, step, micro);
     return l;
@@ -483,7 +495,10 @@ private:
   void evaluate(const Hooks& h, std::int64_t step) {
     auto on_root = [&] {
       if (comm_ && comm_->rank() != 0) return;
-      if (h.evaluate) h.evaluate(step);
+      if (h.evaluate) {
+        const ScopedPrecision products(precision_);
+        h.evaluate(step);
+      }
       if (h.checkpoint) h.checkpoint(step);
     };
     if (comm_) return dist::together(*comm_, on_root);
@@ -495,6 +510,7 @@ private:
   std::uint64_t seed_;
   std::function<double(std::int64_t)> lr_main_;
   LossFault fault_;
+  Precision precision_ = Precision::fp32;
   dist::Comm* comm_ = nullptr;
   std::unique_ptr<dist::GradientReducer<Scalar>> reducer_;
 };
