@@ -1,7 +1,7 @@
 // bench_dea_bert: speed and memory of one DualExpertBert fine-tuning step, printed as one JSON line per thread count.
 //
 //   bench_dea_bert [--config base|tiny] [--threads 1,2] [--steps 3] [--warmup 1] [--batch 32] [--tokens 64]
-//                  [--gamma 0.5] [--kernel tiled|reference] [--seed 42] [--no-yardstick]
+//                  [--gamma 0.5] [--kernel tiled|reference] [--seed 42] [--no-yardstick] [--precision fp32|bf16]
 //
 // The step is what `dea train --model dea_bert` runs each step (train::Trainer::step on the family of
 // train/dea_bert.hpp): a training-mode forward of bert::DualExpertBert<float> (dropout on: hidden and attention
@@ -35,6 +35,10 @@
 // just before the steps) and the step's fraction of it, the losses of the first step, the process's peak RSS so far
 // (getrusage; run one thread count per process for a clean figure, as bench/compare_dea_bert.py does) and the
 // 1-minute load average before and after. Progress goes to stderr.
+// --precision bf16 runs the steps under dea::ScopedPrecision(Precision::bf16) (the float products read bf16
+// copies of their operands and accumulate in float; everything else, the weights and AdamW's state included, stays
+// float). Each line has "precision" and the peak of that precision on its thread count (bench/peak.hpp: FP32 fused
+// multiply-adds or bf16 dot products, measured before the steps) with peak_fraction = gflops / peak_gflops.
 // Exit status: 0 done; 1 a failure (e.g. a non-finite loss); 2 a bad command line.
 #include <dea/bert/dual_expert_bert.hpp>
 #include <dea/core/allocator.hpp>
@@ -46,6 +50,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_util.hpp"
+#include "peak.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -83,11 +88,13 @@ struct Options {
   DeaKernel kernel = DeaKernel::tiled;
   std::uint64_t seed = 42;
   bool yardstick = true;
+  Precision precision = Precision::fp32;
 };
 
 constexpr const char* kUsage =
     "usage: bench_dea_bert [--config base|tiny] [--threads 1,2] [--steps 3] [--warmup 1] [--batch 32] "
-    "[--tokens 64] [--gamma 0.5] [--kernel tiled|reference] [--seed 42] [--no-yardstick]\n";
+    "[--tokens 64] [--gamma 0.5] [--kernel tiled|reference] [--seed 42] [--no-yardstick]\n"
+    "                      [--precision fp32|bf16]\n";
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -170,6 +177,9 @@ int run(const Options& opt) {
     fmt::print(stderr, "[{} threads={}] model built: {} parameters ({:.2f} s)\n", bc.name, th, n_params,
                secs(t0, Clock::now()));
     const double yard = opt.yardstick ? bench_util::yardstick_gflops(th, 3) : 0.0;
+    const bench_peak::Peak peak = bench_peak::measure_peak(
+        opt.precision == Precision::bf16 ? bench_peak::Kind::bf16 : bench_peak::Kind::fp32, th);
+    const ScopedPrecision precision(opt.precision);  // the float products of the steps
     bert::DualExpertBert<float>::Cache cache;
     std::vector<double> t_total, t_cpu, t_fwd, t_bwd, t_opt;
     double first_task = NAN, first_gate = NAN;
@@ -212,6 +222,7 @@ int run(const Options& opt) {
     nlohmann::json j;
     j["bench"] = "dea_bert_step";
     j["impl"] = "dea";
+    j["precision"] = precision_name(opt.precision);
     j["config"] = bc.name;
     j["hidden"] = bc.hidden;
     j["layers"] = bc.layers;
@@ -237,6 +248,8 @@ int run(const Options& opt) {
     j["gflops"] = gf / med;
     j["yardstick_gflops"] = yard;
     j["frac_yardstick"] = yard > 0 ? gf / med / yard : 0.0;
+    j["peak_gflops"] = peak.gflops;
+    j["peak_fraction"] = peak.gflops > 0 ? gf / med / peak.gflops : 0.0;
     j["first_task_loss"] = first_task;
     j["first_loss_gate"] = first_gate;
     j["peak_rss_mb"] = std::round(bench_util::peak_rss_mb());
@@ -287,6 +300,10 @@ int main(int argc, char** argv) {
         opt.seed = static_cast<std::uint64_t>(args.int_value(0, std::numeric_limits<std::int64_t>::max()));
       } else if (args.is("--no-yardstick")) {
         opt.yardstick = false;
+      } else if (args.is("--precision")) {
+        const std::string v = args.value();
+        if (v != "fp32" && v != "bf16") cli::bad_value("--precision", v, "fp32 or bf16");
+        opt.precision = v == "bf16" ? Precision::bf16 : Precision::fp32;
       } else {
         args.unknown();
       }

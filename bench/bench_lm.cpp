@@ -5,7 +5,7 @@
 //            [--hidden 384] [--heads 8] [--layers 4] [--seq 256] [--batch 8] [--ffn 1792] [--routed 256]
 //            [--experts 4] [--top_k 2] [--adapter_rank 4] [--gen_prompt 16] [--gen_new 240] [--gen_reps 3]
 //            [--yardstick_rounds 5] [--dump-batches FILE] [--dump-weights DIR] [--dump-only]
-//            [--breakdown [--breakdown_reps 5]]
+//            [--breakdown [--breakdown_reps 5]] [--precision fp32|bf16]
 //
 // Configurations (all: D = --hidden, H = --heads, L = --layers, tied embeddings, RMSNorm pre-norm blocks, qk-norm,
 // RoPE, vocabulary --vocab; the defaults are the token-routed seed's example shape scaled to 4 layers):
@@ -16,6 +16,12 @@
 //   mha_trmoe  attention mha with trmoe's MLP (the MLP's cost alone)
 //   v2_dense   attention tr_mha_v2 with dense's MLP (the adapters' cost alone)
 // The defaults (W 1792 = shared 1536 + routed 256) are the example's widths with a real MoE (E 4, top 2).
+//
+// --precision bf16 runs everything measured (the yardstick, the steps, generation, the breakdown's parts) under
+// dea::ScopedPrecision(Precision::bf16): the float products read bf16 copies of their operands and accumulate in
+// float, everything else stays float (the weights and AdamW's state included). Every line has "precision", and
+// the training line the peak of its precision on its thread count (bench/peak.hpp: FP32 fused multiply-adds or
+// bf16 dot products) with peak_fraction = achieved_gflops / peak_gflops.
 //
 // One training step is what `dea train --model lm` runs (train::lm_run::run_training): zero_grad, forward, the
 // causal LM loss (pre-shifted labels, the last position dropped), backward, per-group clipping (1.0) and the AdamW
@@ -76,6 +82,7 @@
 #include <fmt/core.h>
 
 #include "bench_util.hpp"
+#include "peak.hpp"
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -108,6 +115,7 @@ constexpr const char* kUsage =
     "                [--ffn 1792] [--routed 256] [--experts 4] [--top_k 2] [--adapter_rank 4]\n"
     "                [--gen_prompt 16] [--gen_new 240] [--gen_reps 3] [--yardstick_rounds 5]\n"
     "                [--dump-batches FILE] [--dump-weights DIR] [--dump-only] [--breakdown [--breakdown_reps 5]]\n"
+    "                [--precision fp32|bf16]\n"
     "Training step (forward + loss + backward + clip + AdamW) and KV-cached greedy generation of lm::DecoderLM,\n"
     "one JSON line per measurement (see the comment at the top of bench/bench_lm.cpp). Defaults: configurations\n"
     "dense,trmoe; the sizes above.\n";
@@ -127,6 +135,7 @@ struct Options {
   bool dump_only = false;
   bool breakdown = false;
   int breakdown_reps = 5;
+  Precision precision = Precision::fp32;
 };
 
 double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
@@ -364,6 +373,9 @@ void run_config(const std::string& name, const Options& opt) {
   for (int th : opt.threads) {
     set_num_threads(th);
     const double load_before = load1();
+    const bench_peak::Peak peak = bench_peak::measure_peak(
+        opt.precision == Precision::bf16 ? bench_peak::Kind::bf16 : bench_peak::Kind::fp32, th);
+    const ScopedPrecision precision(opt.precision);  // the float products of everything below
     fmt::print(stderr, "[{} threads={}] GEMM yardstick {}x{}x{} ...\n", name, th, tokens, opt.ffn, opt.hidden);
     const Yardstick y0 = measure_yardstick(tokens, opt.ffn, opt.hidden, opt.yardstick_rounds);
     Rng init_rng(opt.seed);
@@ -439,6 +451,7 @@ void run_config(const std::string& name, const Options& opt) {
       }
       gen["bench"] = "lm_generate";
       gen["impl"] = "dea";
+      gen["precision"] = precision_name(opt.precision);
       gen["config"] = name;
       gen["threads"] = th;
       gen["params"] = n_params;
@@ -463,6 +476,7 @@ void run_config(const std::string& name, const Options& opt) {
     nlohmann::json j = cfg;
     j["bench"] = "lm_train_step";
     j["impl"] = "dea";
+    j["precision"] = precision_name(opt.precision);
     j["params"] = n_params;
     j["threads"] = th;
     j["steps"] = opt.steps;
@@ -481,6 +495,8 @@ void run_config(const std::string& name, const Options& opt) {
     j["yardstick_gflops_before"] = yardstick_json(y0);
     j["yardstick_gflops_after"] = yardstick_json(y1);
     j["yardstick_fraction"] = round_to(achieved / yard, 0.001);
+    j["peak_gflops"] = round_to(peak.gflops, 0.1);
+    j["peak_fraction"] = peak.gflops > 0 ? round_to(achieved / peak.gflops, 0.001) : 0.0;
     j["peak_rss_mb"] = std::round(peak_rss_mb());
     j["peak_rss_step1_mb"] = rss_first;
     j["load1_before"] = load_before;
@@ -519,6 +535,7 @@ void run_breakdown(const std::string& name, const Options& opt) {
   for (int th : opt.threads) {
     set_num_threads(th);
     const double load_before = load1();
+    const ScopedPrecision precision(opt.precision);
     Rng rng(opt.seed);
     Mat<S> x(N, D), dy(N, D);
     init::normal(x, rng, 0, 1);
@@ -654,6 +671,7 @@ void run_breakdown(const std::string& name, const Options& opt) {
     nlohmann::json j = config_json(name, mcfg, opt);
     j["bench"] = "lm_breakdown";
     j["impl"] = "dea";
+    j["precision"] = precision_name(opt.precision);
     j["threads"] = th;
     j["reps"] = reps;
     j["parts"] = parts;
@@ -777,6 +795,10 @@ int main(int argc, char** argv) {
         opt.dump_only = true;
       } else if (args.is("--breakdown")) {
         opt.breakdown = true;
+      } else if (args.is("--precision")) {
+        const std::string v = args.value();
+        if (v != "fp32" && v != "bf16") cli::bad_value("--precision", v, "fp32 or bf16");
+        opt.precision = v == "bf16" ? Precision::bf16 : Precision::fp32;
       } else if (args.is("--breakdown_reps")) {
         opt.breakdown_reps = static_cast<int>(args.int_value(1, 1000));
       } else {

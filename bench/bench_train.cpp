@@ -2,6 +2,7 @@
 //
 //   bench_train [--config quick,mid,paper] [--threads 1,2] [--steps 10] [--warmup 2] [--gamma 0.5]
 //               [--kernel tiled|reference] [--n_per_source N] [--seed 42] [--dump-batches FILE] [--dump-only]
+//               [--precision fp32|bf16]
 //
 // One training step is what `dea train` runs each step (train::encoder::run_training): collate the step's D_alpha
 // batch (train::encoder::build_data + train::encoder::make_batch, batch order train::encoder::BatchOrder), forward of the Dual-Expert
@@ -27,6 +28,10 @@
 // (/proc/loadavg).
 // Progress goes to stderr.
 //
+// --precision bf16 runs the steps under dea::ScopedPrecision(Precision::bf16): the float products read bf16 copies
+// of their operands and accumulate in float; everything else (the weights, the Dual-Expert normalisation and gate,
+// softmax, norms, losses, AdamW's state) stays float. Each line has "precision".
+//
 // --dump-batches FILE writes the batches of steps 1..warmup+steps of each configuration as JSON lines (one header
 // line {"config", "vocab_size", ...}, then one line per step with input_ids, token_type_ids, attention_mask,
 // labels and the oracle blocks [row, q0, q1, k0, k1, alpha]) so that bench/torch_train.py trains on exactly the
@@ -35,6 +40,7 @@
 #include <dea/core/allocator.hpp>
 #include <dea/core/atomic_file.hpp>
 #include <dea/cli/flags.hpp>
+#include <dea/core/parallel.hpp>
 #include <dea/train/encoder.hpp>
 
 #include <fmt/core.h>
@@ -91,7 +97,7 @@ double median(std::vector<double> v) {
   fmt::print(stderr,
              "bench_train: {}\nusage: bench_train [--config quick,mid,paper] [--threads 1,2] [--steps 10] "
              "[--warmup 2] [--gamma 0.5] [--kernel tiled|reference] [--n_per_source N] [--seed 42] "
-             "[--dump-batches FILE] [--dump-only]\n",
+             "[--dump-batches FILE] [--dump-only] [--precision fp32|bf16]\n",
              why);
   std::exit(2);
 }
@@ -139,6 +145,7 @@ struct Options {
   std::uint64_t seed = 42;
   std::string dump;
   bool dump_only = false;
+  Precision precision = Precision::fp32;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -227,6 +234,7 @@ void run_config(const BenchConfig& bc, const Options& opt, BatchDump* dump) {
     // peak RSS after building the model and optimiser, and after each phase of the first step
     nlohmann::json rss_first = {{"init", std::round(peak_rss_mb())}};
     const double load_before = load1();
+    const ScopedPrecision precision(opt.precision);  // the float products of the steps
     for (int s = 1; s <= total; ++s) {
       const double c0 = cpu_seconds();
       const auto a = Clock::now();
@@ -270,6 +278,7 @@ void run_config(const BenchConfig& bc, const Options& opt, BatchDump* dump) {
     nlohmann::json j;
     j["bench"] = "train_step";
     j["impl"] = "dea";
+    j["precision"] = precision_name(opt.precision);
     j["config"] = bc.name;
     j["d_model"] = bc.d_model;
     j["n_heads"] = bc.n_heads;
@@ -342,6 +351,10 @@ int main(int argc, char** argv) {
         if (opt.dump.empty()) cli::bad_value("--dump-batches", opt.dump, "a file path");
       } else if (args.is("--dump-only")) {
         opt.dump_only = true;
+      } else if (args.is("--precision")) {
+        const std::string v = args.value();
+        if (v != "fp32" && v != "bf16") cli::bad_value("--precision", v, "fp32 or bf16");
+        opt.precision = v == "bf16" ? Precision::bf16 : Precision::fp32;
       } else {
         args.unknown();
       }

@@ -22,7 +22,9 @@ It prints one JSON line per thread count with the fields of bench_dea_bert (impl
 torch.mm on 256 x 256 float matrices with the thread count (OpenBLAS's own product), reported as
 yardstick_gflops with yardstick "torch.mm 256"; bench/compare_dea_bert.py also gives torch's GFLOP/s as a
 fraction of dea's yardstick of the same run. Needs Debian's python3-torch and libopenblas0-pthread; OpenBLAS's
-fallback kernels are replaced as bench/torch_train.py does (--openblas-coretype).
+fallback kernels are replaced as bench/torch_train.py does (--openblas-coretype). --precision bf16 runs the forward
+and the loss under torch.autocast("cpu", dtype=torch.bfloat16) (bench/torch_train.py's autocast: the products in
+bf16, parameters, gradients and AdamW's state float32); the yardstick then multiplies bf16 matrices.
 """
 import argparse
 import json
@@ -153,8 +155,8 @@ def step_gflop(c, B, T, n_classes=2):
     return linear / 1e9, attention / 1e9
 
 
-def torch_yardstick(reps=3, iters=40):
-    a, b = torch.randn(256, 256), torch.randn(256, 256)
+def torch_yardstick(reps=3, iters=40, dtype=None):
+    a, b = torch.randn(256, 256, dtype=dtype), torch.randn(256, 256, dtype=dtype)
     torch.mm(a, b)
     rates = []
     for _ in range(reps):
@@ -183,6 +185,8 @@ def main():
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--openblas-coretype", default="auto",
                     help="auto (default: replace a fallback core), native (never override) or an OpenBLAS core name")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help='bf16: forward and loss under torch.autocast("cpu", dtype=torch.bfloat16)')
     a = ap.parse_args()
     if a.steps < 1 or a.warmup < 0 or a.batch < 1 or not 5 <= a.tokens <= POSITIONS or not 0 <= a.gamma <= 1:
         ap.error("--steps >= 1, --warmup >= 0, --batch >= 1, --tokens in [5, 512], --gamma in [0, 1]")
@@ -202,15 +206,16 @@ def main():
         n_params = sum(p.numel() for _, p in named)
         print(f"[torch {a.config} threads={th}] model built: {n_params} parameters ({time.perf_counter() - t0:.2f} s)",
               file=sys.stderr, flush=True)
-        yard = torch_yardstick()
+        yard = torch_yardstick(dtype=torch.bfloat16 if a.precision == "bf16" else torch.float32)
         t_total, t_cpu, t_fwd, t_bwd, t_opt = [], [], [], [], []
         first = None
         load_before = torch_train.load1()
         for s in range(1, a.warmup + a.steps + 1):
             ids, tt, am, oracle, labels = make_batch(a.batch, a.tokens)
             c0, t0 = time.process_time(), time.perf_counter()
-            task, lg = model(ids, tt, am, oracle, a.gamma, labels)
-            loss = task + lg
+            with torch_train.autocast(a.precision):
+                task, lg = model(ids, tt, am, oracle, a.gamma, labels)
+                loss = task + lg
             ft = time.perf_counter()
             opt.zero_grad()
             loss.backward()
@@ -237,13 +242,13 @@ def main():
             t_opt.append(e - bw)
         med = median(t_total)
         print(json.dumps(dict(
-            bench="dea_bert_step", impl="torch", torch_version=torch.__version__, config=a.config, **c,
+            bench="dea_bert_step", impl="torch", precision=a.precision, torch_version=torch.__version__, config=a.config, **c,
             vocab_size=VOCAB, batch=a.batch, tokens=a.tokens, params=n_params, threads=th, steps=a.steps,
             warmup=a.warmup, gamma=a.gamma, s_per_step=med, s_min=min(t_total), s_max=max(t_total),
             cpu_s_per_step=median(t_cpu),
             phase_s=dict(forward=median(t_fwd), backward=median(t_bwd), optim=median(t_opt)),
             gflop=round(gl + ga, 3), gflop_linear=round(gl, 3), gflop_attention=round(ga, 3),
-            gflops=(gl + ga) / med, yardstick="torch.mm 256", yardstick_gflops=yard,
+            gflops=(gl + ga) / med, yardstick="torch.mm 256" + (" bf16" if a.precision == "bf16" else ""), yardstick_gflops=yard,
             frac_yardstick=(gl + ga) / med / yard, first_task_loss=first[0], first_loss_gate=first[1],
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             load1_before=load_before, load1_after=torch_train.load1(), blas=torch_train.blas_info())), flush=True)

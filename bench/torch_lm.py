@@ -21,6 +21,12 @@ PyTorch user writes it: eager mode, autograd, CPU, float32.
     CPU path instead (every expert on all tokens, unrouted rows zeroed).
   AdamW (lr 3e-4, betas 0.9 / 0.999, eps 1e-8, weight decay 0.01 on every parameter), clip_grad_norm_(1.0).
 
+--precision bf16 runs the training step's forward and loss, and generation, under
+torch.autocast("cpu", dtype=torch.bfloat16), as a PyTorch user trains in mixed precision on a CPU: autocast runs
+the products (linear, matmul) in bf16 and keeps its float list in float; the parameters, the gradients and AdamW's
+state stay float32 and backward runs outside the autocast region. The GEMM yardstick is then torch.matmul on bf16
+tensors. Every line has "precision".
+
 The weights are the initial parameters bench_lm draws (bench_lm --dump-weights DIR: DIR/<config>.safetensors, read
 here without the safetensors package), so both sides start from the same model; the batches are the file of
 bench_lm --dump-batches. The parameter count is printed and must equal dea's (it is checked against the file's).
@@ -43,6 +49,7 @@ AVX-512, else Haswell with AVX2 + FMA) through OPENBLAS_CORETYPE; a recognised c
 OPENBLAS_CORETYPE is kept; native never overrides; any other value is used as the core name.
 """
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -367,11 +374,20 @@ def forward_product_flops(cfg, B, T):
     return cfg['layers'] * layer + 2 * N * D * V
 
 
-def torch_gemm_gflops(M, N, K, rounds):
-    """torch.matmul GFLOP/s on the three products of a Linear [M, K] -> [M, N] (median of rounds, best of 3)."""
+def autocast(precision):
+    """The mixed-precision region of --precision: bf16 autocast on the CPU, or nothing for fp32."""
+    if precision == 'bf16':
+        return torch.autocast('cpu', dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def torch_gemm_gflops(M, N, K, rounds, dtype=torch.float32):
+    """torch.matmul GFLOP/s on the three products of a Linear [M, K] -> [M, N] (median of rounds, best of 3), on
+    tensors of `dtype`."""
     g = torch.Generator().manual_seed(7)
     x, W, dy = torch.randn(M, K, generator=g), torch.randn(N, K, generator=g), torch.randn(M, N, generator=g)
-    dW = torch.zeros(N, K)
+    x, W, dy = x.to(dtype), W.to(dtype), dy.to(dtype)
+    dW = torch.zeros(N, K, dtype=dtype)
 
     def best(f):
         b = float('inf')
@@ -439,6 +455,8 @@ def main():
                     help='TR-MoE experts on their own rows (grouped) or on all rows, unrouted ones zeroed (masked)')
     ap.add_argument('--openblas-coretype', default='auto',
                     help='auto (default: replace a pre-AVX2 fallback core), native (never override) or a core name')
+    ap.add_argument('--precision', choices=('fp32', 'bf16'), default='fp32',
+                    help='bf16: forward, loss and generation under torch.autocast("cpu", dtype=torch.bfloat16)')
     args = ap.parse_args()
     for flag, v, lo in (('--threads', args.threads, 1), ('--steps', args.steps, 1), ('--warmup', args.warmup, 0),
                         ('--gen-prompt', args.gen_prompt, 1), ('--gen-new', args.gen_new, 0),
@@ -471,7 +489,8 @@ def main():
     model.train()
     params = list(model.parameters())
     opt = torch.optim.AdamW(params, lr=cfg['lr'], betas=(0.9, 0.999), eps=1e-8, weight_decay=cfg['weight_decay'])
-    yard0 = torch_gemm_gflops(B * T, cfg['ffn'], cfg['hidden'], args.yardstick_rounds)
+    gemm_dtype = torch.bfloat16 if args.precision == 'bf16' else torch.float32
+    yard0 = torch_gemm_gflops(B * T, cfg['ffn'], cfg['hidden'], args.yardstick_rounds, gemm_dtype)
 
     t_total, t_cpu, t_fwd, t_bwd, t_opt = [], [], [], [], []
     rss_step1 = {'init': peak_rss_mb()}
@@ -480,8 +499,9 @@ def main():
     for s in range(1, total + 1):
         ids, labels = batches[s - 1]
         c0, a = time.process_time(), time.perf_counter()
-        logits, _ = model(ids)
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, :-1].reshape(-1))
+        with autocast(args.precision):
+            logits, _ = model(ids)
+            loss = F.cross_entropy(logits[:, :-1].reshape(-1, V), labels[:, :-1].reshape(-1))
         ft = time.perf_counter()
         if s == 1:
             rss_step1['forward'] = peak_rss_mb()
@@ -517,7 +537,7 @@ def main():
         prompt = batches[0][0][:1, :args.gen_prompt].clone()
         g_total, g_prefill, g_decode = [], [], []
         out = []
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(args.precision):
             for rep in range(args.gen_reps):
                 out = []
                 a = time.perf_counter()
@@ -533,18 +553,18 @@ def main():
                 g_decode.append(e - p)
                 print(f'[torch {cfg["config"]} threads={args.threads}] generate {rep + 1}/{args.gen_reps}: '
                       f'{args.gen_prompt} + {args.gen_new} tokens in {e - a:.3f} s', file=sys.stderr, flush=True)
-        gen = dict(bench='lm_generate', impl='torch', config=cfg['config'], threads=args.threads, params=n_params,
+        gen = dict(bench='lm_generate', impl='torch', precision=args.precision, config=cfg['config'], threads=args.threads, params=n_params,
                    prompt_len=args.gen_prompt, new_tokens=args.gen_new, reps=args.gen_reps, s_total=median(g_total),
                    s_prefill=median(g_prefill), s_decode=median(g_decode),
                    tokens_per_s=args.gen_new / median(g_total),
                    decode_tokens_per_s=(args.gen_new - 1) / median(g_decode) if args.gen_new > 1 else 0.0,
                    ids=out, rss_mb=rss_now_mb(), peak_rss_mb=peak_rss_mb())
-    yard1 = torch_gemm_gflops(B * T, cfg['ffn'], cfg['hidden'], args.yardstick_rounds)
+    yard1 = torch_gemm_gflops(B * T, cfg['ffn'], cfg['hidden'], args.yardstick_rounds, gemm_dtype)
 
     med = median(t_total)
     gflop = 3 * forward_product_flops(cfg, B, T) / 1e9
     out = dict(cfg)
-    out.update(bench='lm_train_step', impl='torch', torch_version=torch.__version__, params=n_params,
+    out.update(bench='lm_train_step', impl='torch', precision=args.precision, torch_version=torch.__version__, params=n_params,
                threads=args.threads, steps=args.steps, warmup=args.warmup, moe_eval=args.moe_eval,
                s_per_step=med, s_min=min(t_total), s_max=max(t_total), tokens_per_s=B * T / med,
                cpu_s_per_step=median(t_cpu),

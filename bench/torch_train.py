@@ -22,6 +22,9 @@ It prints one JSON line with the fields of bench_train (impl "torch"): s/step (m
 --warmup), examples/s, CPU time per step, phases, mean T, the losses of step 1, peak RSS (also after building the
 model and after each phase of step 1) and the load average.
 --check also prints the parameter counts (total, main group, gate group) to stderr.
+--precision bf16 runs the forward and the loss under torch.autocast("cpu", dtype=torch.bfloat16), as a PyTorch user
+trains in mixed precision on a CPU (autocast's bf16 list, the products, in bf16; its float list in float; the
+parameters, gradients and AdamW's state float32; backward outside the region); the line has "precision".
 
 OpenBLAS kernels: Debian's OpenBLAS picks its kernels from the CPU model, and on a virtual machine that hides the
 model (CPUID "Intel(R) Xeon(R) Processor") it falls back to its oldest x86-64 kernels ("Prescott", SSE3), about 4x
@@ -32,6 +35,7 @@ OpenBLAS recognised, or OPENBLAS_CORETYPE set by the caller, is left alone; --op
 overrides, NAME always sets NAME. The JSON line reports the kernels used ("blas").
 """
 import argparse
+import contextlib
 import ctypes
 import json
 import math
@@ -230,6 +234,16 @@ def peak_rss_mb():
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
 
 
+def autocast(precision):
+    """The mixed-precision region of the side-by-side scripts' --precision: bf16 autocast on the CPU (as a PyTorch
+    user trains in bf16), or nothing for fp32."""
+    if precision == 'bf16':
+        return torch.autocast('cpu', dtype=torch.bfloat16)
+    if precision != 'fp32':
+        raise ValueError(f'precision {precision!r}: expected fp32 or bf16')
+    return contextlib.nullcontext()
+
+
 def median(v):
     v = sorted(v)
     n = len(v)
@@ -247,6 +261,8 @@ def main():
     ap.add_argument('--check', action='store_true', help='print the parameter counts to stderr')
     ap.add_argument('--openblas-coretype', default='auto',
                     help='auto (default: replace a fallback core), native (never override) or an OpenBLAS core name')
+    ap.add_argument('--precision', choices=('fp32', 'bf16'), default='fp32',
+                    help='bf16: forward and loss under torch.autocast("cpu", dtype=torch.bfloat16)')
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     head, batches = load_batches(args.batches)
@@ -276,8 +292,9 @@ def main():
         c0, a = time.process_time(), time.perf_counter()
         ids, tt, am, oracle, labels = to_tensors(b)
         bt = time.perf_counter()
-        task, lg = model(ids, tt, am, oracle, args.gamma, labels)
-        loss = task + lg
+        with autocast(args.precision):
+            task, lg = model(ids, tt, am, oracle, args.gamma, labels)
+            loss = task + lg
         ft = time.perf_counter()
         if s == 1:
             rss_step1['forward'] = peak_rss_mb()
@@ -309,7 +326,7 @@ def main():
         t_opt.append(e - bw)
         seq.append(b['T'])
     med = median(t_total)
-    out = dict(bench='train_step', impl='torch', torch_version=torch.__version__, config=head['config'],
+    out = dict(bench='train_step', impl='torch', precision=args.precision, torch_version=torch.__version__, config=head['config'],
                d_model=head['d_model'], n_heads=head['n_heads'], n_layers=head['n_layers'], d_ff=head['d_ff'],
                batch=head['batch_size'], max_len=head['max_len'], vocab_size=head['vocab_size'], params=n_params,
                threads=args.threads, steps=args.steps, warmup=args.warmup, gamma=args.gamma,

@@ -48,6 +48,7 @@ struct ForcePath {
 // The paths this CPU can run.
 std::vector<Bf16Path> paths() {
   std::vector<Bf16Path> v{Bf16Path::scalar_model};
+  if (ops::packed::bf16_detail::cpu_has_avx2_fma()) v.push_back(Bf16Path::emulated_avx2);
   if (ops::packed::bf16_detail::cpu_has_avx512()) v.push_back(Bf16Path::emulated);
   if (ops::packed::bf16_instruction_available()) v.push_back(Bf16Path::instruction);
   return v;
@@ -141,7 +142,8 @@ TEST_CASE("the kernels compute the scalar model's chain bit for bit, special val
   };
   // the same operands as a packed A ([pairs][MR]) and as rows read in place ([MR][pairs])
   std::array<u32, pairs * d::MR> rows;
-  auto run = [&](void (*packed)(const d::TileArgs&), void (*direct)(const d::TileArgs&), float* out, float* out_direct) {
+  using Kernel = void (*)(const d::TileArgs&);
+  auto run = [&](Kernel packed, Kernel direct, float* out, float* out_direct) {
     for (Index p = 0; p < pairs; ++p)
       for (int i = 0; i < d::MR; ++i) rows[std::size_t(i * pairs + p)] = a[std::size_t(p * d::MR + i)];
     packed({pairs, a.data(), 0, b.data(), out, d::NR, d::MR, d::NR, true, nullptr});
@@ -173,9 +175,14 @@ TEST_CASE("the kernels compute the scalar model's chain bit for bit, special val
       compare("emulated", regime);
       ++checked;
     }
+    if (d::cpu_has_avx2_fma()) {
+      run(d::tile_emulated_avx2<false>, d::tile_emulated_avx2<true>, got, got_direct);
+      compare("emulated with AVX2", regime);
+      ++checked;
+    }
 #endif
   }
-  if (checked == 0) WARN("this CPU has neither AVX512_BF16 nor AVX-512: only the scalar model runs here");
+  if (checked == 0) WARN("this CPU has neither AVX512_BF16, AVX-512 nor AVX2: only the scalar model runs here");
 }
 
 TEST_CASE("gemm_bf16 equals the rule element by element on every path, view and shape", "[bf16]") {

@@ -16,8 +16,9 @@
 // writing a denormal result as a zero of its sign. A bf16 x bf16 product is exact in float unless it underflows or
 // overflows, so fma matters only there. A product over pairs of k, k = 2p and 2p + 1, chains these steps in the
 // order of p; a K that is odd is padded with a zero element. A NaN result is a NaN: its sign and payload are not
-// part of the rule (they follow the operand order of each implementation's multiply-add). Every product of ops/packed_bf16.hpp follows this rule,
-// with the instruction or without it, so its results are the same bits on every x86-64 CPU and elsewhere.
+// part of the rule (they follow the operand order of each implementation's multiply-add). Every product of
+// ops/packed_bf16.hpp follows this rule, with the instruction or without it, so its results are the same bits on
+// every x86-64 CPU and elsewhere.
 #pragma once
 
 #include <cmath>

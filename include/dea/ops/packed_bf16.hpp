@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -41,9 +42,10 @@ constexpr Index k_block_bf16(Index K) {
   return d + (d & 1);
 }
 
-/// Which code computes the bf16 products: the fastest the CPU allows (automatic), or one forced (for tests and
-/// benchmarks: `instruction` on a CPU without AVX512_BF16 is an error).
-enum class Bf16Path { automatic, instruction, emulated, scalar_model };
+/// Which code computes the bf16 products: the fastest the CPU allows (automatic: the instruction with AVX512_BF16,
+/// else its emulation with AVX-512 fused multiply-adds, else with AVX2's, else the scalar model), or one forced (for
+/// tests and benchmarks; forcing one the CPU cannot run is an error).
+enum class Bf16Path { automatic, instruction, emulated, emulated_avx2, scalar_model };
 
 /// The path the calling process uses (process-wide; set it before the products run, not while they do).
 inline Bf16Path& bf16_path() {
@@ -107,66 +109,42 @@ u32 pair(T lo, T hi) {
   return bits_of(lo) | (bits_of(hi) << 16);
 }
 
-/// Rows [m0, m0 + rows) of A, pairs of columns [k0, k1), as a panel [pairs][MR] (rows past `rows` and the missing
-/// odd element of a block of odd depth are zero).
-template <class T>
-void pack_a(View<T> A, Index m0, int rows, Index k0, Index k1, u32* __restrict dst) {
+/// Rows [r0, r0 + rows) of X [., K], pairs of its columns [k0, k1), as a panel [pairs][W] (rows past `rows` and the
+/// missing odd element of a block of odd depth are zero). A panel of A is pack_panel<MR>(A, ...), one of B is
+/// pack_panel<NR>(B^T, ...).
+template <int W, class T>
+void pack_panel(View<T> X, Index r0, int rows, Index k0, Index k1, u32* __restrict dst) {
   const Index pairs = (k1 - k0 + 1) / 2, full = (k1 - k0) / 2;
-  if (A.rs == 1) {  // a transposed A (a weight gradient's dy^T): the rows of a pair of k are contiguous
+  if (X.rs == 1) {  // the rows of one k are contiguous (a transposed A, a row-major B): read a pair of lines at once
     for (Index p = 0; p < full; ++p) {
-      const T* lo = A.p + m0 + (k0 + 2 * p) * A.cs;
-      const T* hi = lo + A.cs;
-      u32* d = dst + p * MR;
+      const T* lo = X.p + r0 + (k0 + 2 * p) * X.cs;
+      const T* hi = lo + X.cs;
+      u32* d = dst + p * W;
       for (int i = 0; i < rows; ++i) d[i] = pair(lo[i], hi[i]);
-      for (int i = rows; i < MR; ++i) d[i] = 0;
+      for (int i = rows; i < W; ++i) d[i] = 0;
     }
-  } else {
+  } else {  // a row of X at a time (B = W^T: a row of the weight, its pairs contiguous when X.cs == 1)
     for (int i = 0; i < rows; ++i) {
-      const T* src = A.p + (m0 + i) * A.rs + k0 * A.cs;
-      if (A.cs == 1)
-        for (Index p = 0; p < full; ++p) dst[p * MR + i] = pair(src[2 * p], src[2 * p + 1]);
+      const T* src = X.p + (r0 + i) * X.rs + k0 * X.cs;
+      if (X.cs == 1)
+        for (Index p = 0; p < full; ++p) dst[p * W + i] = pair(src[2 * p], src[2 * p + 1]);
       else
-        for (Index p = 0; p < full; ++p) dst[p * MR + i] = pair(src[2 * p * A.cs], src[(2 * p + 1) * A.cs]);
+        for (Index p = 0; p < full; ++p) dst[p * W + i] = pair(src[2 * p * X.cs], src[(2 * p + 1) * X.cs]);
     }
-    for (int i = rows; i < MR; ++i)
-      for (Index p = 0; p < full; ++p) dst[p * MR + i] = 0;
+    for (int i = rows; i < W; ++i)
+      for (Index p = 0; p < full; ++p) dst[p * W + i] = 0;
   }
   if (pairs > full) {
-    u32* d = dst + full * MR;
-    for (int i = 0; i < rows; ++i) d[i] = bits_of(A.p[(m0 + i) * A.rs + (k1 - 1) * A.cs]);
-    for (int i = rows; i < MR; ++i) d[i] = 0;
+    u32* d = dst + full * W;
+    for (int i = 0; i < rows; ++i) d[i] = bits_of(X.p[(r0 + i) * X.rs + (k1 - 1) * X.cs]);
+    for (int i = rows; i < W; ++i) d[i] = 0;
   }
 }
 
-/// Columns [n0, n0 + cols) of B, pairs of rows [k0, k1), as a panel [pairs][NR] (columns past `cols` and the
-/// missing odd element of a block of odd depth are zero).
+/// Columns [n0, n0 + cols) of B, pairs of rows [k0, k1), as a panel [pairs][NR].
 template <class T>
 void pack_b(View<T> B, Index k0, Index k1, Index n0, int cols, u32* __restrict dst) {
-  const Index pairs = (k1 - k0 + 1) / 2, full = (k1 - k0) / 2;
-  if (B.cs == 1) {  // row-major B (dx = dy W): the columns of a row are contiguous
-    for (Index p = 0; p < full; ++p) {
-      const T* lo = B.p + (k0 + 2 * p) * B.rs + n0;
-      const T* hi = lo + B.rs;
-      u32* d = dst + p * NR;
-      for (int j = 0; j < cols; ++j) d[j] = pair(lo[j], hi[j]);
-      for (int j = cols; j < NR; ++j) d[j] = 0;
-    }
-  } else {  // B = W^T (y = x W^T): a column of B is a row of W, its pairs contiguous when B.rs == 1
-    for (int j = 0; j < cols; ++j) {
-      const T* src = B.p + (n0 + j) * B.cs + k0 * B.rs;
-      if (B.rs == 1)
-        for (Index p = 0; p < full; ++p) dst[p * NR + j] = pair(src[2 * p], src[2 * p + 1]);
-      else
-        for (Index p = 0; p < full; ++p) dst[p * NR + j] = pair(src[2 * p * B.rs], src[(2 * p + 1) * B.rs]);
-    }
-    for (int j = cols; j < NR; ++j)
-      for (Index p = 0; p < full; ++p) dst[p * NR + j] = 0;
-  }
-  if (pairs > full) {
-    u32* d = dst + full * NR;
-    for (int j = 0; j < cols; ++j) d[j] = bits_of(B.p[(k1 - 1) * B.rs + (n0 + j) * B.cs]);
-    for (int j = cols; j < NR; ++j) d[j] = 0;
-  }
+  pack_panel<NR>(B.t(), n0, cols, k0, k1, dst);
 }
 
 /// A tile's operands: A either packed ([pairs][MR] dwords, `a`) or read in place from a row-major copy of dwords
@@ -196,6 +174,13 @@ inline void write_tile(const float* __restrict t, const TileArgs& x) {
     else
       for (int j = 0; j < x.cols; ++j) ci[j] = ti[j];
   }
+}
+
+/// Where row i of a tile's A starts: element (i, p) is ar[i][p] in place (Direct), ar[i][p * MR] packed. In place,
+/// rows past x.rows read row x.rows - 1 again (their results are discarded), so nothing past A is read.
+template <bool Direct>
+inline void row_pointers(const TileArgs& x, const u32* (&ar)[MR]) {
+  for (int i = 0; i < MR; ++i) ar[i] = Direct ? x.a + (i < x.rows ? i : x.rows - 1) * x.lda : x.a + i;
 }
 
 /// Element (i, p) of a tile's A.
@@ -251,13 +236,12 @@ __attribute__((target("avx512f"))) inline void store_tile(__m512 (&acc)[MR][2], 
   write_tile(t, x);
 }
 
-/// The tile with vdpbf16ps. Rows past x.rows read row x.rows - 1 again in the Direct form (their results are
-/// discarded), so nothing past A is read.
+/// The tile with vdpbf16ps.
 template <bool Direct>
 __attribute__((target("avx512f,avx512bf16"))) void tile_instruction(const TileArgs& x) {
   const u32* ar[MR];
-  for (int i = 0; i < MR; ++i) ar[i] = Direct ? x.a + (i < x.rows ? i : x.rows - 1) * x.lda : x.a + i;
-  constexpr Index step = Direct ? 1 : MR;
+  row_pointers<Direct>(x, ar);
+  const u32* const a0 = x.a;  // packed: element (i, p) at a0[p * MR + i], constant offsets from one register
   __m512 acc[MR][2];
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   const u32* b = x.b;
@@ -266,7 +250,7 @@ __attribute__((target("avx512f,avx512bf16"))) void tile_instruction(const TileAr
     const __m512bh b1 = (__m512bh)_mm512_load_si512(b + 16);
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
-      const __m512bh av = (__m512bh)_mm512_set1_epi32(int(ar[i][p * step]));
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(int((Direct ? ar[i][p] : a0[p * MR + i])));
       acc[i][0] = _mm512_dpbf16_ps(acc[i][0], av, b0);
       acc[i][1] = _mm512_dpbf16_ps(acc[i][1], av, b1);
     }
@@ -279,8 +263,8 @@ __attribute__((target("avx512f,avx512bf16"))) void tile_instruction(const TileAr
 template <bool Direct>
 __attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
   const u32* ar[MR];
-  for (int i = 0; i < MR; ++i) ar[i] = Direct ? x.a + (i < x.rows ? i : x.rows - 1) * x.lda : x.a + i;
-  constexpr Index step = Direct ? 1 : MR;
+  row_pointers<Direct>(x, ar);
+  const u32* const a0 = x.a;  // packed: element (i, p) at a0[p * MR + i], constant offsets from one register
   const unsigned csr = _mm_getcsr();
   _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ
   const __m512i hi_mask = _mm512_set1_epi32(int(0xffff0000u));
@@ -288,14 +272,15 @@ __attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
   for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   const u32* b = x.b;
   for (Index p = 0; p < x.pairs; ++p, b += NR) {
+    // (the shifts masked: GCC 12 warns of an uninitialised value in the plain form)
     const __m512i w0 = _mm512_load_si512(b), w1 = _mm512_load_si512(b + 16);
     const __m512 b0h = _mm512_castsi512_ps(_mm512_and_si512(w0, hi_mask));
-    const __m512 b0l = _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16));
+    const __m512 b0l = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, w0, 16));
     const __m512 b1h = _mm512_castsi512_ps(_mm512_and_si512(w1, hi_mask));
-    const __m512 b1l = _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16));
+    const __m512 b1l = _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, w1, 16));
 #pragma GCC unroll 12
     for (int i = 0; i < MR; ++i) {
-      const u32 w = ar[i][p * step];
+      const u32 w = (Direct ? ar[i][p] : a0[p * MR + i]);
       const __m512 ah = _mm512_set1_ps(bits_float(w & 0xffff0000u));
       const __m512 al = _mm512_set1_ps(bits_float(w << 16));
       acc[i][0] = _mm512_fmadd_ps(al, b0l, _mm512_fmadd_ps(ah, b0h, acc[i][0]));
@@ -304,6 +289,39 @@ __attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
   }
   _mm_setcsr(csr);
   store_tile(acc, x);
+}
+
+/// The same chains with AVX2 fused multiply-adds (CPUs without AVX-512): the tile in four strips of 8 columns, each
+/// a pass over the pairs with 12 accumulators; the bits do not depend on which strip or register an element is in.
+template <bool Direct>
+__attribute__((target("avx2,fma"))) void tile_emulated_avx2(const TileArgs& x) {
+  const u32* ar[MR];
+  row_pointers<Direct>(x, ar);
+  const u32* const a0 = x.a;  // packed: element (i, p) at a0[p * MR + i], constant offsets from one register
+  alignas(64) float t[MR * NR];
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ
+  const __m256i hi_mask = _mm256_set1_epi32(int(0xffff0000u));
+  for (int s = 0; s < NR / 8; ++s) {
+    __m256 acc[MR];
+    for (int i = 0; i < MR; ++i) acc[i] = _mm256_setzero_ps();
+    const u32* b = x.b + s * 8;
+    for (Index p = 0; p < x.pairs; ++p, b += NR) {
+      const __m256i w = _mm256_load_si256(reinterpret_cast<const __m256i*>(b));
+      const __m256 bh = _mm256_castsi256_ps(_mm256_and_si256(w, hi_mask));
+      const __m256 bl = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+#pragma GCC unroll 12
+      for (int i = 0; i < MR; ++i) {
+        const __m256i a = _mm256_set1_epi32(int((Direct ? ar[i][p] : a0[p * MR + i])));
+        const __m256 ah = _mm256_castsi256_ps(_mm256_and_si256(a, hi_mask));
+        const __m256 al = _mm256_castsi256_ps(_mm256_slli_epi32(a, 16));
+        acc[i] = _mm256_fmadd_ps(al, bl, _mm256_fmadd_ps(ah, bh, acc[i]));
+      }
+    }
+    for (int i = 0; i < MR; ++i) _mm256_store_ps(t + i * NR + s * 8, acc[i]);
+  }
+  _mm_setcsr(csr);
+  write_tile(t, x);
 }
 
 /// Few rows (R <= 4, A read in place): R rows against NP panels at once (2 R NP <= 24 accumulators), so that a
@@ -356,10 +374,15 @@ inline bool cpu_has_avx512() {
   static const bool has = __builtin_cpu_supports("avx512f");
   return has;
 }
+inline bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
 #else
 #define DEA_BF16_X86 0
 inline bool cpu_has_bf16_dot() { return false; }
 inline bool cpu_has_avx512() { return false; }
+inline bool cpu_has_avx2_fma() { return false; }
 #endif
 
 /// The tile kernels the process uses, for a packed and for an in-place A.
@@ -375,7 +398,10 @@ inline Kernels tile_kernels() {
   Bf16Path path = bf16_path();
 #if DEA_BF16_X86
   if (path == Bf16Path::automatic)
-    path = cpu_has_bf16_dot() ? Bf16Path::instruction : cpu_has_avx512() ? Bf16Path::emulated : Bf16Path::scalar_model;
+    path = cpu_has_bf16_dot()   ? Bf16Path::instruction
+           : cpu_has_avx512()   ? Bf16Path::emulated
+           : cpu_has_avx2_fma() ? Bf16Path::emulated_avx2
+                                : Bf16Path::scalar_model;
   if (path == Bf16Path::instruction) {
     check(cpu_has_bf16_dot(), "ops::packed::gemm_bf16: the instruction path was forced on a CPU without AVX512_BF16");
     return {tile_instruction<false>,
@@ -386,11 +412,20 @@ inline Kernels tile_kernels() {
     check(cpu_has_avx512(), "ops::packed::gemm_bf16: the emulated path was forced on a CPU without AVX-512");
     return {tile_emulated<false>, tile_emulated<true>, {}};
   }
+  if (path == Bf16Path::emulated_avx2) {
+    check(cpu_has_avx2_fma(), "ops::packed::gemm_bf16: the AVX2 path was forced on a CPU without AVX2 and FMA");
+    return {tile_emulated_avx2<false>, tile_emulated_avx2<true>, {}};
+  }
 #else
   check(path == Bf16Path::automatic || path == Bf16Path::scalar_model,
         "ops::packed::gemm_bf16: only the scalar model is available on this CPU");
 #endif
   return {tile_model<false>, tile_model<true>, {}};
+}
+
+/// dst[i] = the pair (lo[i], hi[i]) for i < n.
+inline void convert_pairs(const float* __restrict lo, const float* __restrict hi, Index n, u32* __restrict dst) {
+  for (Index i = 0; i < n; ++i) dst[i] = pair(lo[i], hi[i]);
 }
 
 /// Row i of a row-major A as dwords of pairs (the last one padded when K is odd): the blocks of k all start at even
@@ -417,6 +452,10 @@ struct Scratch {
   }
 };
 inline Scratch& a_scratch() {
+  thread_local Scratch s;
+  return s;
+}
+inline Scratch& row_scratch() {
   thread_local Scratch s;
   return s;
 }
@@ -459,10 +498,35 @@ void gemm_fast(Index M, Index N, Index K, View<float> A, View<TB> B, float* C, I
   parallel_team(want, [&](int tid, int team) {
     if (direct) {  // A, all of it: row i at Ap + i * P
       for (Index i = M * tid / team; i < M * (tid + 1) / team; ++i) convert_row(A.p + i * A.rs, K, Ap + i * P);
+    } else if (A.rs == 1) {  // a transposed A (dy^T): the thread's rows of one pair converted in one pass
+      const Index q0 = panels_m * tid / team, q1 = panels_m * (tid + 1) / team;
+      const Index r0 = q0 * MR, r1 = std::min(M, q1 * MR);
+      u32* const tmp = row_scratch().get(std::max<Index>(1, r1 - r0));
+      for (Index b = 0; b < nblk && q0 < q1; ++b) {
+        const Index k0 = b * kb, k1 = std::min(K, k0 + kb);
+        for (Index p = 0; p < (k1 - k0 + 1) / 2; ++p) {
+          const float* lo = A.p + r0 + (k0 + 2 * p) * A.cs;
+          if (k0 + 2 * p + 1 < k1)
+            convert_pairs(lo, lo + A.cs, r1 - r0, tmp);
+          else
+            for (Index i = 0; i < r1 - r0; ++i) tmp[i] = bits_of(lo[i]);
+          for (Index q = q0; q < q1; ++q) {
+            u32* d = Ap + (q * P + b * half + p) * MR;
+            const Index rows = std::min<Index>(MR, M - q * MR);
+            const u32* src = tmp + (q - q0) * MR;
+            if (rows == MR) {
+              std::memcpy(d, src, sizeof(u32) * MR);  // a fixed size: a few vector moves
+            } else {
+              for (Index i = 0; i < rows; ++i) d[i] = src[i];
+              for (Index i = rows; i < MR; ++i) d[i] = 0;
+            }
+          }
+        }
+      }
     } else {  // A, all of it: panel q, block b at Ap + (q * P + b * half) * MR
       for (Index q = panels_m * tid / team; q < panels_m * (tid + 1) / team; ++q)
         for (Index b = 0; b < nblk; ++b)
-          pack_a(A, q * MR, int(std::min<Index>(MR, M - q * MR)), b * kb, std::min(K, (b + 1) * kb),
+          pack_panel<MR>(A, q * MR, int(std::min<Index>(MR, M - q * MR)), b * kb, std::min(K, (b + 1) * kb),
                  Ap + (q * P + b * half) * MR);
     }
     Index blk = 0;
