@@ -14,9 +14,9 @@
 // float or 1e-12 in double the program fails with exit status 3).
 //
 // Every line also gives the peak of its precision on its thread count, measured by the peak probe (bench/peak.hpp,
-// the best of --peak-reps short rounds)
-// before the thread count's shapes: peak_gflops (FP32 fused multiply-adds for float, FP64 for double, bf16 dot
-// products for bf16; 0 when the CPU has no instruction for it) and peak_fraction = packed_gflops / peak_gflops.
+// the best of --peak-reps short rounds) before the thread count's shapes: peak_gflops (FP32 fused multiply-adds for
+// float, FP64 for double, bf16 dot products for bf16; 0 when the CPU has no instruction for it) and
+// peak_fraction = packed_gflops / peak_gflops.
 //
 // --scalar bf16 times the float products of a training step run in bf16: the same three ops:: calls under
 // dea::ScopedPrecision(Precision::bf16) (float operands rounded to bf16 as they are packed, float accumulation),

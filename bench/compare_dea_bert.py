@@ -109,8 +109,11 @@ def main():
             f, h = results[(th, "fp32")], results[(th, "bf16")]
             cmp = {"config": args.config, "threads": th, "bf16": {
                 "dea_bf16_over_dea_fp32": {"speed": round(f["dea"]["s_per_step"] / h["dea"]["s_per_step"], 3),
+                                           "cpu_time": round(f["dea"]["cpu_s_per_step"] /
+                                                             h["dea"]["cpu_s_per_step"], 3),
                                            "peak_rss": round(h["dea"]["peak_rss_mb"] / f["dea"]["peak_rss_mb"], 3)},
                 "dea_bf16_over_torch_bf16": {"speed": h["torch_over_dea"]["s_per_step"],
+                                             "cpu_time": h["torch_over_dea"]["cpu_s_per_step"],
                                              "peak_rss": round(h["dea"]["peak_rss_mb"] / h["torch"]["peak_rss_mb"], 3)},
                 "torch_bf16_over_torch_fp32": {"speed": round(f["torch"]["s_per_step"] / h["torch"]["s_per_step"], 3)}}}
             results[(th, "cmp")] = cmp["bf16"]

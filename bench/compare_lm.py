@@ -197,10 +197,12 @@ def main():
                             "speed_paired_median": round(median(
                                 [a / b for a, b in zip(per_round[(config, "fp32", th, "dea")],
                                                        per_round[(config, "bf16", th, "dea")])]), 3),
+                            "cpu_time": round(f["dea"]["cpu_s_per_step"] / h["dea"]["cpu_s_per_step"], 3),
                             "peak_rss": round(h["dea"]["peak_rss_mb"] / f["dea"]["peak_rss_mb"], 3)},
                         "dea_bf16_over_torch_bf16": {
                             "speed": h["torch_over_dea"]["s_per_step"],
                             "speed_paired_median": h["torch_over_dea"]["s_per_step_paired_median"],
+                            "cpu_time": h["torch_over_dea"]["cpu_s_per_step"],
                             "peak_rss": round(h["dea"]["peak_rss_mb"] / h["torch"]["peak_rss_mb"], 3)},
                         "torch_bf16_over_torch_fp32": {
                             "speed": round(f["torch"]["s_per_step"] / h["torch"]["s_per_step"], 3)},

@@ -123,15 +123,19 @@ def main():
                     f, h = best["fp32"], best["bf16"]
                     cmp = {"config": config, "threads": th, "bf16": {
                         "dea_bf16_over_dea_fp32": {"speed": round(f["dea"]["s_per_step"] / h["dea"]["s_per_step"], 3),
+                                                   "cpu_time": round(f["dea"]["cpu_s_per_step"] /
+                                                                     h["dea"]["cpu_s_per_step"], 3),
                                                    "peak_rss": round(h["dea"]["peak_rss_mb"] / f["dea"]["peak_rss_mb"],
                                                                      3)},
                         "dea_bf16_over_torch_bf16": {
                             "speed": round(h["torch"]["s_per_step"] / h["dea"]["s_per_step"], 3),
+                            "cpu_time": round(h["torch"]["cpu_s_per_step"] / h["dea"]["cpu_s_per_step"], 3),
                             "peak_rss": round(h["dea"]["peak_rss_mb"] / h["torch"]["peak_rss_mb"], 3)},
                         "torch_bf16_over_torch_fp32": {
                             "speed": round(f["torch"]["s_per_step"] / h["torch"]["s_per_step"], 3)},
                         "first_task_loss_bf16_minus_fp32": {
-                            side: h[side]["first_task_loss"] - f[side]["first_task_loss"] for side in ("dea", "torch")}}}
+                            side: h[side]["first_task_loss"] - f[side]["first_task_loss"]
+                            for side in ("dea", "torch")}}}
                     print(json.dumps(cmp), flush=True)
                     rows.append((config, th, f, h, cmp["bf16"]))
                 per_threads[th] = best

@@ -242,13 +242,15 @@ def main():
             t_opt.append(e - bw)
         med = median(t_total)
         print(json.dumps(dict(
-            bench="dea_bert_step", impl="torch", precision=a.precision, torch_version=torch.__version__, config=a.config, **c,
+            bench="dea_bert_step", impl="torch", precision=a.precision, torch_version=torch.__version__,
+            config=a.config, **c,
             vocab_size=VOCAB, batch=a.batch, tokens=a.tokens, params=n_params, threads=th, steps=a.steps,
             warmup=a.warmup, gamma=a.gamma, s_per_step=med, s_min=min(t_total), s_max=max(t_total),
             cpu_s_per_step=median(t_cpu),
             phase_s=dict(forward=median(t_fwd), backward=median(t_bwd), optim=median(t_opt)),
             gflop=round(gl + ga, 3), gflop_linear=round(gl, 3), gflop_attention=round(ga, 3),
-            gflops=(gl + ga) / med, yardstick="torch.mm 256" + (" bf16" if a.precision == "bf16" else ""), yardstick_gflops=yard,
+            gflops=(gl + ga) / med, yardstick="torch.mm 256" + (" bf16" if a.precision == "bf16" else ""),
+            yardstick_gflops=yard,
             frac_yardstick=(gl + ga) / med / yard, first_task_loss=first[0], first_loss_gate=first[1],
             peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             load1_before=load_before, load1_after=torch_train.load1(), blas=torch_train.blas_info())), flush=True)

@@ -553,7 +553,8 @@ def main():
                 g_decode.append(e - p)
                 print(f'[torch {cfg["config"]} threads={args.threads}] generate {rep + 1}/{args.gen_reps}: '
                       f'{args.gen_prompt} + {args.gen_new} tokens in {e - a:.3f} s', file=sys.stderr, flush=True)
-        gen = dict(bench='lm_generate', impl='torch', precision=args.precision, config=cfg['config'], threads=args.threads, params=n_params,
+        gen = dict(bench='lm_generate', impl='torch', precision=args.precision, config=cfg['config'],
+                   threads=args.threads, params=n_params,
                    prompt_len=args.gen_prompt, new_tokens=args.gen_new, reps=args.gen_reps, s_total=median(g_total),
                    s_prefill=median(g_prefill), s_decode=median(g_decode),
                    tokens_per_s=args.gen_new / median(g_total),
@@ -564,7 +565,8 @@ def main():
     med = median(t_total)
     gflop = 3 * forward_product_flops(cfg, B, T) / 1e9
     out = dict(cfg)
-    out.update(bench='lm_train_step', impl='torch', precision=args.precision, torch_version=torch.__version__, params=n_params,
+    out.update(bench='lm_train_step', impl='torch', precision=args.precision, torch_version=torch.__version__,
+               params=n_params,
                threads=args.threads, steps=args.steps, warmup=args.warmup, moe_eval=args.moe_eval,
                s_per_step=med, s_min=min(t_total), s_max=max(t_total), tokens_per_s=B * T / med,
                cpu_s_per_step=median(t_cpu),

@@ -326,7 +326,8 @@ def main():
         t_opt.append(e - bw)
         seq.append(b['T'])
     med = median(t_total)
-    out = dict(bench='train_step', impl='torch', precision=args.precision, torch_version=torch.__version__, config=head['config'],
+    out = dict(bench='train_step', impl='torch', precision=args.precision, torch_version=torch.__version__,
+               config=head['config'],
                d_model=head['d_model'], n_heads=head['n_heads'], n_layers=head['n_layers'], d_ff=head['d_ff'],
                batch=head['batch_size'], max_len=head['max_len'], vocab_size=head['vocab_size'], params=n_params,
                threads=args.threads, steps=args.steps, warmup=args.warmup, gamma=args.gamma,
