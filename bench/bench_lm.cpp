@@ -46,7 +46,9 @@
 // model: the prompt is the first --gen_prompt ids of row 0 of step 1's batch, run at once (prefill), then
 // --gen_new - 1 single-token steps. Medians over --gen_reps runs of the total, prefill and decode times;
 // tokens_per_s = gen_new / total, decode_tokens_per_s = (gen_new - 1) / decode; the generated ids; the resident
-// size (VmRSS) after generating.
+// size (VmRSS) after generating; the bytes of the weights as held. Under --precision bf16 the model stores its
+// weights as bf16 first (DecoderLM::store_bf16_weights: packed once, float copies freed, bf16 KV cache), as
+// `dea generate --precision bf16` does.
 //
 // --dump-batches FILE writes the ids of steps 1..warmup+steps as JSON lines (a header {"batch", "seq", "vocab",
 // "seed", "steps"}, then {"step", "ids", "labels"} per step, row-major [B, T]); --dump-weights DIR writes
@@ -424,6 +426,9 @@ void run_config(const std::string& name, const Options& opt) {
     // generation from the trained model
     nlohmann::json gen;
     if (opt.gen_new > 0) {
+      // bf16: the weights stored as bf16, packed once, and a bf16 KV cache, as `dea generate --precision bf16` runs
+      // (the training model's float weights are freed: nothing after this trains)
+      if (opt.precision == Precision::bf16) model.store_bf16_weights();
       const Batch b1 = make_batch(opt, 1);
       Tensor<std::int64_t> prompt({1, opt.gen_prompt});
       std::copy(b1.ids.ptr(), b1.ids.ptr() + opt.gen_prompt, prompt.ptr());
@@ -452,6 +457,7 @@ void run_config(const std::string& name, const Options& opt) {
       gen["bench"] = "lm_generate";
       gen["impl"] = "dea";
       gen["precision"] = precision_name(opt.precision);
+      gen["weight_bytes"] = model.weight_bytes();
       gen["config"] = name;
       gen["threads"] = th;
       gen["params"] = n_params;

@@ -2,6 +2,7 @@
 // JSON line per measurement.
 //
 //   bench_oracle [--threads 1,2] [--pairs 16] [--warmup 2] [--tokens 64] [--seed 42] [--double]
+//                [--precision fp32|bf16]
 //
 // Models with random weights (HF init, seed --seed), at the sizes of the oracle line:
 //   nli       a BertForSequenceClassification of bert-base's size (12 layers, 768, 12 heads, 3072, vocab 30522,
@@ -96,7 +97,8 @@ double yardstick(int t, Index T, Index H, Index I, Rng& rng) {
 }
 
 template <class S>
-int run(const std::vector<std::int64_t>& threads, int n_pairs, int warmup, int tokens, std::uint64_t seed) {
+int run(const std::vector<std::int64_t>& threads, int n_pairs, int warmup, int tokens, std::uint64_t seed,
+        Precision precision) {
   bert::BertConfig nc;  // transformers' BertConfig defaults: bert-base
   nc.id2label = {"contradiction", "entailment", "neutral"};
   nc.hidden_dropout_prob = nc.attention_probs_dropout_prob = 0;
@@ -109,8 +111,10 @@ int run(const std::vector<std::int64_t>& threads, int n_pairs, int warmup, int t
   fmt::print(stderr, "bench_oracle: building the models (random weights)\n");
   bert::BertForSequenceClassification<S> nli(nc, rng);
   bert::BertModel<S> emb(ec, rng);
+  bert::OracleOptions opt;
+  opt.precision = precision;  // bf16: the oracle's weight products in bf16 (OracleOptions::precision)
   bert::NliOracle<S> oracle(std::move(nli), synthetic_tokenizer(nc.vocab_size), std::move(emb),
-                            synthetic_tokenizer(ec.vocab_size));
+                            synthetic_tokenizer(ec.vocab_size), opt);
   const int na = (tokens - 3) / 2, nb = tokens - 3 - na;  // [CLS] q [SEP] k [SEP] = tokens
   std::vector<bert::TextPair> pairs;
   for (int i = 0; i < warmup + n_pairs; ++i) pairs.push_back({words(rng, na, nc.vocab_size), words(rng, nb, nc.vocab_size)});
@@ -136,8 +140,9 @@ int run(const std::vector<std::int64_t>& threads, int n_pairs, int warmup, int t
           return;
         }
         // phi alone, as NliOracle::score computes it: the pairs (all of one length) in one forward on all threads,
-        // with batch-invariant products
+        // with batch-invariant products and the oracle's product precision
         const ScopedBatchInvariantProducts invariant;
+        const ScopedPrecision product_precision(oracle.options().precision);
         const Index n = Index(ps.size());
         bert::BertBatch<S> b;
         b.input_ids = Tensor<std::int64_t>({n, Index(tokens)});
@@ -165,6 +170,7 @@ int run(const std::vector<std::int64_t>& threads, int n_pairs, int warmup, int t
       j["bench"] = "oracle";
       j["mode"] = mode;
       j["scalar"] = sizeof(S) == 4 ? "float" : "double";
+      j["precision"] = precision_name(precision);
       j["threads"] = t;
       j["pairs"] = n_pairs;
       j["tokens"] = tokens;
@@ -197,6 +203,7 @@ int main(int argc, char** argv) {
   int n_pairs = 16, warmup = 2, tokens = 64;
   std::uint64_t seed = 42;
   bool use_double = false;
+  std::string precision = "fp32";
   cli::FlagSet fs("bench_oracle [flags]", "Pairs per second of the NLI oracle at bert-base size (random weights).");
   fs.text("threads", threads_text, "LIST", "thread counts, comma-separated");
   fs.integer("pairs", n_pairs, 1, 100000, "pairs per timed round");
@@ -204,6 +211,7 @@ int main(int argc, char** argv) {
   fs.integer("tokens", tokens, 5, 512, "tokens of each [CLS] q [SEP] k [SEP]");
   fs.integer("seed", seed, 0, cli::kNoMax, "seed of the random weights and texts");
   fs.toggle("double", use_double, "run in double instead of float");
+  fs.choice("precision", precision, {"fp32", "bf16"}, "float only: the oracle's product precision");
   std::vector<std::int64_t> threads;
   try {
     const auto p = fs.parse(argc, argv);
@@ -216,6 +224,11 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "bench_oracle: {}\n", dea::without_error_prefix(e.what()));
     return 2;
   }
-  return use_double ? run<double>(threads, n_pairs, warmup, tokens, seed)
-                    : run<float>(threads, n_pairs, warmup, tokens, seed);
+  const Precision prec = precision == "bf16" ? Precision::bf16 : Precision::fp32;
+  if (use_double && prec == Precision::bf16) {
+    fmt::print(stderr, "bench_oracle: --precision bf16 applies to float (not --double)\n");
+    return 2;
+  }
+  return use_double ? run<double>(threads, n_pairs, warmup, tokens, seed, prec)
+                    : run<float>(threads, n_pairs, warmup, tokens, seed, prec);
 }

@@ -408,6 +408,8 @@ if(TARGET dea_cli)
     set_tests_properties(dea_oracle_golden_float dea_oracle_golden_double PROPERTIES
                          PASS_REGULAR_EXPRESSION "oracle --out: ok" TIMEOUT 60)
   endif()
+  dea_cli_test(oracle_bf16_needs_float dea_cli 2 "--precision bf16 applies to float" oracle --nli a --embedder b
+               --pairs p --out o --double --precision bf16)
   # B27: a pairs file with a missing field, invalid JSON, invalid UTF-8
   dea_cli_sh(oracle_pairs_missing_field dea_cli 2 "p.jsonl:2: missing field \"hypothesis\".*nothing written"
              "d=${dea_or_tmp}_field; rm -rf \"$d\" && mkdir -p \"$d\" && \
@@ -546,6 +548,8 @@ if(TARGET dea_cli)
                --prompt hi --temperature -1)
   dea_cli_test(generate_rejects_missing_run dea_cli 2 "--ckpt '/nonexistent/lm_run': .*config.json"
                generate --ckpt /nonexistent/lm_run --prompt hi)
+  dea_cli_test(generate_rejects_bad_precision dea_cli 2 "--precision.*fp32.*bf16" generate --ckpt d --prompt hi
+               --precision fp16)
 endif()
 
 # What a flag implies is inferred when nothing else is possible, and an explicit contradiction is still refused (the

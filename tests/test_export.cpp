@@ -5,13 +5,16 @@
 #include <catch2/catch.hpp>
 #include <dea/core/files.hpp>
 #include <dea/io/safetensors.hpp>
+#include <dea/lm/model.hpp>
 #include <dea/nn/transformer.hpp>
 
 #include <sys/wait.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -117,6 +120,72 @@ TEST_CASE("dea_export_c writes every parameter exactly, under its name, with the
   CHECK(run_export((dir / "checkpoint.safetensors").string() + " " + (dir / "checkpoint.safetensors").string() +
                    " --max_len 10 --task cls") == 2);
   CHECK(dea::read_file((dir / "checkpoint.safetensors").string()) == before);
+}
+
+TEST_CASE("dea_export_c --safetensors --type bf16 writes a checkpoint's parameters as BF16, rounded to nearest even, "
+          "and the loaders read it back", "[export][bf16]") {
+  lm::DecoderConfig c;
+  c.hidden_size = 16;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.intermediate_size = 24;
+  c.vocab_size = 19;
+  c.attention_type = "gqa";
+  c.mlp_type = "dense_deterministic";
+  lm::DecoderLM<float> model(c, 3);
+  // a tie that rounds to even (1 + 2^-8 -> 1), one that rounds up (1 + 3 * 2^-8 -> 1 + 2^-6), a NaN
+  model.parameters()[0]->value[0] = 1.0f + std::ldexp(1.0f, -8);
+  model.parameters()[0]->value[1] = 1.0f + 3 * std::ldexp(1.0f, -8);
+  model.parameters()[0]->value[2] = std::numeric_limits<float>::quiet_NaN();
+  const std::filesystem::path dir = fresh_dir("export_test_bf16");
+  io::SafeTensors st;
+  io::put_parameters(st, model.parameters(), io::DType::F32);
+  st.put("optim.exp_avg.embed_tokens.weight", Tensor<float>({2}, 0.5f), io::DType::F32);
+  st.put("train.step", Tensor<std::int64_t>({1}, 7), io::DType::I64);
+  st.save((dir / "checkpoint.safetensors").string());
+
+  const std::string out = (dir / "weights_bf16.safetensors").string();
+  CHECK(run_export((dir / "checkpoint.safetensors").string() + " " + (dir / "x.hpp").string() + " --type bf16") == 2);
+  REQUIRE(run_export((dir / "checkpoint.safetensors").string() + " " + out + " --safetensors --type bf16") == 0);
+  const io::SafeTensors back = io::SafeTensors::load(out);
+  CHECK_FALSE(back.has("optim.exp_avg.embed_tokens.weight"));
+  CHECK_FALSE(back.has("train.step"));
+  std::size_t f32_bytes = 0, bf16_bytes = 0;
+  for (Param<float>* p : model.parameters()) {
+    INFO(p->name);
+    REQUIRE(back.has(p->name));
+    CHECK(back.dtype(p->name) == io::DType::BF16);
+    f32_bytes += st.nbytes(p->name);
+    bf16_bytes += back.nbytes(p->name);
+    const Tensor<float> t = back.get<float>(p->name);
+    REQUIRE(t.shape == p->shape);
+    for (Index i = 0; i < p->numel(); ++i) {
+      const float want = round_bf16(p->value[i]);
+      if (std::isnan(want))
+        CHECK(std::isnan(t[i]));
+      else
+        CHECK(t[i] == want);
+    }
+  }
+  CHECK(bf16_bytes * 2 == f32_bytes);
+  const Tensor<float> e = back.get<float>("embed_tokens.weight");
+  CHECK(e[0] == 1.0f);
+  CHECK(e[1] == 1.0f + std::ldexp(1.0f, -6));
+
+  // the model's loader reads the BF16 file (as it reads F32 and F16): the rounded values, exactly
+  lm::DecoderLM<float> loaded(c, 99);
+  io::load_parameters(loaded.parameters(), back);
+  for (std::size_t k = 0; k < model.parameters().size(); ++k) {
+    const Param<float>& a = *model.parameters()[k];
+    const Param<float>& b = *loaded.parameters()[k];
+    for (Index i = 3; i < a.numel(); ++i) CHECK(b.value[i] == round_bf16(a.value[i]));
+  }
+  // float again: F32, the rounded values unchanged
+  const std::string again = (dir / "again.safetensors").string();
+  REQUIRE(run_export(out + " " + again + " --safetensors --type float") == 0);
+  const io::SafeTensors f = io::SafeTensors::load(again);
+  CHECK(f.dtype("norm.weight") == io::DType::F32);
+  CHECK(f.get<float>("embed_tokens.weight")[1] == 1.0f + std::ldexp(1.0f, -6));
 }
 
 TEST_CASE("dea_export_c --all writes any file's tensors and metadata; bad input is refused", "[export]") {

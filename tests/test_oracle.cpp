@@ -150,6 +150,46 @@ TEST_CASE("oracle golden case: float to 1e-5; phi is the float32 logit", "[oracl
   CHECK(static_cast<double>(static_cast<float>(s.sim)) == s.sim);
 }
 
+TEST_CASE("oracle bf16: alpha within 0.01 of the float oracle's on the golden pairs, the same bits on 1 and 2 threads "
+          "and in any batch", "[oracle][bf16]") {
+  const nlohmann::json g = golden();
+  std::vector<bert::TextPair> pairs;
+  for (const auto& p : g["pairs"]) pairs.push_back({p["q_text"], p["k_text"]});
+  bert::OracleOptions opt;
+  opt.precision = Precision::bf16;
+  auto b16 = bert::NliOracle<float>::load(kNli, kSim, opt);
+  const std::vector<bert::OracleScore> f = oracle<float>().score(pairs);
+  const std::vector<bert::OracleScore> a = b16.score(pairs);
+  double worst_alpha = 0, worst_phi = 0, worst_sim = 0;
+  bool any_differs = false;
+  for (std::size_t i = 0; i < pairs.size(); ++i) {
+    INFO("pair " << i << ": " << pairs[i].premise << " / " << pairs[i].hypothesis);
+    CHECK(std::abs(a[i].alpha - f[i].alpha) <= 0.01);
+    worst_alpha = std::max(worst_alpha, std::abs(a[i].alpha - f[i].alpha));
+    worst_phi = std::max(worst_phi, std::abs(a[i].phi - f[i].phi));
+    worst_sim = std::max(worst_sim, std::abs(a[i].sim - f[i].sim));
+    any_differs = any_differs || a[i].phi != f[i].phi;
+  }
+  CHECK(any_differs);  // the products did run in bf16
+  std::printf("oracle golden pairs, bf16 against float: worst |difference| alpha %.3g, phi %.3g, sim %.3g\n",
+              worst_alpha, worst_phi, worst_sim);
+  const int saved = num_threads();
+  for (int t : {1, 2}) {
+    set_num_threads(t);
+    const std::vector<bert::TextPair> tail(pairs.begin() + 5, pairs.end());  // another batch composition
+    const auto c = b16.score(tail);
+    for (std::size_t i = 5; i < pairs.size(); ++i) {
+      CHECK(c[i - 5].phi == a[i].phi);
+      CHECK(c[i - 5].sim == a[i].sim);
+    }
+    const auto one = b16.score(pairs[0].premise, pairs[0].hypothesis);
+    CHECK(one.phi == a[0].phi);
+    CHECK(one.sim == a[0].sim);
+  }
+  set_num_threads(saved);
+  CHECK_THROWS_WITH(bert::NliOracle<double>::load(kNli, kSim, opt), Catch::Contains("bf16"));
+}
+
 TEST_CASE("oracle: 1 and 2 threads, any batch, give identical bits", "[oracle][threads]") {
   const nlohmann::json g = golden();
   std::vector<bert::TextPair> pairs;

@@ -944,4 +944,25 @@ TEST_CASE("save: a concurrent reader always sees the old or the new complete fil
   REQUIRE(dir.listing() == std::vector<std::string>{"live.safetensors"});
 }
 
+TEST_CASE("put_bf16_rounded: BF16 to nearest even, NaN and infinities kept; put refuses a value BF16 cannot hold",
+          "[io][safetensors][bf16]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const float x[] = {1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8), -2.5f, nan, -inf, 0.1f};
+  io::SafeTensors st;
+  st.put_bf16_rounded("x", Shape{2, 3}, x);
+  CHECK(st.dtype("x") == io::DType::BF16);
+  CHECK(st.nbytes("x") == 12);
+  const io::SafeTensors back = io::SafeTensors::parse(st.serialize(), "memory");
+  const Tensor<float> t = back.get<float>("x");
+  CHECK(t[0] == 1.0f);                              // a tie: to the even neighbour
+  CHECK(t[1] == 1.0f + std::ldexp(1.0f, -6));       // above the half: up
+  CHECK(t[2] == -2.5f);                             // exact: unchanged
+  CHECK(std::isnan(t[3]));
+  CHECK(t[4] == -inf);
+  CHECK(t[5] == 0.10009765625f);                    // 0x3DCD
+  const double big[] = {1e39};
+  CHECK_THROWS_WITH(st.put_bf16_rounded("big", Shape{1}, big), Catch::Contains("beyond the range of float"));
+  CHECK_THROWS_WITH(st.put("y", Shape{1}, &x[5], io::DType::BF16), Catch::Contains("cannot be stored as BF16"));
+}
+
 }  // namespace test_safetensors

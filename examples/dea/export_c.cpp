@@ -24,6 +24,11 @@
 // i386 and after the namespace's name. A name that an earlier tensor already has gets "_2", "_3", ... (so "a.b"
 // and "a_b" become a_b and a_b_2): every array has its own identifier. The table `tensors` and find(name) give
 // each tensor under its reference name, which these rules leave as it is.
+// --safetensors writes OUT as a safetensors file instead of a header: the parameters of any checkpoint (the encoder's
+// or the decoder LM's; the AdamW state and "train.*" left out) or, with --all, every tensor and the metadata, the
+// floating tensors as --type: float (F32), double (F64) or bf16 (BF16, each value rounded to nearest even: half the
+// bytes of F32; the loaders read F32, F16 and BF16 alike). A bf16 checkpoint is for inference and for sharing: the
+// values are the rounded ones.
 // Exit status: 0 written, 1 bad file or inconsistent model, 2 bad command line.
 #include <dea/core/files.hpp>
 #include "commands.hpp"
@@ -225,19 +230,58 @@ ModelInfo infer_model(const io::SafeTensors& st, const std::string& ckpt, Index 
   return mi;
 }
 
+/// --safetensors: the checkpoint's parameters (or every tensor with --all) into a safetensors file, the floating
+/// tensors as F32, F64 or BF16 (rounded). Returns the exit status.
+int write_safetensors(const std::string& in_path, const std::string& out_path, const std::string& type, bool all) {
+  try {
+    const io::SafeTensors st = io::SafeTensors::load(in_path);
+    io::SafeTensors out;
+    if (all) out.set_metadata(st.metadata());
+    std::size_t count = 0, bytes = 0, in_bytes = 0;
+    for (const std::string& n : st.names()) {
+      const bool floating = io::dtype_is_floating(st.dtype(n));
+      const bool state = n.rfind("optim.", 0) == 0 || n.rfind("train.", 0) == 0;
+      if (!all && (state || !floating)) continue;
+      in_bytes += static_cast<std::size_t>(st.nbytes(n));
+      if (!floating) {
+        out.put(n, st.get<std::int64_t>(n), st.dtype(n));
+      } else if (type == "bf16") {
+        const Tensor<double> t = st.get<double>(n);
+        out.put_bf16_rounded(n, t.shape, t.ptr());
+      } else {
+        out.put(n, st.get<double>(n), type == "double" ? io::DType::F64 : io::DType::F32);
+      }
+      bytes += static_cast<std::size_t>(out.nbytes(n));
+      ++count;
+    }
+    check(count > 0, in_path, ": no tensor to export");
+    const std::filesystem::path parent = std::filesystem::path(out_path).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    out.save(out_path);
+    fmt::print("dea export-c: wrote {}: {} tensors, {} bytes of data as {} ({} bytes in the input)\n", out_path, count,
+               bytes, type == "bf16" ? "BF16" : type == "double" ? "F64" : "F32", in_bytes);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "{}", dea::cli::message("dea export-c", e));
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace export_c_cmd
 
 int dea_export_c(int argc, char** argv) {
   using namespace export_c_cmd;
   std::string in_path, out_path, ns = "dea_weights", type = "float", task;
-  bool all = false;
+  bool all = false, as_safetensors = false;
   Index max_len = 0, n_heads = 0;
   cli::FlagSet fs("dea export-c CHECKPOINT.safetensors OUT.hpp [flags]",
                   "Writes the tensors of a safetensors file as a C++ header (constexpr arrays; a model checkpoint\n"
                   "also gets its InferenceConfig and a loader for nn::InferenceModel).");
   fs.positional("CHECKPOINT.safetensors OUT.hpp", "the file to export and the header to write", 2);
   fs.text("namespace", ns, "NAME", "the header's namespace (a C++ identifier, not a keyword, not reserved)");
-  fs.choice("type", type, {"float", "double"}, "element type of the floating arrays");
+  fs.choice("type", type, {"float", "double", "bf16"},
+            "element type of the floating arrays (bf16: with --safetensors only, values rounded to nearest even)");
+  fs.toggle("safetensors", as_safetensors, "write OUT as a safetensors file (F32, F64 or BF16 by --type), not a header");
   fs.toggle("all", all, "every tensor of any safetensors file, and its metadata (default: a model's parameters)");
   fs.integer("max_len", max_len, 1, 1 << 20, "the model's max_len (default: from config.json beside the checkpoint)");
   fs.custom("task", "cls|mlm", "from config.json", "cls or mlm", "the model's task",
@@ -263,9 +307,13 @@ int dea_export_c(int argc, char** argv) {
   if (!is_identifier(ns) || is_keyword(ns) || is_reserved(ns) || ns == "std" || ns == "dea")
     usage("--namespace expects a C++ identifier that is not a keyword, not reserved ('_' and an upper-case letter, "
           "or \"__\"), not std or dea, got '" + ns + "'");
-  if (type != "float" && type != "double") usage("--type expects float or double, got '" + type + "'");
+  if (type != "float" && type != "double" && !(as_safetensors && type == "bf16"))
+    usage("--type expects float or double" + std::string(as_safetensors ? " or bf16" : " (bf16 with --safetensors)") +
+          ", got '" + type + "'");
   if (!task.empty() && task != "cls" && task != "mlm") usage("--task expects cls or mlm, got '" + task + "'");
   const bool as_float = type == "float";
+
+  if (as_safetensors) return write_safetensors(in_path, out_path, type, all);
 
   try {
     const io::SafeTensors st = io::SafeTensors::load(in_path);

@@ -3,7 +3,8 @@
 // oracle"; the library side is include/dea/oracle/nli_oracle.hpp and oracle_run.hpp).
 //
 //   dea oracle --nli DIR --embedder DIR --pairs PAIRS.jsonl --out CACHE.jsonl [--calibrate LABELS.jsonl]
-//              [--batch_size N] [--threads N] [--float | --double] [--nli_max_length N] [--sim_max_length N] [--quiet]
+//              [--batch_size N] [--threads N] [--float | --double] [--precision fp32|bf16] [--nli_max_length N]
+//              [--sim_max_length N] [--quiet]
 //
 // Input lines {"premise", "hypothesis"} or {"q_text", "k_text"}; output lines {the pair, "alpha", "alpha_raw", "phi",
 // "sim"} in the input's order (oracle/files.hpp). An interrupted run continues when started again with the same
@@ -52,6 +53,7 @@ struct Settings {
   std::size_t batch_size = 128, nli_max_length = 256, sim_max_length = 128;
   int threads = 0;
   bool use_double = false, quiet = false;
+  std::string precision = "fp32";
 };
 
 bool stderr_is_tty() {
@@ -83,6 +85,7 @@ int run(const Settings& s) {
   bert::OracleOptions opt;
   opt.nli_max_length = s.nli_max_length;
   opt.sim_max_length = s.sim_max_length;
+  opt.precision = s.precision == "bf16" ? Precision::bf16 : Precision::fp32;
   std::optional<bert::NliOracle<S>> oracle;
   bert::OracleResume resume;
   try {
@@ -93,7 +96,7 @@ int run(const Settings& s) {
     if (!s.quiet)
       fmt::print(stderr, "dea oracle: NLI model '{}' (entailment: label {} \"{}\"), embedder '{}'; {} pairs, {}, {} "
                  "thread(s)\n", s.nli, oracle->entailment_index(), oracle->entailment_label(), s.embedder, pairs.size(),
-                 s.use_double ? "double" : "float", num_threads());
+                 s.use_double ? "double" : s.precision == "bf16" ? "float, bf16 products" : "float", num_threads());
     if (!labels.empty()) {
       std::vector<bert::TextPair> lp;
       std::vector<double> human;
@@ -187,6 +190,8 @@ int dea_oracle(int argc, char** argv) {
   fs.integer("threads", s.threads, 0, cli::kMaxThreads, "OpenMP threads (0 = the library default: all cores)");
   fs.toggle("float", use_float, "compute in float, as the reference's float32 models (the default)");
   fs.toggle("double", s.use_double, "compute in double (the float64 forward the golden cases use)");
+  fs.choice("precision", s.precision, {"fp32", "bf16"},
+            "float only: bf16 runs the models' matrix products on bf16 operands with float accumulation");
   fs.integer("nli_max_length", s.nli_max_length, 3, 1 << 20, "tokens of [CLS] q [SEP] k [SEP] (longest_first truncation)");
   fs.integer("sim_max_length", s.sim_max_length, 2, 1 << 20, "tokens of [CLS] t [SEP] for the embedder");
   fs.toggle("quiet", s.quiet, "no progress lines on standard error");
@@ -200,6 +205,7 @@ int dea_oracle(int argc, char** argv) {
                                       {"embedder", &s.embedder}, {"pairs", &s.pairs}, {"out", &s.out}})
       if (value->empty()) oracle_cmd::usage(fmt::format("--{} is required", flag));
     if (use_float && s.use_double) oracle_cmd::usage("--float and --double exclude each other");
+    if (s.use_double && s.precision == "bf16") oracle_cmd::usage("--precision bf16 applies to float (not --double)");
   } catch (const std::exception& e) {
     oracle_cmd::usage(without_error_prefix(e.what()));
   }

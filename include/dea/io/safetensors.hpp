@@ -20,6 +20,7 @@
 #pragma once
 
 #include "../core/atomic_file.hpp"
+#include "../core/bf16.hpp"
 #include "../core/error.hpp"
 #include "../core/param.hpp"
 #include "../core/tensor.hpp"
@@ -410,7 +411,7 @@ inline void check_utf8(const std::string& s, const std::string& source, const ch
 /// among each other within range (bool accepts 0 and 1); floating data is never read or stored as an integer.
 /// F16 and BF16 (Hugging Face checkpoints) read exactly as float or double (every value is a binary32 value:
 /// BF16 = bits << 16, F16 with its subnormals, infinities and NaN); a value is stored as F16 / BF16 only when it
-/// is exactly representable there (there is no rounding on write).
+/// is exactly representable there (put never rounds; put_bf16_rounded rounds to bf16 on purpose).
 class SafeTensors {
 public:
   /// Largest header accepted (bytes); a larger N means a corrupt or foreign file.
@@ -531,6 +532,26 @@ public:
       }
     });
     entries_[name] = std::move(e);
+  }
+
+  /// Adds or replaces tensor `name` stored as BF16 with rounding (the one write that rounds, asked for by name):
+  /// each element is converted to float (a double beyond float range is an error, as for F32) and rounded to bf16 to
+  /// nearest, ties to even (core/bf16.hpp, to_bf16: NaN stays NaN, infinities stay). Reading it back (get<float>)
+  /// gives the rounded values exactly.
+  template <class T>
+  void put_bf16_rounded(const std::string& name, const Shape& shape, const T* data) {
+    static_assert(std::is_floating_point_v<T>, "put_bf16_rounded: float or double data");
+    const Index n = shape_numel(shape);
+    if (n > 0 && data == nullptr) detail::st_fail(source_, "tensor '", name, "': null data pointer");
+    std::vector<float> r(static_cast<std::size_t>(std::max<Index>(n, 0)));
+    for (Index i = 0; i < n; ++i) {
+      float f{};
+      if (!detail::convert_value<float>(data[i], f))
+        detail::st_fail(source_, "tensor '", name, "': element ", i, " (value ", detail::value_str(data[i]),
+                        ") is beyond the range of float");
+      r[static_cast<std::size_t>(i)] = round_bf16(f);
+    }
+    put(name, shape, r.data(), DType::BF16);
   }
 
   /// Adds or replaces tensor `name` from a Tensor, stored as `as`.

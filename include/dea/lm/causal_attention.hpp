@@ -17,6 +17,7 @@
 // pair order. Results are bitwise identical for any thread count.
 #pragma once
 
+#include "../core/bf16.hpp"
 #include "../core/param.hpp"
 #include "../core/parallel.hpp"
 #include "../core/tensor.hpp"
@@ -26,11 +27,14 @@
 #include "../ops/rms_norm.hpp"
 #include "../ops/rope.hpp"
 #include "../ops/softmax.hpp"
+#include "bf16_weights.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
+#include <type_traits>
 #include <vector>
 
 namespace dea {
@@ -76,15 +80,26 @@ public:
   };
 
   /// Keys and values of the positions decoded so far (forward_cached; no backward). Per batch row, K after qk-norm
-  /// and RoPE and V, each [capacity, H_kv d_h] of which the first `length` rows are valid.
+  /// and RoPE and V, each [capacity, H_kv d_h] of which the first `length` rows are valid: float (k, v), or bf16
+  /// (k16, v16, row-major) when the sequence started with bf16 weights or under ScopedPrecision(Precision::bf16).
   struct KVCache {
     Index batch = 0;
     Index length = 0;
+    Index width = 0;     ///< H_kv d_h
+    bool bf16 = false;
     std::vector<Mat<S>> k, v;
+    std::vector<std::vector<dea::bf16>> k16, v16;
     void clear() {
-      batch = length = 0;
+      batch = length = width = 0;
+      bf16 = false;
       k.clear();
       v.clear();
+      k16.clear();
+      v16.clear();
+    }
+    /// Bytes of the valid keys and values (length positions of every batch row).
+    std::size_t bytes() const {
+      return 2 * static_cast<std::size_t>(batch * length * width) * (bf16 ? sizeof(dea::bf16) : sizeof(S));
     }
   };
 
@@ -123,6 +138,37 @@ public:
   Index n_heads() const { return opt_.n_heads; }
   Index n_kv_heads() const { return opt_.n_kv_heads; }
   Index head_dim() const { return dh_; }
+
+  /// Stores k_proj, q_proj, v_proj and o_proj as bf16 (lm/bf16_weights.hpp) and frees their float values and
+  /// gradients: from then on the module is for inference (forward_cached, whose KV cache is then bf16 too), and
+  /// forward / backward throw. float models only. Returns the bytes of the bf16 weights.
+  std::size_t store_bf16_weights() {
+    if constexpr (std::is_same<S, float>::value) {
+      if (!w16_) {
+        const Index D = opt_.d_model, Dkv = opt_.n_kv_heads * dh_;
+        auto w = std::make_shared<W16>();
+        w->k = pack_linear_bf16(k_proj_.value.data(), Dkv, D);
+        w->q = pack_linear_bf16(q_proj_.value.data(), D, D);
+        w->v = pack_linear_bf16(v_proj_.value.data(), Dkv, D);
+        w->o = pack_linear_bf16(o_proj_.value.data(), D, D);
+        w16_ = std::move(w);
+        for (Param<S>* p : {&k_proj_, &q_proj_, &v_proj_, &o_proj_}) release_float(*p);
+      }
+      return w16_->k.bytes() + w16_->q.bytes() + w16_->v.bytes() + w16_->o.bytes();
+    } else {
+      check(false, "CausalSelfAttention::store_bf16_weights: float models only");
+      return 0;
+    }
+  }
+  /// True after store_bf16_weights.
+  bool has_bf16_weights() const { return w16_ != nullptr; }
+  /// Bytes of the weights kept: float values and bf16 copies.
+  std::size_t weight_bytes() const {
+    std::size_t n = value_bytes(k_proj_) + value_bytes(q_proj_) + value_bytes(v_proj_) + value_bytes(o_proj_) +
+                    value_bytes(q_norm_) + value_bytes(k_norm_);
+    if (w16_) n += w16_->k.bytes() + w16_->q.bytes() + w16_->v.bytes() + w16_->o.bytes();
+    return n;
+  }
 
   /// k_proj, q_proj, v_proj, o_proj, then q_norm, k_norm (with use_qk_norm).
   ParamList<S> parameters() {
@@ -183,10 +229,24 @@ private:
   Index dh_ = 0;
   Param<S> k_proj_, q_proj_, v_proj_, o_proj_, q_norm_, k_norm_;
   ops::RopeTable<S> rope_;
+  /// The projections as bf16 (store_bf16_weights), shared by copies of the module.
+  struct W16 {
+    ops::packed::Bf16Matrix k, q, v, o;
+  };
+  std::shared_ptr<const W16> w16_;
+
+  /// y = x W^T with the float weight, or its bf16 copy after store_bf16_weights.
+  void project_(const Mat<S>& x, const Param<S>& W, const ops::packed::Bf16Matrix* W16p, Mat<S>& y) const {
+    if constexpr (std::is_same<S, float>::value) {
+      if (W16p) return linear_bf16(x, *W16p, y);
+    }
+    ops::linear_forward<S>(x, W.mat(), nullptr, y);
+  }
 };
 
 template <class S, int Heads, int DHead>
 Mat<S> CausalSelfAttention<S, Heads, DHead>::forward(const Mat<S>& x, Index batch, Cache& c) {
+  check(!w16_, "CausalSelfAttention::forward: the weights are stored as bf16 for inference (forward_cached only)");
   validate_x_(x, batch, "forward");
   const Index B = batch, T = x.rows() / batch, H = opt_.n_heads, Hkv = opt_.n_kv_heads, G = H / Hkv, dh = dh_;
   const auto scale = ops::ScoreScale<S>::inv_sqrt(dh);
@@ -292,21 +352,46 @@ Mat<S> CausalSelfAttention<S, Heads, DHead>::forward_cached(const Mat<S>& x, Ind
   validate_x_(x, batch, "forward_cached");
   const Index B = batch, Sn = x.rows() / batch, H = opt_.n_heads, Hkv = opt_.n_kv_heads, G = H / Hkv, dh = dh_;
   const Index Dkv = Hkv * dh;
+  // bf16 weights or bf16 products: the cache holds bf16 keys and values, and the head products read them
+  const bool b16 = std::is_same<S, float>::value &&
+                   (w16_ != nullptr || thread_settings().product_precision == Precision::bf16);
   if (kv.length == 0) {
     kv.batch = B;
+    kv.width = Dkv;
+    kv.bf16 = b16;
     kv.k.assign(static_cast<std::size_t>(B), Mat<S>());
     kv.v.assign(static_cast<std::size_t>(B), Mat<S>());
+    kv.k16.assign(static_cast<std::size_t>(b16 ? B : 0), std::vector<dea::bf16>());
+    kv.v16.assign(static_cast<std::size_t>(b16 ? B : 0), std::vector<dea::bf16>());
   }
   check(kv.batch == B, "CausalSelfAttention::forward_cached: batch expected ", kv.batch, " (the KV cache's), got ", B);
+  check(kv.bf16 == b16, "CausalSelfAttention::forward_cached: the KV cache holds ", kv.bf16 ? "bf16" : "float",
+        " values, this step's products are ", b16 ? "bf16" : "float", " (the precision changed within a sequence)");
   const Index P0 = kv.length, L = P0 + Sn;
   Mat<S> k, q, v;
-  ops::linear_forward<S>(x, k_proj_.mat(), nullptr, k);  // K = x W_k^T
-  ops::linear_forward<S>(x, q_proj_.mat(), nullptr, q);  // Q = x W_q^T
-  ops::linear_forward<S>(x, v_proj_.mat(), nullptr, v);  // V = x W_v^T
+  const W16* w = w16_.get();
+  project_(x, k_proj_, w ? &w->k : nullptr, k);  // K = x W_k^T
+  project_(x, q_proj_, w ? &w->q : nullptr, q);  // Q = x W_q^T
+  project_(x, v_proj_, w ? &w->v : nullptr, v);  // V = x W_v^T
   rope_.reserve(L);
+  Mat<S> kr;  // bf16 cache: the new keys after qk-norm and RoPE, before their rounding into the cache
+  if (b16) kr.resize(B * Sn, Dkv);
   for (Index b = 0; b < B; ++b) {  // grow the per-row buffers geometrically: appending stays O(1) amortised
-    Mat<S>& Kc = kv.k[static_cast<std::size_t>(b)];
-    Mat<S>& Vc = kv.v[static_cast<std::size_t>(b)];
+    const std::size_t bi = static_cast<std::size_t>(b);
+    if (b16) {
+      std::vector<dea::bf16>& K16 = kv.k16[bi];
+      std::vector<dea::bf16>& V16 = kv.v16[bi];
+      if (static_cast<Index>(K16.size()) < L * Dkv) {
+        const Index cap = std::max<Index>(L, 2 * static_cast<Index>(K16.size()) / Dkv);
+        K16.resize(static_cast<std::size_t>(cap * Dkv));
+        V16.resize(static_cast<std::size_t>(cap * Dkv));
+      }
+      const S* src = v.data() + b * Sn * Dkv;  // v's rows are Dkv wide
+      for (Index i = 0; i < Sn * Dkv; ++i) V16[static_cast<std::size_t>(P0 * Dkv + i)] = to_bf16(static_cast<float>(src[i]));
+      continue;
+    }
+    Mat<S>& Kc = kv.k[bi];
+    Mat<S>& Vc = kv.v[bi];
     if (Kc.rows() < L) {
       const Index cap = std::max<Index>(L, 2 * Kc.rows());
       Kc.conservativeResize(cap, Dkv);
@@ -316,13 +401,21 @@ Mat<S> CausalSelfAttention<S, Heads, DHead>::forward_cached(const Mat<S>& x, Ind
   }
   const S scale = S(1) / std::sqrt(static_cast<S>(dh));
   const S ninf = -std::numeric_limits<S>::infinity();
-  // new keys into the cache: each (b, g) owns its column block of row b's cache
+  // new keys into the cache: each (b, g) owns its column block of row b's cache (bf16: of kr, then of the cache)
   parallel_for(B * Hkv, [&](Index bg) {
     const Index b = bg / Hkv, g = bg % Hkv;
     HeadMatrix hat(Sn, dh);
     Vec<S> rs(Sn);
-    norm_rope_(head(k, b * Sn, g * dh, Sn), k_norm_, P0, head(kv.k[static_cast<std::size_t>(b)], P0, g * dh, Sn), hat,
-               rs.data());
+    if (!b16) {
+      norm_rope_(head(k, b * Sn, g * dh, Sn), k_norm_, P0, head(kv.k[static_cast<std::size_t>(b)], P0, g * dh, Sn),
+                 hat, rs.data());
+      return;
+    }
+    norm_rope_(head(k, b * Sn, g * dh, Sn), k_norm_, P0, head(kr, b * Sn, g * dh, Sn), hat, rs.data());
+    std::vector<dea::bf16>& K16 = kv.k16[static_cast<std::size_t>(b)];
+    for (Index i = 0; i < Sn; ++i)
+      for (Index c = 0; c < dh; ++c)
+        K16[static_cast<std::size_t>((P0 + i) * Dkv + g * dh + c)] = to_bf16(static_cast<float>(kr(b * Sn + i, g * dh + c)));
   });
   Mat<S> O(B * Sn, opt_.d_model);
   parallel_for(B * H, [&](Index bh) {
@@ -330,9 +423,25 @@ Mat<S> CausalSelfAttention<S, Heads, DHead>::forward_cached(const Mat<S>& x, Ind
     HeadMatrix qr(Sn, dh), hat(Sn, dh);
     Vec<S> rs(Sn);
     norm_rope_(head(q, b * Sn, h * dh, Sn), q_norm_, P0, qr, hat, rs.data());
+    Mat<S> sc(Sn, L);
+    if (b16) {  // the same steps with bf16 products on the bf16 cache (the query and P rounded, float accumulation)
+      if constexpr (std::is_same<S, float>::value) {
+        using ops::packed::View;
+        const dea::bf16* K16 = kv.k16[static_cast<std::size_t>(b)].data() + g * dh;
+        const dea::bf16* V16 = kv.v16[static_cast<std::size_t>(b)].data() + g * dh;
+        ops::packed::gemm_bf16(Sn, L, dh, View<float>{qr.data(), Index(qr.outerStride()), 1},
+                               View<dea::bf16>{K16, Dkv, 1}.t(), sc.data(), L, false);  // S = Qr Kr^T
+        sc *= scale;                                                                     //     / sqrt(d_h)
+        for (Index i = 0; i < Sn; ++i)
+          for (Index j = P0 + i + 1; j < L; ++j) sc(i, j) = ninf;                       // causal: keys j <= P0 + i
+        ops::masked_softmax_rows<S>(sc, nullptr, sc);                                    // P = softmax(S)
+        ops::packed::gemm_bf16(Sn, dh, L, View<float>{sc.data(), L, 1}, View<dea::bf16>{V16, Dkv, 1},
+                               O.data() + b * Sn * O.cols() + h * dh, O.cols(), false);  // O_h = P V_g
+      }
+      return;
+    }
     const Mat<S>& Kc = kv.k[static_cast<std::size_t>(b)];
     const Mat<S>& Vc = kv.v[static_cast<std::size_t>(b)];
-    Mat<S> sc(Sn, L);
     sc.noalias() = (qr * head(Kc, 0, g * dh, L).transpose()) * scale;       // S = Qr Kr^T / sqrt(d_h)
     for (Index i = 0; i < Sn; ++i)
       for (Index j = P0 + i + 1; j < L; ++j) sc(i, j) = ninf;               // causal: keys j <= P0 + i
@@ -341,7 +450,7 @@ Mat<S> CausalSelfAttention<S, Heads, DHead>::forward_cached(const Mat<S>& x, Ind
   });
   kv.length = L;
   Mat<S> y;
-  ops::linear_forward<S>(O, o_proj_.mat(), nullptr, y);  // y = O W_o^T
+  project_(O, o_proj_, w ? &w->o : nullptr, y);  // y = O W_o^T
   return y;
 }
 

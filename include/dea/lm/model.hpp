@@ -28,11 +28,14 @@
 #include "../attention/dual_expert.hpp"
 #include "../attention/token_routed.hpp"
 #include "../core/init.hpp"
+#include "../core/parallel.hpp"
 #include "../core/param.hpp"
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
 #include "../ops/linear.hpp"
+#include "../ops/packed_gemm.hpp"
 #include "../ops/rms_norm.hpp"
+#include "bf16_weights.hpp"
 #include "causal_attention.hpp"
 #include "config.hpp"
 #include "dense_mlp.hpp"
@@ -40,7 +43,9 @@
 #include "tr_moe.hpp"
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -49,6 +54,35 @@
 
 namespace dea {
 namespace lm {
+namespace detail {
+
+/// While `on`, the library's loops and Eigen's products started from the calling thread run on that thread alone
+/// (OpenMP's thread count is a per-thread setting: other threads keep theirs).
+class ScopedOneThread {
+public:
+  explicit ScopedOneThread(bool on) {
+#ifdef _OPENMP
+    if (on) {
+      saved_ = omp_get_max_threads();
+      if (saved_ > 1) omp_set_num_threads(1);
+    }
+#else
+    (void)on;
+#endif
+  }
+  ~ScopedOneThread() {
+#ifdef _OPENMP
+    if (saved_ > 1) omp_set_num_threads(saved_);
+#endif
+  }
+  ScopedOneThread(const ScopedOneThread&) = delete;
+  ScopedOneThread& operator=(const ScopedOneThread&) = delete;
+
+private:
+  int saved_ = 1;
+};
+
+}  // namespace detail
 
 template <class S>
 class DecoderLM {
@@ -105,6 +139,15 @@ public:
       kv.clear();
       tr_kv.clear();
       dea_kv.clear();
+    }
+    /// Bytes of the cached keys and values of the mha / gqa / mqa and tr_mha layers (bf16 or float, as held).
+    std::size_t kv_bytes() const {
+      std::size_t n = 0;
+      for (const auto& c : kv) n += c.bytes();
+      for (const auto& c : tr_kv)
+        for (std::size_t b = 0; b < c.k.size(); ++b)
+          n += 2 * static_cast<std::size_t>(c.length * c.k[b].cols()) * sizeof(S);
+      return n;
     }
   };
 
@@ -206,11 +249,35 @@ public:
   // ---------------------------------------------------------------------------------------------------------
   // Incremental decoding
 
+  /// Makes this a bf16 inference model: the product weights of the mha / gqa / mqa attention, of the dense or TR-MoE
+  /// MLP and of the head are stored once as bf16 (lm/bf16_weights.hpp; the float values and gradients of the
+  /// attention and MLP weights, and of an untied head, are freed: 2 bytes a weight instead of 8), and forward_step
+  /// then runs every product in bf16 with float accumulation, its KV cache in bf16. The tied embedding stays float
+  /// for the lookup (the head reads its bf16 copy); norms, RoPE, softmax, SwiGLU and the residual stream stay float;
+  /// tr_mha and dea attention keep their float weights and run their products in bf16 too. The logits are the same
+  /// bits as forward_step's under ScopedPrecision(Precision::bf16) on the float model. Afterwards forward and backward
+  /// throw (the model is for decoding only) and the freed parameters read as empty. float models only. Returns the
+  /// bytes of the weights kept (weight_bytes()).
+  std::size_t store_bf16_weights();
+  /// True after store_bf16_weights.
+  bool has_bf16_weights() const { return bf16_weights_; }
+  /// Bytes of the model's weights as held: float values (gradients not counted) and bf16 copies.
+  std::size_t weight_bytes() const;
+
   /// The logits [B*Sn, V] of the Sn new positions `new_ids` [B, Sn] (rows b*Sn + i), at absolute positions
   /// state.length .. state.length + Sn - 1, given the keys and values of the earlier positions in `state` (empty:
   /// a fresh sequence). Appends the new positions to `state`. The same function as forward on the whole prefix, at
   /// O(length) cost per new position. Forward only.
+  ///
+  /// A step of fewer than kSerialStepRows rows (B*Sn: a decoding step, a short prompt) runs on the calling thread
+  /// alone: its products have too few rows to share, and what is left to split (each head's scores against the
+  /// cache, the norms) costs less than waking a thread, so more threads only made generation slower. Longer steps
+  /// (a long prompt's prefill) use the library's threads. The results are the same bits either way.
   Mat<S> forward_step(const IdTensor& new_ids, DecodeState& state);
+
+  /// Steps with fewer rows than this run on one thread (forward_step): the row count below which the float
+  /// products are not split between threads either (ops::packed::kMinRows).
+  static constexpr Index kSerialStepRows = ops::packed::kMinRows;
 
 private:
   struct Block {
@@ -353,6 +420,9 @@ private:
 
   Mat<S> forward_impl_(Mat<S> h, const IdTensor& ids, Cache& c);
 
+  bool bf16_weights_ = false;                     ///< store_bf16_weights was called
+  std::shared_ptr<const ops::packed::Bf16Matrix> head16_;  ///< the head's weight as bf16 (store_bf16_weights)
+
   DecoderConfig cfg_;
   AttentionType attn_type_ = AttentionType::gqa;
   Index L_ = 0, D_ = 0, V_ = 0;
@@ -361,7 +431,41 @@ private:
 };
 
 template <class S>
+std::size_t DecoderLM<S>::store_bf16_weights() {
+  check(std::is_same<S, float>::value, "DecoderLM::store_bf16_weights: float models only");
+  if constexpr (std::is_same<S, float>::value) {
+    if (!bf16_weights_) {
+      for (Block& blk : blocks_) {
+        if (blk.attn) blk.attn->store_bf16_weights();
+        std::visit([](auto& m) { m.store_bf16_weights(); }, blk.mlp);
+      }
+      Param<S>& head = head_();
+      head16_ = std::make_shared<const ops::packed::Bf16Matrix>(pack_linear_bf16(head.value.data(), V_, D_));
+      if (!cfg_.tie_word_embeddings) release_float(lm_head_);
+      bf16_weights_ = true;
+    }
+  }
+  return weight_bytes();
+}
+
+template <class S>
+std::size_t DecoderLM<S>::weight_bytes() const {
+  std::size_t n = value_bytes(embed_) + value_bytes(norm_) + value_bytes(lm_head_) + (head16_ ? head16_->bytes() : 0);
+  for (const Block& blk : blocks_) {
+    n += value_bytes(blk.in_norm) + value_bytes(blk.post_norm);
+    if (blk.attn) n += blk.attn->weight_bytes();
+    if (blk.tr)
+      for (Param<S>* p : const_cast<TrAttn&>(*blk.tr).parameters()) n += value_bytes(*p);
+    if (blk.dea)
+      for (Param<S>* p : const_cast<DeaAttn&>(*blk.dea).parameters()) n += value_bytes(*p);
+    n += std::visit([](const auto& m) { return m.weight_bytes(); }, blk.mlp);
+  }
+  return n;
+}
+
+template <class S>
 Mat<S> DecoderLM<S>::forward_impl_(Mat<S> h, const IdTensor& ids, Cache& c) {
+  check(!bf16_weights_, "DecoderLM::forward: the weights are stored as bf16 for inference (forward_step only)");
   const Index B = ids.size(0), T = ids.size(1), N = B * T;
   const S eps = static_cast<S>(cfg_.norm_eps);
   c.batch = B;
@@ -403,6 +507,7 @@ Mat<S> DecoderLM<S>::forward_impl_(Mat<S> h, const IdTensor& ids, Cache& c) {
 
 template <class S>
 Mat<S> DecoderLM<S>::backward(const Mat<S>& dlogits, Cache& c) {
+  check(!bf16_weights_, "DecoderLM::backward: the weights are stored as bf16 for inference");
   check(c.batch > 0 && !c.hidden.empty(), "DecoderLM::backward: the cache is empty (run forward first)");
   const Index N = c.batch * c.seq;
   check_matrix(dlogits, N, V_, "DecoderLM::backward dlogits");
@@ -449,6 +554,9 @@ Mat<S> DecoderLM<S>::forward_step(const IdTensor& new_ids, DecodeState& st) {
             st.dea_kv.size() == static_cast<std::size_t>(L_),
         "DecoderLM::forward_step: the decode state holds ", st.kv.size(), " layers, this model has ", L_,
         " (a state of another model?)");
+  const detail::ScopedOneThread one_thread(N < kSerialStepRows);
+  // bf16 weights: every product in bf16 (the tr_mha / dea attention's float weights too)
+  const ScopedPrecision precision(bf16_weights_ ? Precision::bf16 : thread_settings().product_precision);
   const S eps = static_cast<S>(cfg_.norm_eps);
   Mat<S> h;
   embed_lookup_(new_ids, h, "DecoderLM::forward_step");
@@ -468,6 +576,12 @@ Mat<S> DecoderLM<S>::forward_step(const IdTensor& new_ids, DecodeState& st) {
   ops::rms_norm_forward<S>(h, norm_.value.data(), eps, a, hat, rs.data());                // h_f
   st.length += Sn;
   Mat<S> logits;
+  if constexpr (std::is_same<S, float>::value) {
+    if (head16_) {
+      linear_bf16(a, *head16_, logits);                                                   // logits = h_f W^T
+      return logits;
+    }
+  }
   ops::linear_forward<S>(a, head_().mat(), nullptr, logits);                              // logits = h_f W^T
   return logits;
 }

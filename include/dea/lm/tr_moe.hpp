@@ -35,12 +35,15 @@
 #include "../ops/gemm.hpp"
 #include "../ops/linear.hpp"
 #include "../ops/swiglu.hpp"
+#include "bf16_weights.hpp"
 #include "route_table.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -244,6 +247,46 @@ public:
 
   void zero_grad() { dea::zero_grad(parameters()); }
 
+  /// Stores the experts' and the shared expert's weights as bf16 (lm/bf16_weights.hpp) and frees their float values
+  /// and gradients: forward then runs bf16 products and backward throws. float models only. Returns the bytes of the
+  /// bf16 weights.
+  std::size_t store_bf16_weights() {
+    if constexpr (std::is_same<S, float>::value) {
+      if (!w16_) {
+        auto w = std::make_shared<W16>();
+        for (Index e = 0; e < E_; ++e) {
+          w->gate.push_back(pack_rhs_bf16(gate_(e).data(), D_, w_));
+          w->up.push_back(pack_rhs_bf16(up_(e).data(), D_, w_));
+          w->down.push_back(pack_rhs_bf16(down_(e).data(), w_, D_));
+        }
+        release_float(expert_gate_);
+        release_float(expert_up_);
+        release_float(expert_down_);
+        if (Ws_ > 0) {
+          w->shared_gate = pack_linear_bf16(shared_gate_.value.data(), Ws_, D_);
+          w->shared_up = pack_linear_bf16(shared_up_.value.data(), Ws_, D_);
+          w->shared_down = pack_linear_bf16(shared_down_.value.data(), D_, Ws_);
+          release_float(shared_gate_);
+          release_float(shared_up_);
+          release_float(shared_down_);
+        }
+        w16_ = std::move(w);
+      }
+      return w16_->bytes();
+    } else {
+      check(false, "TrMoeMlp::store_bf16_weights: float models only");
+      return 0;
+    }
+  }
+  bool has_bf16_weights() const { return w16_ != nullptr; }
+  /// Bytes of the weights kept: float values and bf16 copies (the route table not counted).
+  std::size_t weight_bytes() const {
+    std::size_t n = 0;
+    for (const Param<S>* p : {&expert_gate_, &expert_up_, &expert_down_, &shared_gate_, &shared_up_, &shared_down_})
+      n += value_bytes(*p);
+    return n + (w16_ ? w16_->bytes() : 0);
+  }
+
   // ---------------------------------------------------------------------------------------------------------
   // Forward / backward
 
@@ -273,6 +316,44 @@ private:
   RouteTable table_;
   Param<S> expert_gate_, expert_up_, expert_down_, shared_gate_, shared_up_, shared_down_;
   Telemetry telemetry_;
+  /// The weights as bf16 (store_bf16_weights), shared by copies: per expert G_e, U_e [D, w], Dn_e [w, D] as right-hand
+  /// sides; the shared expert's three Linears.
+  struct W16 {
+    std::vector<ops::packed::Bf16Matrix> gate, up, down;
+    ops::packed::Bf16Matrix shared_gate, shared_up, shared_down;
+    std::size_t bytes() const {
+      std::size_t n = shared_gate.bytes() + shared_up.bytes() + shared_down.bytes();
+      for (const auto* v : {&gate, &up, &down})
+        for (const auto& m : *v) n += m.bytes();
+      return n;
+    }
+  };
+  std::shared_ptr<const W16> w16_;
+
+  /// C [m, cols] = A B_e for the expert's weight (float, or its bf16 copy), A and C with contiguous rows.
+  template <class DA, class DC>
+  void expert_product_(const Eigen::MatrixBase<DA>& A, ConstMatMap<S> (TrMoeMlp::*weight)(Index) const,
+                       const std::vector<ops::packed::Bf16Matrix> W16::*packed, Index e,
+                       Eigen::MatrixBase<DC>& C) const {
+    if constexpr (std::is_same<S, float>::value) {
+      if (w16_) {
+        const auto& a = A.derived();
+        auto& c = C.derived();
+        ops::packed::gemm_bf16(a.rows(), ops::packed::View<float>{a.data(), Index(a.outerStride()), 1},
+                               ((*w16_).*packed)[static_cast<std::size_t>(e)], c.data(), Index(c.outerStride()), false);
+        return;
+      }
+    }
+    ops::gemm_into(A, (this->*weight)(e), C);
+  }
+  /// y = x W^T for a shared-expert Linear (float, or its bf16 copy).
+  void shared_product_(const Mat<S>& x, const Param<S>& W, const ops::packed::Bf16Matrix W16::*packed,
+                       Mat<S>& y) const {
+    if constexpr (std::is_same<S, float>::value) {
+      if (w16_) return linear_bf16(x, (*w16_).*packed, y);
+    }
+    ops::linear_forward<S>(x, W.mat(), nullptr, y);
+  }
 };
 
 // ---- forward and backward, defined outside the class ----
@@ -335,22 +416,22 @@ Mat<S> TrMoeMlp<S>::forward(const Mat<S>& x, const std::int64_t* token_ids, Cach
     auto ue = c.u.middleRows(o, m);
     auto he = h.middleRows(o, m);
     auto ye = Ys.middleRows(o, m);
-    ops::gemm_into(Xe, gate_(e), ge);                                 // g = x G_e        [m, w]
-    ops::gemm_into(Xe, up_(e), ue);                                   // u = x U_e        [m, w]
+    expert_product_(Xe, &TrMoeMlp::gate_, &W16::gate, e, ge);         // g = x G_e        [m, w]
+    expert_product_(Xe, &TrMoeMlp::up_, &W16::up, e, ue);             // u = x U_e        [m, w]
     swiglu_rows_(c.g, c.u, h, o, m);                                  // h = silu(g) .* u [m, w]
-    ops::gemm_into(he, down_(e), ye);                                 // f_e = h Dn_e     [m, D]
+    expert_product_(he, &TrMoeMlp::down_, &W16::down, e, ye);         // f_e = h Dn_e     [m, D]
   }
 
   // Shared SwiGLU: y = s_s (silu(x W_g^T) .* x W_u^T) W_d^T
   Mat<S> y;
   if (Ws_ > 0) {
-    ops::linear_forward<S>(x, shared_gate_.mat(), nullptr, c.gs);     // gs = x W_g^T     [N, W_s]
-    ops::linear_forward<S>(x, shared_up_.mat(), nullptr, c.us);       // us = x W_u^T     [N, W_s]
+    shared_product_(x, shared_gate_, &W16::shared_gate, c.gs);         // gs = x W_g^T     [N, W_s]
+    shared_product_(x, shared_up_, &W16::shared_up, c.us);             // us = x W_u^T     [N, W_s]
     Mat<S> hs(N, Ws_);
     ops::for_row_blocks(N, [&](Index r0, Index nr) {                  // hs = silu(gs) .* us
       ops::swiglu_forward(c.gs.middleRows(r0, nr), c.us.middleRows(r0, nr), hs.middleRows(r0, nr));
     });
-    ops::linear_forward<S>(hs, shared_down_.mat(), nullptr, y);       // f_s = hs W_d^T   [N, D]
+    shared_product_(hs, shared_down_, &W16::shared_down, y);           // f_s = hs W_d^T   [N, D]
     const S ss = static_cast<S>(opt_.shared_output_scale);
     if (ss != S(1)) y *= ss;                                          // y = s_s f_s
   } else {
@@ -383,6 +464,7 @@ Mat<S> TrMoeMlp<S>::forward(const Mat<S>& x, const std::int64_t* token_ids, Cach
 
 template <class S>
 Mat<S> TrMoeMlp<S>::backward(const Mat<S>& dy, const Cache& c) {
+  check(!w16_, "TrMoeMlp::backward: the weights are stored as bf16 for inference");
   check(!c.empty(), "TrMoeMlp::backward: the cache is empty (run forward first)");
   const Index N = c.x.rows(), D = D_, E = E_, k = k_, w = w_;
   check(c.routes.rows() == N && c.routes.cols() == k && static_cast<Index>(c.offset.size()) == E + 1,

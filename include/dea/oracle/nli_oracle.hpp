@@ -15,7 +15,11 @@
 // Precision: NliOracle<float> is what the reference computes (float32 models, phi taken as float32 by its
 // `.float()`): phi and sim are the float results, widened exactly to double. NliOracle<double> runs the float64
 // forward of the (upcast) weights, as the golden cases were computed, and keeps phi in double. alpha_raw and alpha
-// are computed in double from phi and sim in both.
+// are computed in double from phi and sim in both. With OracleOptions::precision bf16 (NliOracle<float>), the weight
+// products of both models (the attention projections, the FFN, the pooler, the classifier) read bf16 copies of their
+// operands and accumulate in float; the attention's per-head products, norms, GELU, softmax, pooling and the scores
+// stay float. On the golden pairs alpha then stays within 0.01 of the float oracle's (tests/test_oracle.cpp); the
+// bits still depend on each pair alone.
 //
 // Batches, threads and determinism. The reference pads each batch to its longest sequence. Here sequences of equal
 // length run together (no padding) in forwards of at most OracleOptions::max_batch_tokens tokens, on all threads,
@@ -54,6 +58,7 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -66,6 +71,9 @@ struct OracleOptions {
   std::size_t sim_max_length = 128;    ///< [CLS] t [SEP] at most this long
   double gamma_nli = data::kGammaNli;  ///< alpha_raw = sigmoid(phi - gamma_nli * sim)
   std::size_t max_batch_tokens = 4096; ///< the most tokens of one forward (sequences of one length run together)
+  /// The precision of both models' matrix products (NliOracle<float> only): bf16 rounds both operands of every
+  /// product to bf16 and accumulates in float (core/parallel.hpp, ScopedPrecision); everything else stays float.
+  Precision precision = Precision::fp32;
 };
 
 /// The oracle's numbers for one pair.
@@ -110,6 +118,8 @@ public:
         emb_name_(std::move(embedder_name)) {
     const BertConfig& nc = nli_.config();
     const BertConfig& ec = emb_.config();
+    check(opt_.precision == Precision::fp32 || std::is_same<S, float>::value,
+          "NliOracle: precision bf16 is a policy of the float oracle (NliOracle<float>), not of double");
     entail_ = find_entailment_index(nc.id2label, nli_name_ + ": config.json");
     check(nc.num_labels() >= 2, nli_name_, ": config.json: an NLI model needs at least 2 labels, id2label has ",
           nc.num_labels());
@@ -191,6 +201,7 @@ public:
   /// dea::Error naming the first such pair (by index).
   std::vector<OracleScore> score(const std::vector<TextPair>& pairs) {
     const ScopedBatchInvariantProducts invariant;
+    const ScopedPrecision precision(opt_.precision);
     const std::size_t n = pairs.size();
     std::vector<OracleScore> out(n);
     if (n == 0) return out;
@@ -240,6 +251,7 @@ public:
   /// The entailment logit of one encoded pair (B = 1, no padding).
   S entailment_logit(const text::Encoding& e) {
     const ScopedBatchInvariantProducts invariant;
+    const ScopedPrecision precision(opt_.precision);
     Work w;
     fill_batch({e}, {0}, true, w.batch);
     return nli_.forward(w.batch, nullptr, false, nullptr, w.nli).logits(0, entail_);
@@ -247,6 +259,7 @@ public:
   /// The normalised sentence embedding [1, H] of one encoded text (B = 1, no padding).
   Mat<S> embedding(const text::Encoding& e) {
     const ScopedBatchInvariantProducts invariant;
+    const ScopedPrecision precision(opt_.precision);
     Work w;
     fill_batch({e}, {0}, false, w.batch);
     const BertOutput<S> o = emb_.forward(w.batch, false, nullptr, w.emb);

@@ -75,8 +75,9 @@ OracleResume prepare_oracle_resume(NliOracle<S>& oracle, const std::vector<io::O
       now.pop_back();
       ::dea::detail::raise(::dea::detail::concat(
           out_path, ":", pc.records, ": this record, computed again, differs from the one in the file (file: ", was,
-          "; now: ", now, "): the file was written with other models, another precision (--float / --double), other "
-          "max lengths or another calibration. Resume with the same settings, or remove it to start again"));
+          "; now: ", now, "): the file was written with other models, another precision (--float / --double / "
+          "--precision), other max lengths or another calibration. Resume with the same settings, or remove it to "
+          "start again"));
     }
   }
   return r;
