@@ -109,18 +109,20 @@ TEST_CASE("to_bf16 rounds to nearest even and keeps NaN", "[bf16]") {
   CHECK(r(0xffc12345u) == 0xffc1);
   CHECK(r(0x7fffffffu) == 0x7fff);  // rounding would carry into the sign: kept as the NaN it is
   // every bf16 value converts back to itself (NaNs made quiet)
+  int wrong = 0;
   for (u32 h = 0; h < 65536; ++h) {
-    const bf16 x{std::uint16_t(h)};
     const bool nan = (h & 0x7fffu) > 0x7f80u;
-    CHECK(to_bf16(to_float(x)).bits == (nan ? (h | 0x40u) : h));
-    if (h % 4096 == 0 || nan) continue;
+    wrong += to_bf16(to_float(bf16{std::uint16_t(h)})).bits != (nan ? (h | 0x40u) : h);
   }
+  CHECK(wrong == 0);
   // the branch-free form the packing uses agrees with to_bf16 everywhere it was tried
   std::mt19937 g(7);
+  int differ = 0;
   for (int i = 0; i < 1000000; ++i) {
     const u32 u = g();
-    REQUIRE(ops::packed::bf16_detail::bf16_bits(u) == to_bf16(bits_float(u)).bits);
+    differ += ops::packed::bf16_detail::bf16_bits(u) != to_bf16(bits_float(u)).bits;
   }
+  CHECK(differ == 0);
 }
 
 TEST_CASE("the kernels compute the scalar model's chain bit for bit, special values included", "[bf16]") {
