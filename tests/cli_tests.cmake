@@ -161,7 +161,7 @@ endif()
 # bench_gemm: strict values, and a small run that compares and times both products
 if(DEA_BUILD_BENCH AND EXISTS ${PROJECT_SOURCE_DIR}/bench/bench_gemm.cpp)
   dea_cli_test(bench_gemm_rejects_shape bench_gemm 2 "--shape: expected MxNxK.*got '12x0x4'" --shape 12x0x4)
-  dea_cli_test(bench_gemm_rejects_scalar bench_gemm 2 "--scalar: expected float or double, got 'half'" --scalar half)
+  dea_cli_test(bench_gemm_rejects_scalar bench_gemm 2 "--scalar: expected float, double or bf16, got 'half'" --scalar half)
   dea_cli_test(bench_gemm_smoke bench_gemm 0 "\"product\": \"weight_grad\".*\"packed_over_eigen\""
                --shape 70x80x600 --threads 1,2 --rounds 1 --scalar double)
 endif()
