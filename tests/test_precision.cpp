@@ -110,6 +110,18 @@ void check_family(const std::string& name, TrainConfig base, std::int64_t k, con
                     Catch::Contains("--precision: \"fp32\" differs from the checkpoint's \"bf16\""));
 }
 
+/// A Dual-Expert run's last task loss, after checking that the first batch's isolation check (run under the run's
+/// precision) found exact zeros.
+double checked_isolation(const encoder::TrainResult& r, const TrainConfig& c) {
+  if (!c.resume) {
+    CHECK(r.isolation_skipped.empty());
+    CHECK(r.isolation.ok);
+    CHECK(r.isolation.task_gate_grad == 0);
+    CHECK(r.isolation.gate_main_grad == 0);
+  }
+  return r.last_task_loss;
+}
+
 TrainConfig tiny_encoder() {
   TrainConfig c;
   c.d_model = 16;
@@ -135,13 +147,7 @@ TEST_CASE("bf16 training, encoder: thread invariance, bit-exact resume, isolatio
     encoder::TrainOptions<float> o;
     o.verbose = false;
     const encoder::TrainResult r = encoder::run_training<float>(c, o);
-    if (!c.resume) {  // the first batch's isolation check ran under the run's precision: exact zeros
-      CHECK(r.isolation_skipped.empty());
-      CHECK(r.isolation.ok);
-      CHECK(r.isolation.task_gate_grad == 0);
-      CHECK(r.isolation.gate_main_grad == 0);
-    }
-    return r.last_task_loss;
+    return checked_isolation(r, c);
   });
 }
 
@@ -164,13 +170,7 @@ TEST_CASE("bf16 training, DualExpertBert: thread invariance, bit-exact resume, i
     dea_bert::TrainOptions<float> o;
     o.verbose = false;
     const encoder::TrainResult r = dea_bert::run_training<float>(c, o);
-    if (!c.resume) {
-      CHECK(r.isolation_skipped.empty());
-      CHECK(r.isolation.ok);
-      CHECK(r.isolation.task_gate_grad == 0);
-      CHECK(r.isolation.gate_main_grad == 0);
-    }
-    return r.last_task_loss;
+    return checked_isolation(r, c);
   });
 }
 
