@@ -281,6 +281,81 @@ TEST_CASE("bf16: gradient isolation is exact under bf16 products, which do chang
   CHECK(r16.task_rel_grad != r32.task_rel_grad);  // the products did run in bf16
 }
 
+TEST_CASE("bf16: a Dual-Expert layer's gate, its Q and K inputs included, is the fp32 gate to the bit",
+          "[precision]") {
+  // Q and K are the gate's inputs and its experts' (fp32) products read them: under bf16 they must be fp32
+  // products, so alpha-hat, the gate loss and the gate's gradients are fp32's bits, while V, the output projection
+  // and the backward products are bf16 (the output and the task gradients differ).
+  const ThreadScope restore;
+  set_num_threads(2);
+  const Index B = 2, T = 24, D = 64, H = 4;
+  Rng rng(11);
+  DualExpertAttention<float> layer(D, H, rng);
+  Mat<float> x(B * T, D), dy(B * T, D);
+  init::normal(x, rng, 0, 1);
+  init::normal(dy, rng, 0, 1);
+  Tensor<float> oracle({B, T, T}, std::numeric_limits<float>::quiet_NaN());
+  for (Index b = 0; b < B; ++b)
+    for (Index i = 0; i < T; ++i)
+      for (Index j = 0; j < T; j += 3) oracle[(b * T + i) * T + j] = float(rng.uniform(0, 0.95));
+  AttnInputs<float> in(B, T);
+  in.set_oracle(oracle).set_gamma_mix(0.5f).set_keep_alpha_hat(true);
+  struct Run {
+    Mat<float> Q, K, V, y, dx;
+    std::vector<float> alpha_hat, gate_grads, task_grads;
+    float loss_gate = 0;
+  };
+  auto run = [&](Precision p) {
+    const ScopedPrecision products(p);
+    DualExpertAttention<float>::Cache c;
+    Run r;
+    layer.zero_grad();
+    r.y = layer.forward(x, in, c);
+    r.Q = c.Q;
+    r.K = c.K;
+    r.V = c.V;
+    r.alpha_hat.assign(c.alpha_hat.begin(), c.alpha_hat.end());
+    r.loss_gate = c.loss_gate;
+    r.dx = layer.backward(dy, c);
+    for (Param<float>* q : layer.parameters())
+      if (q->group != "gate") r.task_grads.insert(r.task_grads.end(), q->grad.data(), q->grad.data() + q->numel());
+    layer.zero_grad();
+    layer.backward_gate(c);
+    for (Param<float>* q : layer.parameters())
+      r.gate_grads.insert(r.gate_grads.end(), q->grad.data(), q->grad.data() + q->numel());
+    return r;
+  };
+  const Run f = run(Precision::fp32), h = run(Precision::bf16);
+  CHECK(h.Q == f.Q);
+  CHECK(h.K == f.K);
+  REQUIRE(!f.alpha_hat.empty());
+  CHECK(h.alpha_hat == f.alpha_hat);
+  CHECK(h.loss_gate == f.loss_gate);
+  CHECK(h.gate_grads == f.gate_grads);
+  CHECK(h.V != f.V);  // the rest did run in bf16
+  CHECK(h.y != f.y);
+  CHECK(h.dx != f.dx);
+  CHECK(h.task_grads != f.task_grads);
+
+  // incremental decoding: the cached keys are fp32 products under either precision, the values bf16 ones
+  auto decode = [&](Precision p) {
+    const ScopedPrecision products(p);
+    DualExpertAttention<float>::DecodeCache dc(B);
+    Mat<float> xb(B, D);
+    for (Index t = 0; t < 3; ++t) {
+      for (Index b = 0; b < B; ++b) xb.row(b) = x.row(b * T + t);
+      layer.forward_decode(xb, dc);
+    }
+    return dc;
+  };
+  const auto df = decode(Precision::fp32), dh = decode(Precision::bf16);
+  REQUIRE(dh.cap == df.cap);
+  for (Index b = 0; b < B; ++b) {
+    CHECK(dh.K.middleRows(b * dh.cap, 3) == df.K.middleRows(b * df.cap, 3));
+    CHECK(dh.V.middleRows(b * dh.cap, 3) != df.V.middleRows(b * df.cap, 3));
+  }
+}
+
 TEST_CASE("bf16: the checkpoint's precision must be the configuration's; an old checkpoint without it is fp32",
           "[precision]") {
   const ThreadScope restore;

@@ -33,10 +33,12 @@
 //    experts read rotated vectors, E0 = (rho_i q).(rho_j k) / sqrt(Dh) and E1 = min(0, -|rho_i W_rel q - rho_j k|^2
 //    / Dh): each depends on the positions through j - i only. The gate reads the unrotated q and k. Both kernels
 //    and forward_decode run it; rope_theta = 0 (the default) is the layer without it, to the bit.
-//  - Mixed precision (ScopedPrecision(Precision::bf16), core/parallel.hpp): the projections and the experts'
-//    products follow the product precision; the gate stays fp32 whatever it is: its logit terms q.w_q, k.w_k, the
-//    w_k partials and its gradients are plain float loops (row_block.hpp, kernel.hpp gate_grads), never products of
-//    ops/gemm.hpp, and so are the per-query normalisation, the mixing, the softmax and the gate loss.
+//  - Mixed precision (ScopedPrecision(Precision::bf16), core/parallel.hpp): the V and output projections and every
+//    backward product of the projections follow the product precision. The experts' own products (q.k, W_rel q,
+//    P V; ops/block_product.hpp) stay fp32, and so does the gate, inputs included: the Q and K projections it reads
+//    are fp32 products whatever the precision, and its logit terms q.w_q, k.w_k, the w_k partials and its gradients
+//    are plain float loops (row_block.hpp, kernel.hpp gate_grads), as are the per-query normalisation, the mixing,
+//    the softmax and the gate loss.
 #pragma once
 
 #include "../core/param.hpp"

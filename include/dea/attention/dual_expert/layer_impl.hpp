@@ -168,9 +168,13 @@ void DualExpertAttention<S, Heads, DHead>::forward_impl(const Mat<S>& q_in, cons
     c.k_in = k_in;
     c.v_in = v_in;
   }
-  // Q = q_in W_q^T + b_q, K = k_in W_k^T + b_k, V = v_in W_v^T + b_v
-  ops::linear_forward<S>(q_in, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, c.Q);
-  ops::linear_forward<S>(self ? q_in : k_in, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, c.K);
+  // Q = q_in W_q^T + b_q, K = k_in W_k^T + b_k, V = v_in W_v^T + b_v. Q and K are the gate's inputs, and the gate
+  // stays fp32: their products are fp32 whatever the product precision (V follows it).
+  {
+    const ScopedPrecision gate_inputs(Precision::fp32);
+    ops::linear_forward<S>(q_in, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, c.Q);
+    ops::linear_forward<S>(self ? q_in : k_in, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, c.K);
+  }
   ops::linear_forward<S>(self ? q_in : v_in, weight_[2].mat(), opt_.bias ? bias_[2].value.data() : nullptr, c.V);
   detail::dex::forward_core<S, DHead>(view(), c);
   // y = ctx W_o^T + b_o, or the concatenated heads themselves without an output projection
@@ -202,8 +206,11 @@ Mat<S> DualExpertAttention<S, Heads, DHead>::forward_decode(const Mat<S>& x_new,
   check_finite(x_new, "DualExpertAttention::forward_decode: x_new");
   const Index Tn = x_new.rows() / B, P0 = dc.len, Tk = P0 + Tn;
   // Q = x W_q^T + b_q, K = x W_k^T + b_k, V = x W_v^T + b_v of the new positions [B*Tn, D]
-  ops::linear_forward<S>(x_new, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, dc.Q);
-  ops::linear_forward<S>(x_new, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, dc.Kn);
+  {
+    const ScopedPrecision gate_inputs(Precision::fp32);  // as in forward: the gate's inputs stay fp32
+    ops::linear_forward<S>(x_new, weight_[0].mat(), opt_.bias ? bias_[0].value.data() : nullptr, dc.Q);
+    ops::linear_forward<S>(x_new, weight_[1].mat(), opt_.bias ? bias_[1].value.data() : nullptr, dc.Kn);
+  }
   ops::linear_forward<S>(x_new, weight_[2].mat(), opt_.bias ? bias_[2].value.data() : nullptr, dc.Vn);
   dc.rope_theta = opt_.rope_theta;
   // append them: sequence b's rows [P0, Tk) of K, V (storage of cap rows per sequence, grown by doubling)
