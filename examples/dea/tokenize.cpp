@@ -87,7 +87,8 @@ int dea_tokenize(int argc, char** argv) {
   std::string vocab_path, spm_path, spm_mode = "fast", out_path, truncation = "longest_first", strip = "auto";
   bool tokens = false, normalized = false, pair = false, no_lowercase = false, no_clean = false, no_chinese = false;
   std::size_t max_length = 0;
-  cli::FlagSet fs("dea tokenize (--vocab vocab.txt | --spm MODEL_OR_DIR) [flags] < LINES",
+  cli::FlagSet fs("dea tokenize --vocab vocab.txt [flags] < LINES\n"
+                  "       dea tokenize --spm MODEL_OR_DIR [--spm_mode fast|slow] [flags] < LINES",
                   "BERT's WordPiece tokenizer (bert-base-uncased's pipeline, as Hugging Face's tokenizers computes it)\n"
                   "or, with --spm, the SentencePiece tokenizer of a DeBERTa-v2/v3 model (fast: as AutoTokenizer;\n"
                   "slow: the sentencepiece library's own encoding, with byte fallback)\n"
