@@ -276,6 +276,15 @@ TEST_CASE("spm: bad directories, models and settings are refused by name") {
     write(d / "spm.model", bad);
     CHECK_THAT(error_of([&] { SpmTokenizer t(d.string()); }), Catch::Contains("no piece '[CLS]'"));
   }
+  // pieces the library's trie cannot hold (it would terminate the program): empty, or with a NUL byte
+  for (const std::string& piece : {std::string(), std::string("a\0b", 3)}) {
+    std::string bytes = good;
+    const std::string entry = std::string("\x0a") + static_cast<char>(piece.size() + 2) + "\x0a" +
+                              static_cast<char>(piece.size()) + piece;
+    bytes.insert(0, entry);
+    CHECK_THAT(error_of([&] { (void)SpmTokenizer::from_bytes(bytes, SpmMode::slow, "m"); }),
+               Catch::Contains(piece.empty() ? "m: piece 0 is empty" : "m: piece 0 holds a NUL byte"));
+  }
   // settings not covered
   write(d / "spm.model", good);
   write(d / "tokenizer_config.json", "{\"do_lower_case\": true}");
@@ -325,6 +334,11 @@ TEST_CASE("spm: the model file's normaliser fields and the character map") {
   // a map whose trie size does not fit
   CHECK_THAT(error_of([] { spm::Charsmap m(std::string("\xff\xff\x00\x00xxxx", 8), "m"); }),
              Catch::Contains("does not fit"));
+  // a trie whose search would leave it (the library searches without bounds checks), a value outside the blob
+  CHECK_THAT(error_of([] { spm::Charsmap m(std::string("\x04\x00\x00\x00\x00\x00\x00\x00", 8), "m"); }),
+             Catch::Contains("trie reaches unit 255 of 1"));
+  CHECK_THAT(error_of([] { spm::Charsmap m(std::string("\x04\x00\x00\x00\x00\x00\x00\x00" "a", 9), "m"); }),
+             Catch::Contains("do not end in a NUL byte"));
 }
 
 TEST_CASE("spm: metaspace words") {

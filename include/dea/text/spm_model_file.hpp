@@ -115,7 +115,20 @@ inline SpmModelInfo read_spm_model_info(std::string_view bytes, const std::strin
       continue;
     }
     const std::string_view sub = r.bytes();
-    if (field == 1) {
+    if (field == 1) {  // SentencePiece: 1 piece (string), 2 score, 3 type
+      detail::WireReader pr(sub, what);
+      while (!pr.done()) {
+        const std::uint64_t ptag = pr.varint();
+        if ((ptag >> 3) != 1 || (ptag & 7) != 2) {
+          pr.skip(static_cast<unsigned>(ptag & 7));
+          continue;
+        }
+        // the library builds a trie of the pieces that throws (and so terminates the program) on an empty piece or
+        // one holding a NUL byte
+        const std::string_view piece = pr.bytes();
+        check(!piece.empty() && piece.find('\0') == std::string_view::npos, what, ": piece ", info.num_pieces,
+              piece.empty() ? " is empty" : " holds a NUL byte");
+      }
       ++info.num_pieces;
     } else if (field == 2) {  // TrainerSpec
       detail::WireReader t(sub, what);
@@ -158,6 +171,7 @@ public:
     units_.resize(n / 4);
     for (std::size_t i = 0; i < units_.size(); ++i) units_[i] = load32(bytes.data() + 4 + 4 * i);
     blob_ = std::string(bytes.substr(4 + n));
+    validate(what);
   }
 
   bool empty() const { return units_.empty(); }
@@ -191,6 +205,35 @@ private:
   static std::uint32_t value(std::uint32_t u) { return u & 0x7FFFFFFFU; }
   static std::uint32_t label(std::uint32_t u) { return u & 0x800000FFU; }
   static std::uint32_t offset(std::uint32_t u) { return (u >> 10) << ((u & (1U << 9)) >> 6); }
+
+  /// Checks that every search stays inside the trie and every value inside the blob: the sentencepiece library
+  /// searches the same map without bounds checks, so a map that passes here is safe for it too. A search at node p
+  /// reads unit p ^ c for the next byte c (any of 0..255) before it compares labels, so p | 0xFF must be a unit for
+  /// every node reachable from the root; a leaf's value unit must exist, and its offset must start a NUL-terminated
+  /// string of the blob. Each node is visited once (a corrupt trie may have cycles).
+  void validate(const std::string& what) const {
+    const std::size_t n = units_.size();
+    check(blob_.empty() || blob_.back() == '\0', what, ": precompiled_charsmap's replacements do not end in a NUL byte");
+    std::vector<std::size_t> todo{offset(units_[0])};
+    std::vector<bool> seen(n, false);
+    while (!todo.empty()) {
+      const std::size_t p = todo.back();
+      todo.pop_back();
+      check((p | 0xFFU) < n, what, ": precompiled_charsmap's trie reaches unit ", p | 0xFFU, " of ", n);
+      if (seen[p]) continue;
+      seen[p] = true;
+      for (std::size_t c = 1; c < 256; ++c) {
+        const std::uint32_t u = units_[p ^ c];
+        if (label(u) != c) continue;
+        const std::size_t next = (p ^ c) ^ offset(u);
+        check(next < n, what, ": precompiled_charsmap's trie reaches unit ", next, " of ", n);
+        if (has_leaf(u))
+          check(value(units_[next]) < blob_.size(), what, ": precompiled_charsmap's trie has a value ",
+                value(units_[next]), " outside its ", blob_.size(), " bytes of replacements");
+        todo.push_back(next);
+      }
+    }
+  }
 
   /// Calls f(prefix length, value) for every key that is a prefix of `s`, shortest first, while f returns true.
   template <class F>

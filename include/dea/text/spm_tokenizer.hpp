@@ -232,22 +232,23 @@ public:
     namespace fs = std::filesystem;
     std::error_code ec;
     const fs::path p(model_or_dir);
-    std::string model_file = model_or_dir;
+    std::string model_file = model_or_dir, what = "SentencePiece model '" + model_or_dir + "'";
     SpmDirectorySettings settings;
     if (fs::is_directory(p, ec)) {
       const fs::path m = p / "spm.model";
       check(fs::is_regular_file(m, ec), "DeBERTa model directory '", model_or_dir, "' has no spm.model (its "
             "SentencePiece model, expected '", m.string(), "')");
       model_file = m.string();
+      what = "spm.model '" + model_file + "'";
       settings = detail::read_spm_directory(p);
     } else {
       check(fs::exists(p, ec), "SentencePiece model '", model_or_dir, "' does not exist");
     }
 #if defined(DEA_HAVE_SENTENCEPIECE)
-    load_model(read_file(model_file, kMaxModelBytes), "spm.model '" + model_file + "'", settings);
+    load_model(read_file(model_file, kMaxModelBytes), what, settings);
 #else
     (void)settings;
-    ::dea::detail::raise(spm_unavailable_message("SentencePiece model '" + model_file + "'"));
+    ::dea::detail::raise(spm_unavailable_message(what));
 #endif
   }
 
