@@ -166,6 +166,33 @@ TEST_CASE("spm: the slow/fast classification of the golden texts is what the two
   }
 }
 
+TEST_CASE("spm: the golden oracle's NLI pairs, fast at max_length 256 as the oracle encodes them") {
+  // the oracle's directory: spm_nfkc.model with the tokenizer files of tests/data/deberta/spm/dir
+  const auto d = deberta_dir("oracle");
+  const SpmTokenizer fast(d.string(), SpmMode::fast), slow(d.string(), SpmMode::slow);
+  std::ifstream in(kSpm + "/oracle_expected.jsonl");
+  std::string line;
+  int pairs = 0, longer = 0, slow_same = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    const std::string q = j.at("q_text").get<std::string>(), k = j.at("k_text").get<std::string>();
+    INFO(q << " / " << k);
+    const Encoding e = fast.encode_pair(q, k, 256);
+    CHECK(e.input_ids == j.at("nli_input_ids").get<Ids>());
+    CHECK(e.token_type_ids == j.at("nli_token_type_ids").get<Ids>());
+    // slow gives the same ids exactly where the oracle's cases say so
+    const bool same = slow.encode_pair(q, k, 256).input_ids == e.input_ids;
+    CHECK(same == j.at("slow_tokenizer_same_ids").get<bool>());
+    slow_same += same;
+    longer += fast.ids(q).size() + fast.ids(k).size() + 3 > 256;
+    ++pairs;
+  }
+  std::printf("spm oracle pairs: %d (%d truncated to 256), slow the same on %d\n", pairs, longer, slow_same);
+  CHECK(pairs == 14);
+  CHECK(longer == 3);
+  std::filesystem::remove_all(d);
+}
+
 // =============================================================================================================
 // Truncation, encodings, directories
 
