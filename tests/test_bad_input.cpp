@@ -832,7 +832,8 @@ TEST_CASE("bad input B46 invalid UTF-8 for the SentencePiece tokenizer: refused 
   for (const text::SpmMode mode : {text::SpmMode::fast, text::SpmMode::slow}) {
     const text::SpmTokenizer tok(kSpmModel, mode);
     CHECK_THROWS_WITH(tok.ids("ok\xc0\xaf"), Contains("not valid UTF-8 (byte 0xC0 at byte offset 2)"));
-    CHECK_THROWS_WITH(tok.encode_pair("premise", "\xed\xa0\x80"), Contains("not valid UTF-8 (byte 0xED at byte offset 0)"));
+    CHECK_THROWS_WITH(tok.encode_pair("premise", "\xed\xa0\x80"),
+                      Contains("not valid UTF-8 (byte 0xED at byte offset 0)"));
     CHECK_THROWS_WITH(tok.encode("\xff", 8), Contains("not valid UTF-8"));
   }
 }

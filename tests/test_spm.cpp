@@ -330,7 +330,8 @@ TEST_CASE("spm: bad directories, models and settings are refused by name") {
 TEST_CASE("spm: invalid UTF-8 is refused with its offset in both modes") {
   for (const SpmMode mode : {SpmMode::fast, SpmMode::slow}) {
     const SpmTokenizer& tok = model("spm_nfkc.model", mode);
-    CHECK_THAT(error_of([&] { (void)tok.ids("caf\xff"); }), Catch::Contains("not valid UTF-8 (byte 0xFF at byte offset 3)"));
+    CHECK_THAT(error_of([&] { (void)tok.ids("caf\xff"); }),
+               Catch::Contains("not valid UTF-8 (byte 0xFF at byte offset 3)"));
     CHECK_THAT(error_of([&] { (void)tok.encode_pair("ok", "\xc3"); }), Catch::Contains("not valid UTF-8"));
   }
 }

@@ -9,6 +9,7 @@
 
 #include <dea/text/spm_tokenizer.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -70,8 +71,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto sa = static_cast<std::size_t>(e.span_a.second - e.span_a.first);
     const auto sb = static_cast<std::size_t>(e.span_b.second - e.span_b.first);
     dea_fuzz::fuzz_require(sa + sb + 3 == e.size(), "spans cover A and B");
-    dea_fuzz::fuzz_require(is_prefix({e.input_ids.begin() + 1, e.input_ids.begin() + 1 + static_cast<std::ptrdiff_t>(sa)}, ia) &&
-                               is_prefix({e.input_ids.begin() + 2 + static_cast<std::ptrdiff_t>(sa), e.input_ids.end() - 1}, ib),
+    const auto a_begin = e.input_ids.begin() + 1, b_begin = a_begin + static_cast<std::ptrdiff_t>(sa) + 1;
+    dea_fuzz::fuzz_require(is_prefix({a_begin, b_begin - 1}, ia) && is_prefix({b_begin, e.input_ids.end() - 1}, ib),
                            "truncation keeps a prefix of each text");
     for (std::size_t t = 0; t < e.size(); ++t)
       dea_fuzz::fuzz_require(e.token_type_ids[t] == (t <= sa + 1 ? 0 : 1), "token types: 0 through the first [SEP]");

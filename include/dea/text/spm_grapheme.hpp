@@ -54,7 +54,8 @@ inline std::vector<std::size_t> grapheme_breaks(std::u32string_view s) {
     if (prev == Gcb::CR && cur == Gcb::LF) join = true;  // GB3
     else if (prev == Gcb::Control || prev == Gcb::CR || prev == Gcb::LF) join = false;  // GB4
     else if (cur == Gcb::Control || cur == Gcb::CR || cur == Gcb::LF) join = false;  // GB5
-    else if (prev == Gcb::L && (cur == Gcb::L || cur == Gcb::V || cur == Gcb::LV || cur == Gcb::LVT)) join = true;  // GB6
+    else if (prev == Gcb::L && (cur == Gcb::L || cur == Gcb::V || cur == Gcb::LV || cur == Gcb::LVT))
+      join = true;  // GB6
     else if ((prev == Gcb::LV || prev == Gcb::V) && (cur == Gcb::V || cur == Gcb::T)) join = true;  // GB7
     else if ((prev == Gcb::LVT || prev == Gcb::T) && cur == Gcb::T) join = true;  // GB8
     else if (cur == Gcb::Extend || cur == Gcb::ZWJ || cur == Gcb::SpacingMark) join = true;  // GB9, GB9a

@@ -213,7 +213,8 @@ private:
   /// string of the blob. Each node is visited once (a corrupt trie may have cycles).
   void validate(const std::string& what) const {
     const std::size_t n = units_.size();
-    check(blob_.empty() || blob_.back() == '\0', what, ": precompiled_charsmap's replacements do not end in a NUL byte");
+    check(blob_.empty() || blob_.back() == '\0', what,
+          ": precompiled_charsmap's replacements do not end in a NUL byte");
     std::vector<std::size_t> todo{offset(units_[0])};
     std::vector<bool> seen(n, false);
     while (!todo.empty()) {

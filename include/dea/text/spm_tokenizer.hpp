@@ -442,9 +442,9 @@ private:
     cls_token_ = settings.cls_token;
     sep_token_ = settings.sep_token;
     // [MASK]: an added token (its id from the files), else a piece of that name, else the next id after the pieces
+    const int mask_piece = sp->PieceToId(settings.mask_token);
     if (const auto it = settings.added.find(settings.mask_token); it != settings.added.end()) mask_id_ = it->second;
-    else if (const int id = sp->PieceToId(settings.mask_token); pieces_[static_cast<std::size_t>(id)] == settings.mask_token)
-      mask_id_ = id;
+    else if (pieces_[static_cast<std::size_t>(mask_piece)] == settings.mask_token) mask_id_ = mask_piece;
     else mask_id_ = n;
     specials_ = {{settings.pad_token, pad_id_}, {settings.cls_token, cls_id_}, {settings.sep_token, sep_id_},
                  {settings.unk_token, unk_id_}, {settings.mask_token, mask_id_}};
