@@ -5,8 +5,11 @@
 set -euo pipefail
 # python3, libxml2-utils, w3c-sgml-lib: the tests parse every SVG plot with Python's XML parser and validate it
 # against the SVG 1.1 DTD with xmllint (tests/check_svg.py); unicode-data: the Unicode Character Database, from which
-# the test unicode_tables_up_to_date regenerates the tokenizer's tables (cmake/gen_unicode_tables.py)
-pkgs=(cmake g++ make libeigen3-dev libfmt-dev catch2 nlohmann-json3-dev python3 libxml2-utils w3c-sgml-lib unicode-data)
+# the test unicode_tables_up_to_date regenerates the tokenizer's tables (cmake/gen_unicode_tables.py);
+# libsentencepiece-dev: the SentencePiece library of the DeBERTa tokenizer (optional for the library, found by
+# cmake/sentencepiece.cmake)
+pkgs=(cmake g++ make libeigen3-dev libfmt-dev catch2 nlohmann-json3-dev python3 libxml2-utils w3c-sgml-lib unicode-data
+      libsentencepiece-dev)
 pkgs+=("$@")
 missing=()
 for p in "${pkgs[@]}"; do

@@ -302,6 +302,60 @@ printf '%s\\n' \"$l\" | \"$0\" tokenize --vocab '${dea_vocab}' --pair --tokens -
                tokenize --help)
 endif()
 
+# dea tokenize --spm: the SentencePiece tokenizer of a DeBERTa-v2/v3 model (a directory or a bare spm.model), fast
+# (Hugging Face's tokenizers, as AutoTokenizer) or slow (the sentencepiece library); the golden model spm_nfkc
+if(TARGET dea_cli AND DEA_SENTENCEPIECE_ENABLED)
+  set(dea_spm ${CMAKE_CURRENT_SOURCE_DIR}/data/deberta/spm)
+  # "Hello, world!", then a snowman outside the vocabulary: one [UNK] (3) in fast, three byte pieces in slow
+  dea_cli_sh(tokenize_spm_ids dea_cli 0
+             "^\\[310,288,291,270,286,315,364,496\\]\n\\[286,260,3\\]\n\\[286,260,230,156,135\\]\n"
+             "printf '%s\\n' '\"Hello, world!\"' '\"w \\u2603\"' | \"$0\" tokenize --spm '${dea_spm}/spm_nfkc.model' && \
+printf '%s\\n' '\"w \\u2603\"' | \"$0\" tokenize --spm '${dea_spm}/spm_nfkc.model' --spm_mode slow")
+  dea_cli_sh(tokenize_spm_tokens dea_cli 0 "^\\[\"▁w\",\"▁\",\"<0xE2>\",\"<0x98>\",\"<0x83>\"\\]\n\\[\"▁w\",\"▁\",\"☃\"\\]\n"
+             "printf '%s\\n' '\"w \\u2603\"' | \"$0\" tokenize --spm '${dea_spm}/spm_nfkc.model' --spm_mode slow --tokens && \
+printf '%s\\n' '\"w \\u2603\"' | \"$0\" tokenize --spm '${dea_spm}/spm_nfkc.model' --tokens")
+  dea_cli_sh(tokenize_spm_normalized dea_cli 0 "^\"fi A\"\n"
+             "printf '%s\\n' '\" \\ufb01  \\uff21 \"' | \"$0\" tokenize --spm '${dea_spm}/spm_nfkc.model' --normalized")
+  # a golden truncated pair: 40 and 12 tokens cut to 8 in all
+  dea_cli_sh(tokenize_spm_pair dea_cli 0
+             "^\\{\"ids\":\\[1,263,379,272,2,263,334,2\\],\"token_type_ids\":\\[0,0,0,0,0,1,1,1\\]\\}\n"
+             "printf '%s\\n' '[\"The old library has more than 40,000 books and a reading room on the third floor.\", \"The library is large.\"]' | \
+\"$0\" tokenize --spm '${dea_spm}/spm_nfkc.model' --pair --max_length 8")
+  # a DeBERTa directory: [MASK] has the id of its added_tokens.json
+  dea_cli_sh(tokenize_spm_directory dea_cli 0 "^\\[1,286,520,2,2\\]\n"
+             "d=${CMAKE_CURRENT_BINARY_DIR}/tokenize_spm_dir; rm -rf \"$d\"; mkdir -p \"$d\" && \
+cp '${dea_spm}/spm_nfkc.model' \"$d/spm.model\" && cp '${dea_spm}'/dir/*.json \"$d/\" && \
+printf '%s\\n' '[\"w[MASK]\", \"\"]' | \"$0\" tokenize --spm \"$d\" --pair | sed 's/,\"token_type_ids.*//; s/{\"ids\"://'")
+  dea_cli_sh(tokenize_spm_no_model dea_cli 2 "has no spm.model.*nothing written"
+             "d=${CMAKE_CURRENT_BINARY_DIR}/tokenize_spm_empty_dir; f=${CMAKE_CURRENT_BINARY_DIR}/tokenize_spm_out.jsonl; \
+rm -rf \"$d\" \"$f\"; mkdir -p \"$d\"; echo '\"a\"' | \"$0\" tokenize --spm \"$d\" --out \"$f\"; s=$?; \
+test -e \"$f\" || echo 'nothing written'; (exit $s)")
+  dea_cli_sh(tokenize_spm_corrupt_model dea_cli 2 "tokenize_spm_corrupt.model.*truncated protobuf"
+             "f=${CMAKE_CURRENT_BINARY_DIR}/tokenize_spm_corrupt.model; head -c 1000 '${dea_spm}/spm_nfkc.model' > \"$f\"; \
+echo '\"a\"' | \"$0\" tokenize --spm \"$f\"")
+  dea_cli_sh(tokenize_spm_bad_utf8 dea_cli 2 "^\\[344\\]\ndea tokenize: stdin:2: invalid JSON \\(.*UTF-8"
+             "printf '\"o\"\\n\"caf\\377\"\\n\"x\"\\n' | \"$0\" tokenize --spm '${dea_spm}/spm_nfkc.model'")
+  dea_cli_sh(tokenize_spm_bad_utf8_out dea_cli 2 "stdin:2: invalid JSON \\(.*UTF-8.*nothing written"
+             "f=${CMAKE_CURRENT_BINARY_DIR}/tokenize_spm_bad.jsonl; rm -f \"$f\"; printf '[\"a\", \"b\"]\\n[\"caf\\377\", \"b\"]\\n' | \
+\"$0\" tokenize --spm '${dea_spm}/spm_nfkc.model' --pair --out \"$f\"; s=$?; test -e \"$f\" || echo 'nothing written'; (exit $s)")
+  dea_cli_test(tokenize_spm_rejects_wordpiece_flag dea_cli 2 "--truncation applies to --vocab \\(WordPiece\\) only"
+               tokenize --spm ${dea_spm}/spm_nfkc.model --pair --max_length 8 --truncation reference)
+  dea_cli_test(tokenize_spm_mode_without_spm dea_cli 2 "--spm_mode applies to --spm only"
+               tokenize --vocab ${dea_vocab} --spm_mode slow)
+  dea_cli_test(tokenize_spm_rejects_mode dea_cli 2 "--spm_mode.*medium"
+               tokenize --spm ${dea_spm}/spm_nfkc.model --spm_mode medium)
+  dea_cli_test(tokenize_spm_and_vocab dea_cli 2 "--vocab and --spm cannot be combined"
+               tokenize --vocab ${dea_vocab} --spm ${dea_spm}/spm_nfkc.model)
+  dea_cli_test(tokenize_spm_slow_normalized dea_cli 2 "--normalized applies to --spm_mode fast only"
+               tokenize --spm ${dea_spm}/spm_nfkc.model --spm_mode slow --normalized)
+  dea_cli_test(tokenize_spm_help dea_cli 0 "dea tokenize --spm MODEL_OR_DIR.*--spm MODEL_OR_DIR.*--spm_mode fast\\|slow"
+               tokenize --help)
+elseif(TARGET dea_cli)
+  # built without the sentencepiece library: --spm is refused, saying how to get it
+  dea_cli_sh(tokenize_spm_unavailable dea_cli 2 "built without the sentencepiece library.*libsentencepiece-dev"
+             "echo '\"a\"' | \"$0\" tokenize --spm '${CMAKE_CURRENT_SOURCE_DIR}/data/deberta/spm/spm_nfkc.model'")
+endif()
+
 # dea train on local copies of the D_alpha data sets (tests/data/dalpha) and dea eval on that run; a source without
 # its file (an error naming the flag, or the synthetic generator with a notice); the pairs an oracle must score; an
 # alpha cache that lacks pairs (exit 2, or the mock fallback, counted); WordPiece; --text_alpha none; dea eval refusing

@@ -15,6 +15,9 @@
 #include <dea/io/safetensors.hpp>
 #include <dea/nn/transformer.hpp>
 #include <dea/ops/cross_entropy.hpp>
+#if defined(DEA_HAVE_SENTENCEPIECE)
+#include <dea/text/spm_tokenizer.hpp>
+#endif
 
 #include <catch2/catch.hpp>
 
@@ -773,5 +776,67 @@ TEST_CASE("bad input B22 attention inputs a class does not support: refused, nam
   CHECK_THROWS_WITH(model.forward(b, 0.5, false, nullptr, mc),
                     Contains("DotProductAttention") && Contains("oracle") && Contains("not supported"));
 }
+
+#if defined(DEA_HAVE_SENTENCEPIECE)
+// B44-B46: the SentencePiece tokenizer of DeBERTa model directories (also tests/test_spm.cpp, and dea tokenize --spm
+// in tests/cli_tests.cmake)
+namespace {
+const std::string kSpmModel = std::string(DEA_TEST_DATA_DIR) + "/deberta/spm/spm_nfkc.model";
+}  // namespace
+
+TEST_CASE("bad input B44 a DeBERTa directory without spm.model or with settings not covered: refused naming the file",
+          "[bad_input]") {
+  const std::string d = temp_dir("spm_dir");
+  CHECK_THROWS_WITH(text::SpmTokenizer(d), Contains(d) && Contains("has no spm.model"));
+  CHECK_THROWS_WITH(text::SpmTokenizer(d + "/none.model"), Contains("none.model") && Contains("does not exist"));
+  fs::copy_file(kSpmModel, d + "/spm.model");
+  write(d + "/tokenizer_config.json", "{\"do_lower_case\": true}");
+  CHECK_THROWS_WITH(text::SpmTokenizer(d), Contains("tokenizer_config.json") && Contains("do_lower_case is true"));
+  write(d + "/tokenizer_config.json", "{\"split_by_punct\": 1}");
+  CHECK_THROWS_WITH(text::SpmTokenizer(d), Contains("split_by_punct: expected true or false, got 1"));
+  write(d + "/tokenizer_config.json", "{\"tokenizer_class\": \"BertTokenizer\"}");
+  CHECK_THROWS_WITH(text::SpmTokenizer(d), Contains("tokenizer_class \"BertTokenizer\""));
+  write(d + "/tokenizer_config.json", "{\"do_lower_case\": false}");
+  write(d + "/added_tokens.json", "{\"[MASK]\": -1}");
+  CHECK_THROWS_WITH(text::SpmTokenizer(d), Contains("added_tokens.json") && Contains("'[MASK]' has id -1"));
+  write(d + "/added_tokens.json", "{\"[MASK]\": 520");
+  CHECK_THROWS_WITH(text::SpmTokenizer(d), Contains("added_tokens.json"));
+  fs::remove(d + "/added_tokens.json");
+  CHECK(text::SpmTokenizer(d).mask_id() == 520);  // the default: the number of pieces
+  fs::remove_all(d);
+}
+
+TEST_CASE("bad input B45 a corrupt spm.model: truncated or corrupt protobuf, no pieces, missing special pieces",
+          "[bad_input]") {
+  const std::string d = temp_dir("spm_model");
+  const std::string good = read_file(kSpmModel);
+  const std::string m = d + "/spm.model";
+  auto refused = [&](const std::string& bytes, const std::string& words) {
+    write(m, bytes);
+    CHECK_THROWS_WITH(text::SpmTokenizer(d), Contains("spm.model '" + m + "'") && Contains(words));
+  };
+  refused("", "empty file");
+  refused(good.substr(0, good.size() - 100), "truncated protobuf");
+  refused(good.substr(0, 3), "truncated protobuf");
+  refused(std::string("\x0b\x01", 2), "corrupt protobuf (wire type 3)");
+  refused(std::string("\x12\x00", 2), "no pieces (an empty vocabulary");
+  refused(std::string("\x0a\x03\x0a\x01" "a" "\x12\x02\x18\x02", 9), "model type BPE");
+  std::string no_sep = good;
+  no_sep[no_sep.find("[SEP]") + 1] = 'Z';
+  refused(no_sep, "no piece '[SEP]'");
+  fs::remove_all(d);
+}
+
+TEST_CASE("bad input B46 invalid UTF-8 for the SentencePiece tokenizer: refused naming the byte and its offset",
+          "[bad_input]") {
+  for (const text::SpmMode mode : {text::SpmMode::fast, text::SpmMode::slow}) {
+    const text::SpmTokenizer tok(kSpmModel, mode);
+    CHECK_THROWS_WITH(tok.ids("ok\xc0\xaf"), Contains("not valid UTF-8 (byte 0xC0 at byte offset 2)"));
+    CHECK_THROWS_WITH(tok.encode_pair("premise", "\xed\xa0\x80"),
+                      Contains("not valid UTF-8 (byte 0xED at byte offset 0)"));
+    CHECK_THROWS_WITH(tok.encode("\xff", 8), Contains("not valid UTF-8"));
+  }
+}
+#endif
 
 }  // namespace test_bad_input

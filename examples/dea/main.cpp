@@ -36,7 +36,7 @@ const Command kCommands[] = {
     {"visualize", dea_visualize, "the reference's attention pictures (visualize.py) as SVG files"},
     {"interop", dea_interop, "run a golden case of the reference: write the results, compare them"},
     {"export-c", dea_export_c, "write a safetensors file as a C++ header (weights compiled in)"},
-    {"tokenize", dea_tokenize, "BERT WordPiece over JSON lines: ids, pieces or [CLS] A [SEP] B [SEP] pairs"},
+    {"tokenize", dea_tokenize, "BERT WordPiece or DeBERTa SentencePiece over JSON lines: ids, pieces or pairs"},
     {"oracle", dea_oracle, "the NLI oracle's alpha of every pair, from two local BERT model directories"},
 };
 

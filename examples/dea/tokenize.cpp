@@ -1,9 +1,16 @@
-// dea tokenize: BERT's WordPiece tokenizer (include/dea/text/wordpiece.hpp) over lines of JSON, so that its output
-// can be diffed against another implementation (Hugging Face's tokenizers gives the same ids).
+// dea tokenize: BERT's WordPiece tokenizer (include/dea/text/wordpiece.hpp) or the SentencePiece tokenizer of a
+// DeBERTa-v2/v3 model (include/dea/text/spm_tokenizer.hpp) over lines of JSON, so that its output can be diffed
+// against another implementation (Hugging Face's tokenizers gives the same ids).
 //
 //   dea tokenize --vocab vocab.txt [--tokens] [--normalized] [--pair [--max_length N] [--truncation RULE]]
 //                [--no_lowercase] [--strip_accents auto|on|off] [--no_clean_text] [--no_chinese_chars] [--out FILE]
+//   dea tokenize --spm MODEL_OR_DIR [--spm_mode fast|slow] [--tokens] [--normalized] [--pair [--max_length N]]
+//                [--out FILE]
 //
+// --spm takes a DeBERTa model directory (spm.model and its tokenizer files) or a bare spm.model; --spm_mode fast
+// (the default) is what transformers' AutoTokenizer computes, slow the sentencepiece library's own encoding
+// (DebertaV2Tokenizer). --normalized is the fast pipeline's normalised text. A program built without the sentencepiece
+// library refuses --spm with a message saying how to get it.
 // Input (standard input): one JSON value per line, a string ("Hello, world!"), or with --pair a two-element array
 // of strings (["premise", "hypothesis"]). Output: one line per input line, in order:
 //   default       the ids without special tokens: [7592,1010,2088,999]
@@ -20,6 +27,7 @@
 
 #include <dea/core/files.hpp>
 #include <dea/io/json_limits.hpp>
+#include <dea/text/spm_tokenizer.hpp>
 #include <dea/text/wordpiece.hpp>
 #include <dea/cli/flags.hpp>
 
@@ -30,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,21 +84,32 @@ std::string dump(const nlohmann::ordered_json& j) { return j.dump(-1, ' ', false
 }  // namespace
 
 int dea_tokenize(int argc, char** argv) {
-  std::string vocab_path, out_path, truncation = "longest_first", strip = "auto";
+  std::string vocab_path, spm_path, spm_mode = "fast", out_path, truncation = "longest_first", strip = "auto";
   bool tokens = false, normalized = false, pair = false, no_lowercase = false, no_clean = false, no_chinese = false;
   std::size_t max_length = 0;
-  cli::FlagSet fs("dea tokenize --vocab vocab.txt [flags] < LINES",
+  cli::FlagSet fs("dea tokenize --vocab vocab.txt [flags] < LINES\n"
+                  "       dea tokenize --spm MODEL_OR_DIR [--spm_mode fast|slow] [flags] < LINES",
                   "BERT's WordPiece tokenizer (bert-base-uncased's pipeline, as Hugging Face's tokenizers computes it)\n"
+                  "or, with --spm, the SentencePiece tokenizer of a DeBERTa-v2/v3 model (fast: as AutoTokenizer;\n"
+                  "slow: the sentencepiece library's own encoding, with byte fallback)\n"
                   "over standard input: one JSON string per line (with --pair a two-element array [A, B]); writes one\n"
                   "JSON line per input line: the ids, the pieces (--tokens), the normalised text (--normalized) or,\n"
                   "with --pair, {\"ids\": [...], \"token_type_ids\": [...]} for [CLS] A [SEP] B [SEP].\n"
                   "A bad input line stops the program with exit status 2, naming the line: the lines before it are\n"
                   "on standard output, each complete; with --out nothing is written.");
-  fs.custom("vocab", "FILE", "", "", "the vocabulary, one token per line, line n = id n - 1 (required)",
+  fs.custom("vocab", "FILE", "", "", "WordPiece: the vocabulary, one token per line, line n = id n - 1",
             [&vocab_path](const std::string& flag, const std::string& v) {
               if (v.empty()) cli::bad_value(flag, v, "a file path");
               vocab_path = v;
             });
+  fs.custom("spm", "MODEL_OR_DIR", "", "",
+            "SentencePiece: a DeBERTa-v2/v3 model directory (spm.model, tokenizer_config.json, ...) or a spm.model",
+            [&spm_path](const std::string& flag, const std::string& v) {
+              if (v.empty()) cli::bad_value(flag, v, "a directory or file path");
+              spm_path = v;
+            });
+  fs.choice("spm_mode", spm_mode, {"fast", "slow"},
+            "with --spm: fast = as AutoTokenizer (Hugging Face's tokenizers), slow = the sentencepiece library");
   fs.toggle("tokens", tokens, "write the pieces (JSON strings) instead of the ids");
   fs.toggle("normalized", normalized, "write the normaliser's output (one JSON string) instead of the ids");
   fs.toggle("pair", pair, "input lines are [A, B]; write [CLS] A [SEP] B [SEP] with token_type_ids");
@@ -111,7 +131,15 @@ int dea_tokenize(int argc, char** argv) {
       fmt::print("{}", fs.help());
       return 0;
     }
-    if (vocab_path.empty()) usage("--vocab FILE is required");
+    if (vocab_path.empty() && spm_path.empty()) usage("--vocab FILE is required (or --spm MODEL_OR_DIR)");
+    if (!vocab_path.empty() && !spm_path.empty()) usage("--vocab and --spm cannot be combined (one tokenizer)");
+    if (p.flags.count("spm_mode") && spm_path.empty()) usage("--spm_mode applies to --spm only");
+    if (!spm_path.empty()) {
+      for (const char* f : {"truncation", "no_lowercase", "strip_accents", "no_clean_text", "no_chinese_chars"})
+        if (p.flags.count(f))
+          usage(fmt::format("--{} applies to --vocab (WordPiece) only; a SentencePiece model brings its own settings", f));
+      if (normalized && spm_mode == "slow") usage("--normalized applies to --spm_mode fast only");
+    }
     if (p.flags.count("max_length") && !pair) usage("--max_length applies to --pair only");
     if (p.flags.count("truncation") && !p.flags.count("max_length")) usage("--truncation needs --max_length");
     if (normalized && (pair || tokens)) usage("--normalized cannot be combined with --pair or --tokens");
@@ -126,10 +154,16 @@ int dea_tokenize(int argc, char** argv) {
   opt.normalizer.handle_chinese_chars = !no_chinese;
   std::vector<std::string> out_lines;
   try {
-    const text::WordPieceTokenizer tok = text::WordPieceTokenizer::from_file(vocab_path, opt);
-    if (pair) {  // asked now, so that a vocabulary without them fails before any input is read
-      (void)tok.cls_id();
-      (void)tok.sep_id();
+    std::optional<text::WordPieceTokenizer> wp;
+    std::optional<text::SpmTokenizer> spm;
+    if (spm_path.empty()) {
+      wp.emplace(text::WordPieceTokenizer::from_file(vocab_path, opt));
+      if (pair) {  // asked now, so that a vocabulary without them fails before any input is read
+        (void)wp->cls_id();
+        (void)wp->sep_id();
+      }
+    } else {
+      spm.emplace(spm_path, text::parse_spm_mode(spm_mode));
     }
     std::string line;
     for (std::size_t number = 1; next_line(stdin, line, number); ++number) {
@@ -154,14 +188,21 @@ int dea_tokenize(int argc, char** argv) {
       try {  // (the JSON parser has checked the UTF-8 already; any other refusal names the line too)
         if (!pair) {
           const std::string t = j.get<std::string>();
-          if (normalized) result = dump(tok.normalize(t));
-          else if (tokens) result = dump(tok.tokenize(t));
-          else result = ids_json(tok.encode(t));
+          if (spm) {
+            if (normalized) result = dump(spm->normalize_fast(t));
+            else if (tokens) result = dump(spm->tokenize(t));
+            else result = ids_json(spm->ids(t));
+          } else {
+            if (normalized) result = dump(wp->normalize(t));
+            else if (tokens) result = dump(wp->tokenize(t));
+            else result = ids_json(wp->encode(t));
+          }
         } else {
           const std::string a = j[0].get<std::string>(), b = j[1].get<std::string>();
-          const text::Encoding e = max_length == 0             ? tok.encode_pair(a, b)
-                                   : truncation == "reference" ? tok.reference_encode_pair(a, b, max_length)
-                                                               : tok.encode_pair(a, b, max_length);
+          const text::Encoding e = spm                         ? spm->encode_pair(a, b, max_length)
+                                   : max_length == 0           ? wp->encode_pair(a, b)
+                                   : truncation == "reference" ? wp->reference_encode_pair(a, b, max_length)
+                                                               : wp->encode_pair(a, b, max_length);
           nlohmann::ordered_json o;
           if (tokens) o["tokens"] = e.tokens;
           else o["ids"] = e.input_ids;

@@ -107,6 +107,61 @@ put("wordpiece", "controls", "a\u200bb\u00adc\ufeffd\u0085e\u000bf\r\ng\u3000h")
 put("wordpiece", "long_word", "a" * 100 + " " + "b" * 101 + " unaffable")
 put("wordpiece", "invalid", b"caf\xc3 au lait \xff\xfe")
 
+# SentencePiece models (spm.model): the golden identity-normaliser model, the same cut short, and hand-made
+# ModelProtos: no pieces, a BPE model, pieces without [CLS] / [SEP], a character map whose trie size does not fit
+def pb_varint(v):
+    out = b""
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        out += bytes([b | (0x80 if v else 0)])
+        if not v:
+            return out
+
+
+def pb_bytes(field, data):
+    return pb_varint(field << 3 | 2) + pb_varint(len(data)) + data
+
+
+def pb_int(field, v):
+    return pb_varint(field << 3) + pb_varint(v)
+
+
+def spm_piece(text, score, kind=1):
+    return pb_bytes(1, pb_bytes(1, text.encode()) + pb_varint(2 << 3 | 5) + struct.pack("<f", score) + pb_int(3, kind))
+
+
+with open(os.path.join(here, "..", "data", "deberta", "spm", "spm_identity.model"), "rb") as f:
+    identity = f.read()
+put("spm_model", "identity", identity)
+put("spm_model", "identity_cut", identity[:len(identity) // 3])
+put("spm_model", "no_pieces", pb_bytes(2, pb_int(3, 1)))
+put("spm_model", "bpe", spm_piece("<unk>", 0, 2) + spm_piece("a", -1) + pb_bytes(2, pb_int(3, 2)))
+put("spm_model", "no_specials", spm_piece("[UNK]", 0, 2) + spm_piece("\u2581a", -1) + spm_piece("b", -2)
+    + pb_bytes(2, pb_int(3, 1) + pb_int(40, 0)))
+put("spm_model", "deberta_tiny", spm_piece("[PAD]", 0, 3) + spm_piece("[CLS]", 0, 3) + spm_piece("[SEP]", 0, 3)
+    + spm_piece("[UNK]", 0, 2) + spm_piece("\u2581", -2) + spm_piece("a", -3) + spm_piece("\u2581a", -1.5)
+    + pb_bytes(2, pb_int(3, 1) + pb_int(40, 3) + pb_int(41, 1) + pb_int(42, 2) + pb_int(43, 0))
+    + pb_bytes(3, pb_bytes(1, b"nmt_nfkc") + pb_bytes(2, struct.pack("<I", 8) + b"\x00" * 8 + b"a\x00")))
+# (charsmap_tiny, a unigram model with a small character map of its own, was trained by sentencepiece's spm_train:
+#   spm_train --input=corpus.txt --model_prefix=tiny --vocab_size=34 --model_type=unigram
+#             --normalization_rule_tsv=rules.tsv --pad_id=0 --bos_id=1 --eos_id=2 --unk_id=3 --pad_piece=[PAD]
+#             --bos_piece=[CLS] --eos_piece=[SEP] --unk_piece=[UNK]
+#  on five short English lines, with rules mapping U+FF41/FF42, U+FB01, e U+0301, U+3000 and U+200B; it is kept as is.)
+put("spm_model", "bad_charsmap", spm_piece("[PAD]", 0, 3) + spm_piece("[CLS]", 0, 3) + spm_piece("[SEP]", 0, 3)
+    + spm_piece("[UNK]", 0, 2) + spm_piece("a", -1)
+    + pb_bytes(2, pb_int(3, 1) + pb_int(40, 3)) + pb_bytes(3, pb_bytes(2, struct.pack("<I", 4096) + b"xx")))
+
+# SentencePiece input text: what the character map changes (full-width, ligatures, accents as clusters, zero-width
+# and other spaces at the ends), emoji sequences, Hangul jamo, special tokens and their look-alikes, a bad byte
+put("spm_text", "plain", "The old library has more than 40,000 books.")
+put("spm_text", "charsmap", " \uff26\uff55\uff4c\uff4c \ufb01 cafe\u0301\u0301 CAFE\u0301 \u2460 \u3000x\u200b")
+put("spm_text", "clusters", "\U0001F44D\U0001F3FD \U0001F469\u200d\U0001F4BB \U0001F1EB\U0001F1F7\U0001F1EC "
+    "\u1100\u1161\u11a8 \u0915\u094d\u0937 a\r\nb")
+put("spm_text", "specials", "x[MASK]y [CLS][SEP] [sep] \uff3b\uff33\uff25\uff30\uff3d <0x41> [PAD]\t[UNK]")
+put("spm_text", "spaces", "\t\u0085 a  \u00a0 b \u200e\ufeff")
+put("spm_text", "invalid", b"caf\xc3 au lait \xff\xfe")
+
 # BERT config.json
 with open(os.path.join(here, "..", "data", "bert", "hf_fixtures", "f32", "config.json"), "rb") as f:
     put("bert_config", "hf_fixture_f32", f.read())
