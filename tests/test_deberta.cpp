@@ -237,6 +237,57 @@ TEST_CASE("sequence_logits: a sequence's logits are the same alone or in a batch
   check_batch_invariance<double>();
 }
 
+TEST_CASE("sequence_logits: widths that are not whole multiples of 64 bytes run sequence by sequence, same bits",
+          "[deberta][batch]") {
+  // H 24, I 40 (96 and 160 bytes in float), E 20 with its projection, separate position projections, 6 buckets over
+  // 12 (so the table rows clamp for T = 20), absolute positions and token types: random weights
+  deberta::DebertaConfig cfg;
+  cfg.vocab_size = 50;
+  cfg.hidden_size = 24;
+  cfg.num_hidden_layers = 2;
+  cfg.num_attention_heads = 3;
+  cfg.intermediate_size = 40;
+  cfg.max_position_embeddings = 32;
+  cfg.type_vocab_size = 2;
+  cfg.embedding_size = 20;
+  cfg.relative_attention = true;
+  cfg.max_relative_positions = 12;
+  cfg.position_buckets = 6;
+  cfg.c2p = cfg.p2c = true;
+  cfg.norm_rel_ebd = true;
+  cfg.hidden_act = deberta::Activation::gelu_tanh;
+  cfg.pooler_hidden_act = deberta::Activation::tanh;
+  cfg.id2label = {"a", "b"};
+  deberta::DebertaV2ForSequenceClassification<float> model(cfg);
+  REQUIRE(!deberta::rows_batch_invariant<float>(cfg));
+  Rng rng(7);
+  for (Param<float>* p : model.parameters())
+    for (Index k = 0; k < p->numel(); ++k) p->value[k] += static_cast<float>(rng.normal() * 0.3);
+  const Index B = 5, T = 20;
+  std::vector<std::vector<std::int64_t>> ids(B), types(B), mask(B);
+  for (Index b = 0; b < B; ++b)
+    for (Index t = 0; t < T; ++t) {
+      ids[b].push_back(static_cast<std::int64_t>(rng.next_u64() % 50));
+      types[b].push_back(t < T / 2 ? 0 : 1);
+      mask[b].push_back(t < T - 3 * b ? 1 : 0);
+    }
+  set_num_threads(2);
+  const Mat<float> all = deberta::sequence_logits(model, ids, types, mask);
+  set_num_threads(1);
+  REQUIRE(all.cwiseAbs().maxCoeff() > 0);
+  for (Index b = 0; b < B; ++b) {
+    INFO("sequence " << b);
+    CHECK(deberta::sequence_logits(model, {ids[b]}, {types[b]}, {mask[b]}).row(0) == all.row(b));
+  }
+  // the same numbers as the double model, to float round-off
+  deberta::DebertaV2ForSequenceClassification<double> md(cfg);
+  const auto pf = model.parameters();
+  const auto pd = md.parameters();
+  for (std::size_t i = 0; i < pf.size(); ++i) pd[i]->value = pf[i]->value.cast<double>();
+  const Mat<double> ref = deberta::sequence_logits(md, ids, types, mask);
+  CHECK((all.cast<double>() - ref).cwiseAbs().maxCoeff() <= 1e-4 * ref.cwiseAbs().maxCoeff());
+}
+
 TEST_CASE("sequence_logits refuses sequences of different lengths and bad masks by name", "[deberta][bad_input]") {
   const io::SafeTensors cs = io::SafeTensors::load(data("deberta_seq_cls_ent1.safetensors"));
   const auto model = case_seq_cls<double>(cs);

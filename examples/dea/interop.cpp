@@ -216,8 +216,8 @@ int dea_interop(int argc, char** argv) {
       got = use_float ? interop::run_dea_model_case<float>(cs, pp) : interop::run_dea_model_case<double>(cs, pp);
     } else {
       usage(fmt::format("{}: unsupported case kind '{}' (supported: dea_layer, dea_model, tr_mha_layer, tr_moe_mlp, lm_model, bert_model, "
-                        "bert_seq_cls, sentence_embedding, dea_bert, deberta_model, deberta_seq_cls, bucket_table; any case with in.input_ids "
-                        "under --hf_model)",
+                        "bert_seq_cls, sentence_embedding, dea_bert, deberta_model, deberta_seq_cls, bucket_table; "
+                        "any case with in.input_ids under --hf_model)",
                         case_path, kind));
     }
     if (!out_path.empty()) {
