@@ -181,6 +181,37 @@ TEST_CASE("deberta hf_dir: a base model loads from a task model's file, strippin
   fs::remove_all(dir);
 }
 
+TEST_CASE("deberta hf_dir: an F16 directory loads its values exactly", "[deberta][hf_dir]") {
+  // the BF16 fixture's values written as F16 (8 significant bits fit in F16's 11; a value below F16's range is 0)
+  const std::string dir = copy_fixture("bf16", "f16");
+  const io::SafeTensors src = io::SafeTensors::load(dir + "/model.safetensors");
+  io::SafeTensors f16;
+  for (const std::string& name : src.names()) {
+    Tensor<float> t = src.get<float>(name);
+    for (Index k = 0; k < t.numel(); ++k) {
+      std::uint16_t h = 0;
+      if (!io::detail::float_to_half_exact(t[k], h)) t[k] = 0;
+    }
+    f16.put(name, t, io::DType::F16);
+  }
+  f16.save(dir + "/model.safetensors");
+  deberta::LoadReport rep;
+  auto model = deberta::load_deberta_for_sequence_classification<double>(dir, &rep);
+  CHECK(rep.dtypes.count("F16") == 1);
+  for (Param<double>* p : model.parameters()) {
+    INFO(p->name);
+    REQUIRE(f16.dtype(p->name) == io::DType::F16);
+    const Tensor<float> f = f16.get<float>(p->name);
+    for (Index k = 0; k < p->numel(); ++k) REQUIRE(p->value[k] == static_cast<double>(f[k]));
+  }
+  // the same weights as the BF16 fixture but for the few values below F16's range: its logits, nearly
+  const io::SafeTensors cs = io::SafeTensors::load(data("deberta_fixtures/bf16/expected.safetensors"));
+  const Mat<double> logits = model.forward(interop::detail::deberta_case_batch(cs)).logits;
+  const Tensor<double> want = cs.get<double>("out.logits");
+  for (Index k = 0; k < want.numel(); ++k) CHECK(std::abs(logits.data()[k] - want[k]) < 1e-3);
+  fs::remove_all(dir);
+}
+
 // ------------------------------------------------------------------------------------------------ invariances
 
 TEST_CASE("DebertaV2ForSequenceClassification: 1 and 2 threads give identical bits", "[deberta][threads]") {
