@@ -8,7 +8,8 @@
 // LayerNorm on the relative table, no absolute positions, no token types, 3 labels. Every pair is [CLS] q [SEP] k
 // [SEP] of exactly --tokens tokens of random ids; the --pairs pairs of a round run as one batch of one length
 // (sequence_logits: batch-invariant products, all threads), as an oracle runs them. Each line: threads, pairs,
-// tokens, seconds (median of 3 rounds after a warm-up round of --warmup pairs), pairs/s, the GFLOP of the forward's
+// tokens, seconds (median of 3 rounds after a warm-up round of --warmup pairs), pairs/s, the CPU seconds of a round
+// (median; every thread's, so what the work costs on a shared machine), the GFLOP of the forward's
 // matrix products per pair (the projections, the feed-forward, Q K^T, P V, the c2p and p2c products over the window
 // of the relative table, the position projections, the pooler and classifier), their GFLOP/s, the FP32 FMA peak of
 // the machine on as many threads (bench/peak.hpp) and the fraction of it, the parameter memory, the peak RSS and the
@@ -30,9 +31,19 @@
 #include <string>
 #include <vector>
 
+#include <time.h>
+
 using namespace dea;
 
 namespace {
+
+/// CPU seconds of the process so far (every thread): on a shared machine the work's cost, where wall time also
+/// counts the waits for the cores.
+double cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 /// DeBERTa-v3-base's configuration (its hub config.json), 3 labels, `layers` layers.
 deberta::DebertaConfig v3_base(Index layers) {
@@ -125,17 +136,20 @@ int main(int argc, char** argv) {
     set_num_threads(int(t));
     const bench_peak::Peak peak = bench_peak::measure_peak(bench_peak::Kind::fp32, int(t));
     (void)deberta::sequence_logits(model, warm);
-    std::vector<double> secs;
+    std::vector<double> secs, cpu;
     const double load0 = bench_util::load1();
     float sink = 0;
     for (int round = 0; round < 3; ++round) {
       const auto t0 = std::chrono::steady_clock::now();
+      const double c0 = cpu_seconds();
       const Mat<float> logits = deberta::sequence_logits(model, timed);
+      cpu.push_back(cpu_seconds() - c0);
       secs.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       sink += logits(0, 0);
       fmt::print(stderr, "bench_deberta: {} threads round {}: {:.3f} s\n", t, round + 1, secs.back());
     }
     std::sort(secs.begin(), secs.end());
+    std::sort(cpu.begin(), cpu.end());
     const double med = secs[1];
     nlohmann::ordered_json j;
     j["bench"] = "deberta";
@@ -149,6 +163,8 @@ int main(int argc, char** argv) {
     j["seconds_min"] = secs.front();
     j["seconds_max"] = secs.back();
     j["pairs_per_s"] = double(n_pairs) / med;
+    j["cpu_seconds"] = cpu[1];
+    j["cpu_seconds_per_pair"] = cpu[1] / double(n_pairs);
     j["gflop_per_pair"] = flops / double(n_pairs) * 1e-9;
     j["gflops"] = flops / med * 1e-9;
     j["fp32_peak_gflops"] = peak.gflops;

@@ -143,18 +143,20 @@ def main():
         with open("/proc/loadavg") as f:
             load0 = float(f.read().split()[0])
         once(warm)
-        secs = []
+        secs, cpu = [], []
         for _ in range(3):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             once(timed)
             secs.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
         med = statistics.median(secs)
         with open("/proc/loadavg") as f:
             load1 = float(f.read().split()[0])
         print(json.dumps({"bench": "deberta", "impl": "torch", "threads": t, "pairs": a.pairs, "tokens": a.tokens,
                           "batch_size": a.batch_size, "model": f"{a.layers}x768x12x3072, vocab 128100, buckets 256/512",
                           "seconds": med, "seconds_min": min(secs), "seconds_max": max(secs),
-                          "pairs_per_s": a.pairs / med, "params_mb": n_params * 4 / 2**20,
+                          "pairs_per_s": a.pairs / med, "cpu_seconds": statistics.median(cpu),
+                          "cpu_seconds_per_pair": statistics.median(cpu) / a.pairs, "params_mb": n_params * 4 / 2**20,
                           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                           "load_before": load0, "load_after": load1, "torch": torch.__version__,
                           "openblas_coretype": os.environ.get("OPENBLAS_CORETYPE")}), flush=True)

@@ -237,10 +237,16 @@ private:
   bool has_pos_key() const { return cfg_.relative_attention && !cfg_.share_att_key && cfg_.c2p; }
   bool has_pos_query() const { return cfg_.relative_attention && !cfg_.share_att_key && cfg_.p2c; }
 
+  /// The activations of one layer, allocated by the first layer of a forward and reused by the others (fresh
+  /// large buffers in every layer cost page faults).
+  struct Work {
+    Mat<S> q, k, v, pk, pq, ctx, t, h1, a, g;
+  };
+
   /// One layer: x [N, H] -> y [N, H]. `rt` is the window of the (normed) relative table that the sequence's
   /// distances reach, `rows` [2T - 1] the window row of each distance delta (at delta + T - 1).
   void layer_forward(const Layer& L, const Mat<S>& x, const Mat<S>& rt, const std::vector<Index>& rows,
-                     const std::vector<char>& real, Index B, Index T, Mat<S>& y) const;
+                     const std::vector<char>& real, Index B, Index T, Work& w, Mat<S>& y) const;
 
   DebertaConfig cfg_;
   Param<S> word_, pos_, type_, proj_, emb_ln_w_, emb_ln_b_;
@@ -316,8 +322,9 @@ DebertaOutput<S> DebertaV2Model<S>::forward(const DebertaBatch& batch, bool keep
 
   if (keep_hidden_states) out.hidden_states.push_back(x);
   Mat<S> y;
+  Work work;
   for (const Layer& L : layers_) {
-    layer_forward(L, x, rt, rows, real, B, T, y);                                  // x_{l+1} = Layer_l(x_l)
+    layer_forward(L, x, rt, rows, real, B, T, work, y);                            // x_{l+1} = Layer_l(x_l)
     std::swap(x, y);
     if (keep_hidden_states) out.hidden_states.push_back(x);
   }
@@ -327,10 +334,11 @@ DebertaOutput<S> DebertaV2Model<S>::forward(const DebertaBatch& batch, bool keep
 
 template <class S>
 void DebertaV2Model<S>::layer_forward(const Layer& L, const Mat<S>& x, const Mat<S>& rt, const std::vector<Index>& rows,
-                                      const std::vector<char>& real, Index B, Index T, Mat<S>& y) const {
+                                      const std::vector<char>& real, Index B, Index T, Work& w,
+                                      Mat<S>& y) const {
   const Index H = cfg_.hidden_size, A = cfg_.num_attention_heads, d = cfg_.head_dim(), N = B * T;
   const bool rel = cfg_.relative_attention, c2p = rel && cfg_.c2p, p2c = rel && cfg_.p2c;
-  Mat<S> q, k, v, pk, pq;
+  Mat<S>&q = w.q, &k = w.k, &v = w.v, &pk = w.pk, &pq = w.pq;
   detail::dense<S>(x, L.q_w, &L.q_b, q);                                           // Q = x W_q^T + b_q
   detail::dense<S>(x, L.k_w, &L.k_b, k);                                           // K = x W_k^T + b_k
   detail::dense<S>(x, L.v_w, &L.v_b, v);                                           // V = x W_v^T + b_v
@@ -345,7 +353,8 @@ void DebertaV2Model<S>::layer_forward(const Layer& L, const Mat<S>& x, const Mat
   // s = sqrt(d f) as a float32 square root of the float32 d f, then in the working precision
   const S s = static_cast<S>(std::sqrt(static_cast<float>(d) * static_cast<float>(cfg_.scale_factor())));
   const Index W = rt.rows();
-  Mat<S> ctx(N, H);
+  Mat<S>& ctx = w.ctx;
+  ctx.resize(N, H);
   parallel_for(B * A, [&](Index ba) {
     const Index b = ba / A, a = ba % A;
     // the pair's own copies of its head slices: the same arithmetic wherever the sequence sits in the batch
@@ -372,9 +381,9 @@ void DebertaV2Model<S>::layer_forward(const Layer& L, const Mat<S>& x, const Mat
         if (!m[j]) continue;
         S r = S(0);
         if (rel) {
-          const Index w = rows[static_cast<std::size_t>(i - j + T - 1)];
-          if (c2p) r += c2p_s(i, w) / s;
-          if (p2c) r += p2c_s(j, w) / s;
+          const Index row = rows[static_cast<std::size_t>(i - j + T - 1)];
+          if (c2p) r += c2p_s(i, row) / s;
+          if (p2c) r += p2c_s(j, row) / s;
         }
         const S v_ij = sc(i, j) / s + r;                                           // score_ij
         p(i, j) = v_ij;
@@ -394,11 +403,10 @@ void DebertaV2Model<S>::layer_forward(const Layer& L, const Mat<S>& x, const Mat
     ctx.block(b * T, a * d, T, d).noalias() = p * vh;                              // C = P V
   }, double(B * A) * double(T) * double(T) * double(4 * d + 10) > kParallelMinFlops);
 
-  Mat<S> t, h1;
+  Mat<S>&t = w.t, &h1 = w.h1, &a = w.a, &g = w.g;
   detail::dense<S>(ctx, L.ao_w, &L.ao_b, t);                                       // C W_o^T + b_o
   t += x;                                                                          //   + x
   detail::layer_norm<S>(t, L.ao_ln_w, L.ao_ln_b, cfg_.layer_norm_eps, h1);         // h1 = LN_1(.)
-  Mat<S> a, g;
   detail::dense<S>(h1, L.i_w, &L.i_b, a);                                          // a = h1 W_i^T + b_i
   detail::activation_forward<S>(cfg_.hidden_act, a, g);                            // g = act(a)
   detail::dense<S>(g, L.o_w, &L.o_b, t);                                           // g W_2^T + b_2
