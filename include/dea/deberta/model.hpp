@@ -373,32 +373,41 @@ void DebertaV2Model<S>::layer_forward(const Layer& L, const Mat<S>& x, const Mat
       p2c_s.noalias() = kh * pqh.transpose();                                      // K_j . PQ_r
     }
     const char* m = real.data() + b * T;
-    Mat<S> p = Mat<S>::Zero(T, T);
-    for (Index i = 0; i < T; ++i) {
-      if (!m[i]) continue;                                                         // padded query: all zeros
-      S mx = -std::numeric_limits<S>::infinity();
-      for (Index j = 0; j < T; ++j) {
-        if (!m[j]) continue;
-        S r = S(0);
-        if (rel) {
-          const Index row = rows[static_cast<std::size_t>(i - j + T - 1)];
-          if (c2p) r += c2p_s(i, row) / s;
-          if (p2c) r += p2c_s(j, row) / s;
+    if (rel && (c2p || p2c))                                                       // + Q_i . PK_r + K_j . PQ_r
+      for (Index i = 0; i < T; ++i) {
+        const Index* r_i = rows.data() + (i + T - 1);                              // r(i, j) = r_i[-j]
+        for (Index j = 0; j < T; ++j) {
+          const Index row = r_i[-j];
+          S r = S(0);
+          if (c2p) r += c2p_s(i, row);
+          if (p2c) r += p2c_s(j, row);
+          sc(i, j) += r;
         }
-        const S v_ij = sc(i, j) / s + r;                                           // score_ij
-        p(i, j) = v_ij;
-        mx = std::max(mx, v_ij);
       }
+    sc.array() /= s;                                                               // score_ij (all terms over s)
+    Mat<S>& p = sc;
+    const bool every_key = std::all_of(m, m + T, [](char c) { return c != 0; });
+    for (Index i = 0; i < T; ++i) {
+      auto row = p.row(i);
+      if (!m[i]) {                                                                 // padded query: all zeros
+        row.setZero();
+        continue;
+      }
+      if (every_key) {                                                             // softmax of the whole row
+        const S mx = row.maxCoeff();
+        row = (row.array() - mx).exp().matrix();
+        row *= S(1) / row.sum();
+        continue;
+      }
+      S mx = -std::numeric_limits<S>::infinity();                                  // softmax over the real keys
+      for (Index j = 0; j < T; ++j)
+        if (m[j]) mx = std::max(mx, row(j));
       S sum = 0;
-      for (Index j = 0; j < T; ++j)
-        if (m[j]) {
-          const S ex = std::exp(p(i, j) - mx);
-          p(i, j) = ex;
-          sum += ex;
-        }
-      const S inv = S(1) / sum;
-      for (Index j = 0; j < T; ++j)
-        if (m[j]) p(i, j) *= inv;                                                  // P_ij over the real keys
+      for (Index j = 0; j < T; ++j) {
+        row(j) = m[j] ? std::exp(row(j) - mx) : S(0);
+        sum += row(j);
+      }
+      row *= S(1) / sum;                                                           // P_ij, 0 for padded keys
     }
     ctx.block(b * T, a * d, T, d).noalias() = p * vh;                              // C = P V
   }, double(B * A) * double(T) * double(T) * double(4 * d + 10) > kParallelMinFlops);
