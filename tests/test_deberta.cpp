@@ -1,7 +1,8 @@
 // Tests of include/dea/deberta (Hugging Face DeBERTa-v2/v3, forward only): the public golden cases (deberta_model,
 // deberta_seq_cls) in double (1e-9) and float (1e-4), the log-bucket table exactly, the hub-style model directories
-// of tests/data/deberta/deberta_fixtures (F32 and BF16), 1 and 2 threads bit for bit, a sequence's logits alone and
-// in a batch, the configuration's defaults and refusals, and every bad input of the loader with its message.
+// of tests/data/deberta/deberta_fixtures (F32, BF16, and F16 made from them), the model without relative attention
+// against the BERT golden case, 1 and 2 threads bit for bit, a sequence's logits alone and in a batch, the
+// configuration's defaults and refusals, and every bad input of the loader with its message.
 #include <catch2/catch.hpp>
 
 #include <dea/core/parallel.hpp>
@@ -351,6 +352,60 @@ TEST_CASE("DebertaV2Model: padded positions are zero after the embeddings; padde
   const auto b = model.forward(batch);
   for (Index n = 0; n < B * T; ++n)
     if (batch.attention_mask[n]) CHECK(a.last_hidden_state.row(n) == b.last_hidden_state.row(n));
+}
+
+TEST_CASE("DebertaV2Model without relative attention is BERT's encoder: the BERT golden case's real rows",
+          "[deberta][golden]") {
+  // relative_attention off, no position terms (scale sqrt(d) in float32), absolute positions and two token types:
+  // BERT's layers, but for the padded rows (zero here after the embeddings, attending to nothing). The BERT golden
+  // case's weights under DeBERTa's names reproduce its last hidden state on every real row, to the scale's float32
+  // rounding (sqrt(8) in float32 is 1.7e-8 relative off)
+  const io::SafeTensors cs = io::SafeTensors::load(std::string(DEA_TEST_DATA_DIR) + "/bert/bert_model_basic.safetensors");
+  const nlohmann::json bc = nlohmann::json::parse(cs.metadata().at("config"));
+  deberta::DebertaConfig cfg;
+  cfg.vocab_size = bc["vocab_size"];
+  cfg.hidden_size = bc["hidden_size"];
+  cfg.num_hidden_layers = bc["num_hidden_layers"];
+  cfg.num_attention_heads = bc["num_attention_heads"];
+  cfg.intermediate_size = bc["intermediate_size"];
+  cfg.max_position_embeddings = bc["max_position_embeddings"];
+  cfg.type_vocab_size = bc["type_vocab_size"];
+  cfg.layer_norm_eps = bc["layer_norm_eps"];
+  REQUIRE(!cfg.relative_attention);
+  REQUIRE(cfg.position_biased_input);
+  deberta::DebertaV2Model<double> model(cfg);
+  std::size_t loaded = 0;
+  for (Param<double>* p : model.parameters()) {
+    std::string name = p->name;
+    for (const char* proj : {"query", "key", "value"}) {
+      const std::string from = std::string("attention.self.") + proj + "_proj.";
+      const auto at = name.find(from);
+      if (at != std::string::npos) name.replace(at, from.size(), std::string("attention.self.") + proj + ".");
+    }
+    INFO(name);
+    REQUIRE(cs.has(name));
+    cs.get_into<double>(name, p->value.data(), p->numel());
+    ++loaded;
+  }
+  CHECK(loaded == 37);  // BERT's parameters but the pooler
+  const deberta::DebertaBatch batch = interop::detail::deberta_case_batch(cs);
+  const Mat<double> h = model.forward(batch).last_hidden_state;
+  const Tensor<double> want = cs.get<double>("out.last_hidden_state");
+  const Index H = cfg.hidden_size;
+  double worst = 0, scale = 0;
+  Index real = 0;
+  for (Index n = 0; n < h.rows(); ++n) {
+    if (!batch.attention_mask[n]) continue;
+    ++real;
+    for (Index c = 0; c < H; ++c) {
+      worst = std::max(worst, std::abs(h(n, c) - want[n * H + c]));
+      scale = std::max(scale, std::abs(want[n * H + c]));
+    }
+  }
+  REQUIRE(real > 0);
+  REQUIRE(real < h.rows());  // the case has padded rows
+  CHECK(worst / scale < 1e-6);
+  CHECK(worst / scale > 0);  // the float32 scale is not BERT's double one
 }
 
 // ------------------------------------------------------------------------------------------------ configuration
