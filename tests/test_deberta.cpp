@@ -215,9 +215,10 @@ TEST_CASE("deberta hf_dir: an F16 directory loads its values exactly", "[deberta
 
 // ------------------------------------------------------------------------------------------------ invariances
 
-TEST_CASE("DebertaV2ForSequenceClassification: 1 and 2 threads give identical bits", "[deberta][threads]") {
+template <class S>
+void check_thread_invariance() {
   const io::SafeTensors cs = io::SafeTensors::load(data("deberta_seq_cls_ent0.safetensors"));
-  const auto model = case_seq_cls<float>(cs);
+  const auto model = case_seq_cls<S>(cs);
   const deberta::DebertaBatch batch = interop::detail::deberta_case_batch(cs);
   set_num_threads(1);
   const auto one = model.forward(batch, true);
@@ -229,6 +230,12 @@ TEST_CASE("DebertaV2ForSequenceClassification: 1 and 2 threads give identical bi
   REQUIRE(one.deberta.hidden_states.size() == two.deberta.hidden_states.size());
   for (std::size_t l = 0; l < one.deberta.hidden_states.size(); ++l)
     CHECK(one.deberta.hidden_states[l] == two.deberta.hidden_states[l]);
+}
+
+TEST_CASE("DebertaV2ForSequenceClassification: 1 and 2 threads give identical bits, float and double",
+          "[deberta][threads]") {
+  check_thread_invariance<float>();
+  check_thread_invariance<double>();
 }
 
 template <class S>
