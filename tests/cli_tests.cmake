@@ -221,6 +221,35 @@ sed 's/\"gelu\"/\"swish\"/' '${dea_hf}/config.json' > \"$d/config.json\" && \
                interop ${dea_hf}/expected.safetensors)
 endif()
 
+# dea interop --hf_model on a DeBERTa directory (B50-B53): an unsupported feature, buckets that do not fit the relative
+# embeddings, heads that do not divide the hidden size, a truncated file: exit 2 naming the file and the field or
+# tensor, nothing written
+if(TARGET dea_cli)
+  set(dea_deb ${CMAKE_CURRENT_SOURCE_DIR}/data/deberta/deberta_fixtures/f32)
+  set(dea_deb_bad ${CMAKE_CURRENT_BINARY_DIR}/cli_deberta_bad)
+  # SED edits config.json; the run writes --out, which must not exist afterwards
+  set(dea_deb_edit "d=\"$1\"; rm -rf \"$d\" && mkdir -p \"$d\" && cp '${dea_deb}/model.safetensors' \"$d/\" && \
+sed \"$2\" '${dea_deb}/config.json' > \"$d/config.json\" && \
+\"$0\" interop '${dea_deb}/expected.safetensors' --hf_model \"$d\" --out \"$d/r.safetensors\"; s=$?; \
+test -e \"$d/r.safetensors\" || echo absent; (exit $s)")
+  dea_cli_sh(interop_deberta_conv_layer dea_cli 2 "config.json.*conv_kernel_size: 3 asks for the convolution block.*absent"
+             "${dea_deb_edit}" ${dea_deb_bad}_conv "s/\"pad_token_id\": 0,/\"pad_token_id\": 0, \"conv_kernel_size\": 3,/")
+  dea_cli_sh(interop_deberta_p2p dea_cli 2 "config.json.*pos_att_type: the position term \"p2p\" is not supported.*absent"
+             "${dea_deb_edit}" ${dea_deb_bad}_p2p "s/\"c2p\"$/\"c2p\", \"p2p\"/")
+  dea_cli_sh(interop_deberta_bad_buckets dea_cli 2
+             "config.json.*position_buckets \\(256\\) does not fit the relative range.*absent"
+             "${dea_deb_edit}" ${dea_deb_bad}_buckets "s/\"position_buckets\": 64/\"position_buckets\": 256/")
+  dea_cli_sh(interop_deberta_heads dea_cli 2
+             "config.json.*hidden_size \\(32\\) must be divisible by num_attention_heads \\(5\\).*absent"
+             "${dea_deb_edit}" ${dea_deb_bad}_heads "s/\"num_attention_heads\": 4/\"num_attention_heads\": 5/")
+  dea_cli_sh(interop_deberta_truncated dea_cli 2 "model.safetensors.*truncated"
+             "d='${dea_deb_bad}_trunc'; rm -rf \"$d\" && mkdir -p \"$d\" && cp '${dea_deb}/config.json' \"$d/\" && \
+head -c 50000 '${dea_deb}/model.safetensors' > \"$d/model.safetensors\" && \
+\"$0\" interop '${dea_deb}/expected.safetensors' --hf_model \"$d\"")
+  dea_cli_test(interop_deberta_fixture_needs_model dea_cli 2 "unsupported case kind 'deberta_fixture'.*--hf_model"
+               interop ${dea_deb}/expected.safetensors)
+endif()
+
 # the second review: contradictory flags, an output over its own input, plot directories checked before the work,
 # bench_train's thread count
 if(TARGET dea_cli)

@@ -18,10 +18,15 @@
 //   dea_bert      the reference's DualExpertBert: objective task_loss + loss_gate; out.logits, out.task_loss,
 //                 out.loss_gate, out.loss_gate_layer.*, out.alpha_hat.*, out.last_hidden_state and every grad.*,
 //                 with the BERT tolerances; a layer whose count of decision pairs differs from the case's metadata
-//                 is named (a borderline pair can flip with round-off).
+//                 is named (a borderline pair can flip with round-off);
+//   deberta_model, deberta_seq_cls, bucket_table
+//                 a Hugging Face DebertaV2Model / DebertaV2ForSequenceClassification (out.last_hidden_state,
+//                 out.hidden_states.*, out.relative_pos, out.logits) and the log-bucket table of relative positions
+//                 (tests/data/deberta/README.md; float tolerance 1e-4; integer tensors exact).
 // --hf_model DIR loads the BertModel of a Hugging Face model directory (config.json + model.safetensors) and runs
 // it on the case's in.input_ids / in.attention_mask / in.token_type_ids, whatever the case's kind: it writes
-// out.last_hidden_state and out.pooler_output, and --compare checks those two against the case's.
+// out.last_hidden_state and out.pooler_output, and --compare checks those two against the case's. A DeBERTa
+// directory (model_type "deberta-v2") gives out.last_hidden_state, and out.logits when it holds a classifier.
 // --out writes every computed `out.*` and `grad.*` tensor (F64; route indices I64), for every kind, so a program
 // that is not ours can check the results. --compare prints, per expected tensor, max |got - expected| /
 // max(max |expected|, 1e-12) and exits 1 when any exceeds 1e-9 (1e-4 with --float; BERT grad.* 1e-3 with --float);
@@ -35,6 +40,7 @@
 #include <dea/interop/bert_case.hpp>
 #include <dea/interop/dea_bert_case.hpp>
 #include <dea/interop/dea_case.hpp>
+#include <dea/interop/deberta_case.hpp>
 #include <dea/interop/lm_case.hpp>
 #include <dea/interop/model_case.hpp>
 #include <dea/interop/tr_mha_case.hpp>
@@ -68,14 +74,14 @@ int dea_interop(int argc, char** argv) {
                   "Runs a golden case (tests/data/golden/README.md) through the library; writes what it computed\n"
                   "(--out) and compares it with the case's numbers (--compare, the default without --out).");
   fs.positional("CASE.safetensors", "a case file of kind dea_layer, dea_model, tr_mha_layer, tr_moe_mlp, lm_model, bert_model, bert_seq_cls, "
-                "sentence_embedding or dea_bert (any case with in.input_ids under --hf_model)");
+                "sentence_embedding, dea_bert, deberta_model, deberta_seq_cls or bucket_table (any case with in.input_ids under --hf_model)");
   fs.text("out", out_path, "RESULT.safetensors", "write every computed out.* and grad.* tensor here");
   fs.toggle("compare", compare, "compare with the case's tensors (tolerance 1e-9, 1e-4 with --float, 1e-3 for BERT "
             "gradients in float; exit 1 on a miss)");
   fs.toggle("float", use_float, "run in float instead of double");
   fs.text("pe", pe_path, "TABLE.safetensors", "dea_model cases: the reference's positional table (tensor 'pe')");
-  fs.text("hf_model", hf_model, "DIR", "run the BertModel of this Hugging Face model directory on the case's in.* "
-          "tensors (writes out.last_hidden_state, out.pooler_output)");
+  fs.text("hf_model", hf_model, "DIR", "run the BertModel (or DeBERTa model) of this Hugging Face model directory on "
+          "the case's in.* tensors (writes out.last_hidden_state, and out.pooler_output or out.logits)");
   fs.integer("threads", threads, 0, cli::kMaxThreads, "OpenMP threads (0 = the library default)");
   try {
     const auto p = fs.parse(std::vector<std::string>(argv + 1, argv + argc));
@@ -101,6 +107,39 @@ int dea_interop(int argc, char** argv) {
     const auto it = cs.metadata().find("kind");
     const std::string kind = it == cs.metadata().end() ? "" : it->second;
     if (!pe_path.empty() && kind != "dea_model") usage("--pe applies only to dea_model cases (this is '" + kind + "')");
+    const bool deberta_dir = !hf_model.empty() && deberta::is_deberta_dir(hf_model);
+    if (deberta_dir || (hf_model.empty() && interop::is_deberta_kind(kind))) {
+      io::SafeTensors got;
+      if (deberta_dir) {
+        deberta::LoadReport rep;
+        got = use_float ? interop::run_deberta_hf_case<float>(hf_model, cs, &rep)
+                        : interop::run_deberta_hf_case<double>(hf_model, cs, &rep);
+        fmt::print("loaded {}\n", rep.str());
+      } else {
+        got = use_float ? interop::run_deberta_case<float>(cs) : interop::run_deberta_case<double>(cs);
+      }
+      if (!out_path.empty()) {
+        got.save(out_path);
+        fmt::print("wrote {} tensors to {}\n", got.size(), out_path);
+      }
+      if (!compare) return 0;
+      const auto cmp = interop::compare_deberta_case(cs, got, use_float, deberta_dir);
+      check(!cmp.empty(), case_path, ": the case holds no expected out.* tensor that this run computes: nothing to "
+            "compare against");
+      bool ok = true;
+      double worst = 0;
+      for (const auto& c : cmp) {
+        if (c.missing) fmt::print("  MISSING {}\n", c.name);
+        else
+          fmt::print("  {} {:<40} {} {:.3e}   max|ref| {:.3e}\n", c.ok ? "ok  " : "FAIL", c.name,
+                     c.integer ? "max|diff|" : "rel", c.rel_error, c.max_expected);
+        ok = ok && !c.missing && c.ok;
+        if (!c.integer) worst = std::max(worst, c.rel_error);
+      }
+      fmt::print("{}: {} tensors, worst relative error {:.3e} (tolerance {}, integers exact, {}): {}\n", case_path,
+                 cmp.size(), worst, use_float ? "1e-4" : "1e-9", use_float ? "float" : "double", ok ? "PASS" : "FAIL");
+      return ok ? 0 : 1;
+    }
     const bool dea_bert = hf_model.empty() && kind == "dea_bert";
     if (!hf_model.empty() || interop::is_bert_kind(kind) || dea_bert) {
       io::SafeTensors got;
@@ -177,7 +216,8 @@ int dea_interop(int argc, char** argv) {
       got = use_float ? interop::run_dea_model_case<float>(cs, pp) : interop::run_dea_model_case<double>(cs, pp);
     } else {
       usage(fmt::format("{}: unsupported case kind '{}' (supported: dea_layer, dea_model, tr_mha_layer, tr_moe_mlp, lm_model, bert_model, "
-                        "bert_seq_cls, sentence_embedding, dea_bert; any case with in.input_ids under --hf_model)",
+                        "bert_seq_cls, sentence_embedding, dea_bert, deberta_model, deberta_seq_cls, bucket_table; "
+                        "any case with in.input_ids under --hf_model)",
                         case_path, kind));
     }
     if (!out_path.empty()) {

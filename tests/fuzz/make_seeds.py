@@ -172,6 +172,18 @@ put("bert_config", "classifier", json.dumps({
     "id2label": {"0": "contradiction", "1": "entailment", "2": "neutral"},
     "label2id": {"contradiction": 0, "entailment": 1, "neutral": 2}, "num_labels": 3}))
 put("bert_config", "empty_object", "{}")
+# DeBERTa config.json: the hub fixture (v3 layout, pos_att_type as a list), a v2-like one (string, absolute
+# positions, token types, embed_proj), the bare defaults
+with open(os.path.join(here, "..", "data", "deberta", "deberta_fixtures", "f32", "config.json"), "rb") as f:
+    put("deberta_config", "hub_fixture_f32", f.read())
+put("deberta_config", "v2like", json.dumps({
+    "model_type": "deberta-v2", "vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 64, "type_vocab_size": 2,
+    "relative_attention": True, "max_relative_positions": 16, "position_buckets": -1, "pos_att_type": "c2p|p2c",
+    "share_att_key": False, "norm_rel_ebd": "none", "position_biased_input": True, "embedding_size": 16,
+    "hidden_act": "gelu_new", "pooler_hidden_act": "tanh", "conv_kernel_size": 0, "pad_token_id": None,
+    "id2label": {"0": "contradiction", "1": "entailment"}}))
+put("deberta_config", "empty_object", "{}")
 put("config", "files_wordpiece", json.dumps({
     "d_model": 16, "n_heads": 2, "n_layers": 1, "d_ff": 32, "data_source": "dalpha", "dalpha_source": "files",
     "babi": "/data/babi/en", "clutrr": "/data/clutrr.csv", "conceptnet": "", "capitals": "/data/capitals.txt",
