@@ -493,6 +493,39 @@ if(TARGET dea_cli)
   endif()
   dea_cli_test(oracle_bf16_needs_float dea_cli 2 "--precision bf16 applies to float" oracle --nli a --embedder b
                --pairs p --out o --double --precision bf16)
+  # a DeBERTa-v3 cross-encoder (tests/check_oracle_deberta_out.py: the public DeBERTa oracle case to its tolerances,
+  # the same bytes for other threads and batches, resuming); --nli_tokenizer chooses its tokenizer's mode and is
+  # refused for a BERT model
+  set(dea_od ${CMAKE_CURRENT_SOURCE_DIR}/data/deberta/oracle)
+  if(DEA_SENTENCEPIECE_ENABLED)
+    if(Python3_Interpreter_FOUND)
+      foreach(p float double)
+        add_test(NAME dea_oracle_deberta_golden_${p}
+                 COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/check_oracle_deberta_out.py
+                         $<TARGET_FILE:dea_cli> ${CMAKE_CURRENT_SOURCE_DIR}/data ${dea_or_tmp}_deberta_${p}
+                         $<$<STREQUAL:${p},double>:--double>)
+        set_tests_properties(dea_oracle_deberta_golden_${p} PROPERTIES PASS_REGULAR_EXPRESSION
+                             "oracle deberta --out: ok" TIMEOUT 60)
+      endforeach()
+    endif()
+    dea_cli_sh(oracle_deberta_slow_tokenizer dea_cli 0 "DeBERTa, slow tokenizer.*14 records"
+               "d=${dea_or_tmp}_deberta_slow; rm -rf \"$d\"; mkdir -p \"$d\" && \"$0\" oracle --nli '${dea_od}/nli' \
+--embedder '${dea_or}/oracle_sim' --pairs '${dea_od}/pairs.jsonl' --out \"$d/c.jsonl\" --nli_tokenizer slow")
+    dea_cli_sh(oracle_deberta_no_spm_model dea_cli 2 "no_spm.*spm.model.*nothing written"
+               "d=${dea_or_tmp}_deberta_no_spm; rm -rf \"$d\"; mkdir -p \"$d\" && cp '${dea_od}/nli/config.json' \
+'${dea_od}/nli/model.safetensors' \"$d\" && \"$0\" oracle --nli \"$d\" --embedder '${dea_or}/oracle_sim' \
+--pairs '${dea_od}/pairs.jsonl' --out \"$d/c.jsonl\"; s=$?; test -e \"$d/c.jsonl\" || echo 'nothing written'; (exit $s)")
+  else()
+    # built without the sentencepiece library: a DeBERTa NLI directory is refused, saying how to get it
+    dea_cli_test(oracle_deberta_unavailable dea_cli 2 "built without the sentencepiece library.*libsentencepiece-dev"
+                 oracle --nli ${dea_od}/nli --embedder ${dea_or}/oracle_sim --pairs ${dea_od}/pairs.jsonl
+                 --out ${dea_or_tmp}_deberta_unavailable.jsonl)
+  endif()
+  dea_cli_test(oracle_nli_tokenizer_bert dea_cli 2 "--nli_tokenizer slow: --nli '.*oracle_nli' is a BERT model"
+               oracle --nli ${dea_or}/oracle_nli --embedder ${dea_or}/oracle_sim --pairs ${dea_od}/pairs.jsonl
+               --out ${dea_or_tmp}_bert_slow.jsonl --nli_tokenizer slow)
+  dea_cli_test(oracle_nli_tokenizer_bad dea_cli 2 "--nli_tokenizer: expected fast or slow, got 'medium'"
+               oracle --nli a --embedder b --pairs p --out o --nli_tokenizer medium)
   # B27: a pairs file with a missing field, invalid JSON, invalid UTF-8
   dea_cli_sh(oracle_pairs_missing_field dea_cli 2 "p.jsonl:2: missing field \"hypothesis\".*nothing written"
              "d=${dea_or_tmp}_field; rm -rf \"$d\" && mkdir -p \"$d\" && \

@@ -170,7 +170,7 @@ TEST_CASE("spm: the golden oracle's NLI pairs, fast at max_length 256 as the ora
   // the oracle's directory: spm_nfkc.model with the tokenizer files of tests/data/deberta/spm/dir
   const auto d = deberta_dir("oracle");
   const SpmTokenizer fast(d.string(), SpmMode::fast), slow(d.string(), SpmMode::slow);
-  std::ifstream in(kSpm + "/oracle_expected.jsonl");
+  std::ifstream in(std::string(DEA_TEST_DATA_DIR) + "/deberta/oracle/expected.jsonl");
   std::string line;
   int pairs = 0, longer = 0, slow_same = 0;
   while (std::getline(in, line)) {

@@ -1,10 +1,11 @@
 // dea oracle: the oracle alpha of every pair of a pairs file, from two local Hugging Face model directories (an NLI
-// cross-encoder and a sentence embedder, both BERT-architecture), written as an alpha cache (docs/bert.md, "The NLI
-// oracle"; the library side is include/dea/oracle/nli_oracle.hpp and oracle_run.hpp).
+// cross-encoder, BERT-architecture or DeBERTa-v2/v3, and a BERT-architecture sentence embedder), written as an alpha
+// cache (docs/bert.md, "The NLI oracle"; docs/deberta.md; the library side is include/dea/oracle/nli_oracle.hpp and
+// oracle_run.hpp).
 //
 //   dea oracle --nli DIR --embedder DIR --pairs PAIRS.jsonl --out CACHE.jsonl [--calibrate LABELS.jsonl]
 //              [--batch_size N] [--threads N] [--float | --double] [--precision fp32|bf16] [--nli_max_length N]
-//              [--sim_max_length N] [--quiet]
+//              [--sim_max_length N] [--nli_tokenizer fast|slow] [--quiet]
 //
 // Input lines {"premise", "hypothesis"} or {"q_text", "k_text"}; output lines {the pair, "alpha", "alpha_raw", "phi",
 // "sim"} in the input's order (oracle/files.hpp). An interrupted run continues when started again with the same
@@ -54,6 +55,7 @@ struct Settings {
   int threads = 0;
   bool use_double = false, quiet = false;
   std::string precision = "fp32";
+  std::string nli_tokenizer;  ///< "" (not given: fast), "fast" or "slow"; DeBERTa cross-encoders only
 };
 
 bool stderr_is_tty() {
@@ -86,6 +88,7 @@ int run(const Settings& s) {
   opt.nli_max_length = s.nli_max_length;
   opt.sim_max_length = s.sim_max_length;
   opt.precision = s.precision == "bf16" ? Precision::bf16 : Precision::fp32;
+  opt.nli_tokenizer = s.nli_tokenizer == "slow" ? text::SpmMode::slow : text::SpmMode::fast;
   std::optional<bert::NliOracle<S>> oracle;
   bert::OracleResume resume;
   try {
@@ -93,9 +96,15 @@ int run(const Settings& s) {
     pairs = io::read_oracle_pairs(s.pairs);
     if (!s.calibrate.empty()) labels = io::read_oracle_labels(s.calibrate);
     oracle.emplace(bert::NliOracle<S>::load(s.nli, s.embedder, opt));
+    if (!s.nli_tokenizer.empty() && !oracle->nli_is_deberta())
+      ::dea::detail::raise(::dea::detail::concat("--nli_tokenizer ", s.nli_tokenizer, ": --nli '", s.nli,
+                                                 "' is a BERT model, whose one tokenizer is its vocab.txt (the flag "
+                                                 "chooses the mode of a DeBERTa model's spm.model)"));
     if (!s.quiet)
-      fmt::print(stderr, "dea oracle: NLI model '{}' (entailment: label {} \"{}\"), embedder '{}'; {} pairs, {}, {} "
-                 "thread(s)\n", s.nli, oracle->entailment_index(), oracle->entailment_label(), s.embedder, pairs.size(),
+      fmt::print(stderr, "dea oracle: NLI model '{}' ({}; entailment: label {} \"{}\"), embedder '{}'; {} pairs, {}, {} "
+                 "thread(s)\n", s.nli, oracle->nli_is_deberta() ? fmt::format("DeBERTa, {} tokenizer",
+                 text::to_string(opt.nli_tokenizer)) : std::string("BERT"), oracle->entailment_index(),
+                 oracle->entailment_label(), s.embedder, pairs.size(),
                  s.use_double ? "double" : s.precision == "bf16" ? "float, bf16 products" : "float", num_threads());
     if (!labels.empty()) {
       std::vector<bert::TextPair> lp;
@@ -168,8 +177,10 @@ int dea_oracle(int argc, char** argv) {
                   "of an NLI cross-encoder on [CLS] q [SEP] k [SEP] (premise = q_text, hypothesis = k_text), sim = the\n"
                   "cosine of a sentence embedder's mean-pooled embeddings of q and k, alpha_raw = sigmoid(phi - 0.3 sim),\n"
                   "alpha = clamp(alpha_raw, 0, 0.95) or its isotonic calibration. Both models are local Hugging Face\n"
-                  "BERT directories (config.json, model.safetensors, vocab.txt). Input lines {\"premise\", \"hypothesis\"}\n"
-                  "or {\"q_text\", \"k_text\"}; output lines: the pair, alpha, alpha_raw, phi, sim, in the input's order.\n"
+                  "directories: the NLI model a BERT one (config.json, model.safetensors, vocab.txt) or a DeBERTa-v2/v3\n"
+                  "one (config.json with model_type deberta-v2, model.safetensors, spm.model), the embedder a BERT one.\n"
+                  "Input lines {\"premise\", \"hypothesis\"} or {\"q_text\", \"k_text\"}; output lines: the pair, alpha,\n"
+                  "alpha_raw, phi, sim, in the input's order.\n"
                   "Records are appended batch by batch; run the same command again after an interruption and it goes\n"
                   "on from the records on disk (checked against the pairs and the models first).\n"
                   "Exit status: 0 done, 1 the run failed (what is on disk is kept), 2 bad flags or a bad file.");
@@ -180,7 +191,8 @@ int dea_oracle(int argc, char** argv) {
       field = v;
     });
   };
-  required("nli", s.nli, "DIR", "the NLI cross-encoder's model directory (BertForSequenceClassification; required)");
+  required("nli", s.nli, "DIR", "the NLI cross-encoder's model directory (BertForSequenceClassification or "
+           "DebertaV2ForSequenceClassification; required)");
   required("embedder", s.embedder, "DIR", "the sentence embedder's model directory (BertModel; required)");
   required("pairs", s.pairs, "PAIRS.jsonl", "the pairs, one JSON object per line (required)");
   required("out", s.out, "CACHE.jsonl", "the alpha cache to write or to continue (required)");
@@ -194,6 +206,12 @@ int dea_oracle(int argc, char** argv) {
             "float only: bf16 runs the models' matrix products on bf16 operands with float accumulation");
   fs.integer("nli_max_length", s.nli_max_length, 3, 1 << 20, "tokens of [CLS] q [SEP] k [SEP] (longest_first truncation)");
   fs.integer("sim_max_length", s.sim_max_length, 2, 1 << 20, "tokens of [CLS] t [SEP] for the embedder");
+  fs.custom("nli_tokenizer", "fast|slow", "fast", "", "a DeBERTa NLI model's tokenizer: fast is what the reference's "
+            "AutoTokenizer runs, slow the sentencepiece library's own encoding (refused for a BERT model)",
+            [&s](const std::string& flag, const std::string& v) {
+              if (v != "fast" && v != "slow") cli::bad_value(flag, v, "fast or slow");
+              s.nli_tokenizer = v;
+            });
   fs.toggle("quiet", s.quiet, "no progress lines on standard error");
   try {
     const auto p = fs.parse(std::vector<std::string>(argv + 1, argv + argc));

@@ -1,5 +1,6 @@
 // dea/oracle/nli_oracle.hpp: the oracle alpha of the DEA reference (data.py precompute_oracle_alpha; docs/bert.md,
-// the NLI oracle) computed from two frozen BERT-architecture models: an NLI cross-encoder and a sentence embedder.
+// the NLI oracle) computed from two frozen models: an NLI cross-encoder, BERT-architecture (WordPiece) or
+// DeBERTa-v2/v3 (SentencePiece; docs/deberta.md), and a BERT-architecture sentence embedder.
 //
 // For a pair (q_text, k_text):
 //   phi       = NLI logits[entailment index] of premise = q_text, hypothesis = k_text, encoded [CLS] q [SEP] k [SEP]
@@ -11,6 +12,13 @@
 //               fitted on human labels (oracle/isotonic.hpp; calibrate()).
 // The entailment index is the first id, in id2label order, whose label lower-cased contains "entail" (so
 // "not_entailment" counts too, as in the reference).
+//
+// A DeBERTa cross-encoder (load() picks it when the NLI directory's config.json says model_type "deberta-v2", which
+// DeBERTa-v3 checkpoints say too) reads [CLS] q [SEP] k [SEP] from the directory's spm.model with the tokenizer mode
+// of OracleOptions::nli_tokenizer: fast by default, what the reference's AutoTokenizer loads (text/spm_tokenizer.hpp).
+// It gets the token types only when its config has a token-type embedding (v3 has none). Its sequences run through
+// deberta::sequence_logits, which gives each sequence the same logits alone or in any batch. Under the bf16
+// precision its weight products run in bf16 from the float weights.
 //
 // Precision: NliOracle<float> is what the reference computes (float32 models, phi taken as float32 by its
 // `.float()`): phi and sim are the float results, widened exactly to double. NliOracle<double> runs the float64
@@ -51,6 +59,9 @@
 #include "../bert/model.hpp"
 #include "../bert/sentence_embedding.hpp"
 #include "../bert/seq_cls.hpp"
+#include "../deberta/hf_dir.hpp"
+#include "../deberta/seq_cls.hpp"
+#include "../text/spm_tokenizer.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -74,6 +85,9 @@ struct OracleOptions {
   /// The precision of both models' matrix products (NliOracle<float> only): bf16 rounds both operands of every
   /// product to bf16 and accumulates in float (core/parallel.hpp, ScopedPrecision); everything else stays float.
   Precision precision = Precision::fp32;
+  /// The tokenizer mode of a DeBERTa cross-encoder (text/spm_tokenizer.hpp): fast is what the reference's
+  /// AutoTokenizer runs; slow is the sentencepiece library's own encoding. A BERT cross-encoder has one tokenizer.
+  text::SpmMode nli_tokenizer = text::SpmMode::fast;
 };
 
 /// The oracle's numbers for one pair.
@@ -108,6 +122,7 @@ class NliOracle {
 public:
   using Scalar = S;
   using Nli = BertForSequenceClassification<S>;
+  using DebertaNli = deberta::DebertaV2ForSequenceClassification<S>;
   using Embedder = BertModel<S>;
 
   /// An oracle from models and tokenizers already loaded; `nli_name` / `embedder_name` name them in messages.
@@ -116,54 +131,76 @@ public:
       : nli_(std::move(nli)), emb_(std::move(embedder)), nli_tok_(std::move(nli_tokenizer)),
         emb_tok_(std::move(embedder_tokenizer)), opt_(opt), nli_name_(std::move(nli_name)),
         emb_name_(std::move(embedder_name)) {
-    const BertConfig& nc = nli_.config();
-    const BertConfig& ec = emb_.config();
-    check(opt_.precision == Precision::fp32 || std::is_same<S, float>::value,
-          "NliOracle: precision bf16 is a policy of the float oracle (NliOracle<float>), not of double");
-    entail_ = find_entailment_index(nc.id2label, nli_name_ + ": config.json");
-    check(nc.num_labels() >= 2, nli_name_, ": config.json: an NLI model needs at least 2 labels, id2label has ",
-          nc.num_labels());
+    const BertConfig& nc = nli_->config();
     check(nc.type_vocab_size >= 2, nli_name_, ": config.json: type_vocab_size ", nc.type_vocab_size,
           ": a cross-encoder needs token type 1 for the hypothesis");
-    check(opt_.nli_max_length >= 3, "NliOracle: nli_max_length must be >= 3 ([CLS] and two [SEP]), got ",
-          opt_.nli_max_length);
-    check(opt_.sim_max_length >= 2, "NliOracle: sim_max_length must be >= 2 ([CLS] and [SEP]), got ",
-          opt_.sim_max_length);
-    check(static_cast<Index>(opt_.nli_max_length) <= nc.max_position_embeddings, nli_name_, ": nli_max_length ",
-          opt_.nli_max_length, " exceeds its max_position_embeddings (", nc.max_position_embeddings,
-          "): give a max length within the model's positions");
-    check(static_cast<Index>(opt_.sim_max_length) <= ec.max_position_embeddings, emb_name_, ": sim_max_length ",
-          opt_.sim_max_length, " exceeds its max_position_embeddings (", ec.max_position_embeddings,
-          "): give a max length within the model's positions");
-    check(std::isfinite(opt_.gamma_nli), "NliOracle: gamma_nli must be finite, got ", opt_.gamma_nli);
-    check_tokenizer_fits(nli_tok_, nc, nli_name_);
-    check_tokenizer_fits(emb_tok_, ec, emb_name_);
-    // frozen models: no gradient buffers (every Param holds one as large as its value)
-    for (Param<S>* p : nli_.parameters()) p->grad = Vec<S>();
-    for (Param<S>* p : emb_.parameters()) p->grad = Vec<S>();
+    check_common(nc.id2label, nc.max_position_embeddings);
+    check_tokenizer_fits(*nli_tok_, nc, nli_name_);
+    for (Param<S>* p : nli_->parameters()) p->grad = Vec<S>();
   }
 
-  /// Loads both Hugging Face model directories (config.json, model.safetensors, vocab.txt; hf_dir.hpp and
-  /// hf_tokenizer.hpp): `nli_dir` as a BertForSequenceClassification, `embedder_dir` as a BertModel.
+  /// The same with a DeBERTa-v2/v3 cross-encoder and its SentencePiece tokenizer.
+  NliOracle(DebertaNli nli, text::SpmTokenizer nli_tokenizer, Embedder embedder,
+            text::WordPieceTokenizer embedder_tokenizer, OracleOptions opt = {}, std::string nli_name = "the NLI model",
+            std::string embedder_name = "the embedder")
+      : deb_(std::move(nli)), spm_(std::move(nli_tokenizer)), emb_(std::move(embedder)),
+        emb_tok_(std::move(embedder_tokenizer)), opt_(opt), nli_name_(std::move(nli_name)),
+        emb_name_(std::move(embedder_name)) {
+    const deberta::DebertaConfig& nc = deb_->config();
+    check(nc.type_vocab_size == 0 || nc.type_vocab_size >= 2, nli_name_, ": config.json: type_vocab_size ",
+          nc.type_vocab_size, ": a cross-encoder with token types needs type 1 for the hypothesis (0: none)");
+    // only absolute positions bound the length; relative ones are clamped to their buckets
+    check_common(nc.id2label, nc.position_biased_input ? nc.max_position_embeddings : Index(-1));
+    check(spm_->vocab_size() <= static_cast<std::size_t>(nc.vocab_size), nli_name_, ": its tokenizer has ",
+          spm_->vocab_size(), " tokens (pieces and added tokens), more than config.json's vocab_size ",
+          nc.vocab_size, ": the tokenizer is not this model's");
+    for (Param<S>* p : deb_->parameters()) p->grad = Vec<S>();
+  }
+
+  /// Loads both Hugging Face model directories (hf_dir.hpp and hf_tokenizer.hpp; deberta/hf_dir.hpp and
+  /// text/spm_tokenizer.hpp): `nli_dir` as a BertForSequenceClassification (config.json, model.safetensors,
+  /// vocab.txt), or as a DebertaV2ForSequenceClassification (config.json, model.safetensors, spm.model) when its
+  /// config.json says model_type "deberta-v2"; `embedder_dir` as a BertModel.
   static NliOracle load(const std::string& nli_dir, const std::string& embedder_dir, OracleOptions opt = {},
                         HfLoadReport* nli_report = nullptr, HfLoadReport* embedder_report = nullptr) {
+    const std::string nli_name = "NLI model '" + nli_dir + "'", emb_name = "embedder '" + embedder_dir + "'";
+    if (deberta::is_deberta_dir(nli_dir)) {
+      text::SpmTokenizer nt(nli_dir, opt.nli_tokenizer);  // first: it refuses a missing spm.model cheaply
+      deberta::LoadReport report;
+      DebertaNli nli = deberta::load_deberta_for_sequence_classification<S>(nli_dir, &report);
+      if (nli_report) *nli_report = report;
+      Embedder emb = load_bert_model<S>(embedder_dir, embedder_report);
+      text::WordPieceTokenizer et = load_hf_tokenizer(embedder_dir);
+      return NliOracle(std::move(nli), std::move(nt), std::move(emb), std::move(et), opt, nli_name, emb_name);
+    }
     Nli nli = load_bert_for_sequence_classification<S>(nli_dir, nli_report);
     text::WordPieceTokenizer nt = load_hf_tokenizer(nli_dir);
     Embedder emb = load_bert_model<S>(embedder_dir, embedder_report);
     text::WordPieceTokenizer et = load_hf_tokenizer(embedder_dir);
-    return NliOracle(std::move(nli), std::move(nt), std::move(emb), std::move(et), opt,
-                     "NLI model '" + nli_dir + "'", "embedder '" + embedder_dir + "'");
+    return NliOracle(std::move(nli), std::move(nt), std::move(emb), std::move(et), opt, nli_name, emb_name);
   }
 
   const OracleOptions& options() const { return opt_; }
   Index entailment_index() const { return entail_; }
-  const std::string& entailment_label() const { return nli_.config().id2label[static_cast<std::size_t>(entail_)]; }
-  Nli& nli() { return nli_; }
+  const std::string& entailment_label() const { return id2label()[static_cast<std::size_t>(entail_)]; }
+  /// True when the cross-encoder is a DeBERTa model (deberta_nli()), false for a BERT one (nli()).
+  bool nli_is_deberta() const { return deb_.has_value(); }
+  /// The BERT cross-encoder (a dea::Error for a DeBERTa one).
+  Nli& nli() {
+    check(nli_.has_value(), nli_name_, " is a DeBERTa model: NliOracle::deberta_nli() is its model");
+    return *nli_;
+  }
+  /// The DeBERTa cross-encoder (a dea::Error for a BERT one).
+  const DebertaNli& deberta_nli() const {
+    check(deb_.has_value(), nli_name_, " is a BERT model: NliOracle::nli() is its model");
+    return *deb_;
+  }
   Embedder& embedder() { return emb_; }
 
   /// [CLS] q [SEP] k [SEP] with token types, longest_first at nli_max_length: the cross-encoder's input.
   text::Encoding nli_encoding(const std::string& premise, const std::string& hypothesis) const {
-    return nli_tok_.encode_pair(premise, hypothesis, opt_.nli_max_length);
+    return deb_ ? spm_->encode_pair(premise, hypothesis, opt_.nli_max_length)
+                : nli_tok_->encode_pair(premise, hypothesis, opt_.nli_max_length);
   }
   /// [CLS] t [SEP] truncated at sim_max_length: the embedder's input.
   text::Encoding sim_encoding(const std::string& text) const { return emb_tok_.encode_single(text, opt_.sim_max_length); }
@@ -218,11 +255,18 @@ public:
     }
     Work w;
     std::vector<S> phi(n);
-    for_length_groups(nli, rows_batch_invariant(nli_.config()), [&](const std::vector<std::size_t>& idx) {
-      fill_batch(nli, idx, true, w.batch);
-      const SeqClsOutput<S> o = nli_.forward(w.batch, nullptr, false, nullptr, w.nli);
-      for (std::size_t b = 0; b < idx.size(); ++b) phi[idx[b]] = o.logits(Index(b), entail_);
-    });
+    if (deb_) {  // deberta::sequence_logits keeps each sequence's bits in any batch itself
+      for_length_groups(nli, true, [&](const std::vector<std::size_t>& idx) {
+        const Mat<S> logits = deberta_logits(nli, idx);
+        for (std::size_t b = 0; b < idx.size(); ++b) phi[idx[b]] = logits(Index(b), entail_);
+      });
+    } else {
+      for_length_groups(nli, rows_batch_invariant(nli_->config()), [&](const std::vector<std::size_t>& idx) {
+        fill_batch(nli, idx, true, w.batch);
+        const SeqClsOutput<S> o = nli_->forward(w.batch, nullptr, false, nullptr, w.nli);
+        for (std::size_t b = 0; b < idx.size(); ++b) phi[idx[b]] = o.logits(Index(b), entail_);
+      });
+    }
     Mat<S> emb(Index(2 * n), emb_.config().hidden_size);
     for_length_groups(sim, rows_batch_invariant(emb_.config()), [&](const std::vector<std::size_t>& idx) {
       fill_batch(sim, idx, false, w.batch);
@@ -252,9 +296,10 @@ public:
   S entailment_logit(const text::Encoding& e) {
     const ScopedBatchInvariantProducts invariant;
     const ScopedPrecision precision(opt_.precision);
+    if (deb_) return deberta_logits({e}, {0})(0, entail_);
     Work w;
     fill_batch({e}, {0}, true, w.batch);
-    return nli_.forward(w.batch, nullptr, false, nullptr, w.nli).logits(0, entail_);
+    return nli_->forward(w.batch, nullptr, false, nullptr, w.nli).logits(0, entail_);
   }
   /// The normalised sentence embedding [1, H] of one encoded text (B = 1, no padding).
   Mat<S> embedding(const text::Encoding& e) {
@@ -267,6 +312,44 @@ public:
   }
 
 private:
+  const std::vector<std::string>& id2label() const { return deb_ ? deb_->config().id2label : nli_->config().id2label; }
+
+  /// The checks both cross-encoders share; `nli_positions` < 0: the NLI model has no absolute-position limit.
+  void check_common(const std::vector<std::string>& nli_id2label, Index nli_positions) {
+    const BertConfig& ec = emb_.config();
+    check(opt_.precision == Precision::fp32 || std::is_same<S, float>::value,
+          "NliOracle: precision bf16 is a policy of the float oracle (NliOracle<float>), not of double");
+    entail_ = find_entailment_index(nli_id2label, nli_name_ + ": config.json");
+    check(nli_id2label.size() >= 2, nli_name_, ": config.json: an NLI model needs at least 2 labels, id2label has ",
+          nli_id2label.size());
+    check(opt_.nli_max_length >= 3, "NliOracle: nli_max_length must be >= 3 ([CLS] and two [SEP]), got ",
+          opt_.nli_max_length);
+    check(opt_.sim_max_length >= 2, "NliOracle: sim_max_length must be >= 2 ([CLS] and [SEP]), got ",
+          opt_.sim_max_length);
+    check(nli_positions < 0 || static_cast<Index>(opt_.nli_max_length) <= nli_positions, nli_name_,
+          ": nli_max_length ", opt_.nli_max_length, " exceeds its max_position_embeddings (", nli_positions,
+          "): give a max length within the model's positions");
+    check(static_cast<Index>(opt_.sim_max_length) <= ec.max_position_embeddings, emb_name_, ": sim_max_length ",
+          opt_.sim_max_length, " exceeds its max_position_embeddings (", ec.max_position_embeddings,
+          "): give a max length within the model's positions");
+    check(std::isfinite(opt_.gamma_nli), "NliOracle: gamma_nli must be finite, got ", opt_.gamma_nli);
+    check_tokenizer_fits(emb_tok_, ec, emb_name_);
+    // frozen models: no gradient buffers (every Param holds one as large as its value)
+    for (Param<S>* p : emb_.parameters()) p->grad = Vec<S>();
+  }
+
+  /// The DeBERTa cross-encoder's logits [idx.size(), labels] of the encodings enc[idx[..]], all of one length (token
+  /// types only for a model with a token-type embedding).
+  Mat<S> deberta_logits(const std::vector<text::Encoding>& enc, const std::vector<std::size_t>& idx) const {
+    std::vector<std::vector<std::int64_t>> ids, types;
+    const bool with_types = deb_->config().type_vocab_size > 0;
+    for (std::size_t i : idx) {
+      ids.push_back(enc[i].input_ids);
+      if (with_types) types.push_back(enc[i].token_type_ids);
+    }
+    return deberta::sequence_logits(*deb_, ids, types);
+  }
+
   /// The buffers of a forward: the batch and both models' caches.
   struct Work {
     BertBatch<S> batch;
@@ -316,9 +399,12 @@ private:
     b.attention_mask = Tensor<std::uint8_t>();  // absent: every token is real (no padding)
   }
 
-  Nli nli_;
+  std::optional<Nli> nli_;                          // the BERT cross-encoder, or
+  std::optional<DebertaNli> deb_;                   // the DeBERTa one
+  std::optional<text::SpmTokenizer> spm_;           // the DeBERTa one's tokenizer
   Embedder emb_;
-  text::WordPieceTokenizer nli_tok_, emb_tok_;
+  std::optional<text::WordPieceTokenizer> nli_tok_;  // the BERT one's tokenizer
+  text::WordPieceTokenizer emb_tok_;
   OracleOptions opt_;
   std::string nli_name_, emb_name_;
   Index entail_ = 0;
