@@ -63,7 +63,8 @@ inline text::WordPieceTokenizer load_hf_tokenizer(const std::string& dir) {
   if (!fs::is_regular_file(vocab, ec)) {
     for (const char* spm : {"spm.model", "sentencepiece.bpe.model", "tokenizer.model"})
       check(!fs::exists(d / spm, ec), what, " holds a SentencePiece model (", spm, ") and no vocab.txt: its tokenizer "
-            "is not BERT's WordPiece, which is the only one this library reads");
+            "is not BERT's WordPiece (a DeBERTa-v2/v3 directory's is read by text::SpmTokenizer, and dea oracle --nli "
+            "takes such a directory)");
     check(!fs::exists(d / "tokenizer.json", ec), what, " holds tokenizer.json but no vocab.txt: write the WordPiece "
           "vocabulary out (tokenizer.save_pretrained writes vocab.txt for a BERT tokenizer)");
     ::dea::detail::raise(::dea::detail::concat(what, " has no vocab.txt (expected '", vocab.string(), "')"));
