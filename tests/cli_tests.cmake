@@ -237,8 +237,8 @@ test -e \"$d/r.safetensors\" || echo absent; (exit $s)")
   dea_cli_sh(interop_deberta_p2p dea_cli 2 "config.json.*pos_att_type: the position term \"p2p\" is not supported.*absent"
              "${dea_deb_edit}" ${dea_deb_bad}_p2p "s/\"c2p\"$/\"c2p\", \"p2p\"/")
   dea_cli_sh(interop_deberta_bad_buckets dea_cli 2
-             "config.json.*position_buckets \\(256\\) does not fit the relative range.*absent"
-             "${dea_deb_edit}" ${dea_deb_bad}_buckets "s/\"position_buckets\": 64/\"position_buckets\": 256/")
+             "config.json.*position_buckets \\(254\\) does not fit the relative range.*absent"
+             "${dea_deb_edit}" ${dea_deb_bad}_buckets "s/\"position_buckets\": 64/\"position_buckets\": 254/")
   dea_cli_sh(interop_deberta_heads dea_cli 2
              "config.json.*hidden_size \\(32\\) must be divisible by num_attention_heads \\(5\\).*absent"
              "${dea_deb_edit}" ${dea_deb_bad}_heads "s/\"num_attention_heads\": 4/\"num_attention_heads\": 5/")

@@ -524,8 +524,8 @@ TEST_CASE("bad input B50-B52 DeBERTa config.json in a model directory: Error nam
   expect([](nlohmann::json& j) { j["talking_head"] = true; }, "talking_head: talking-heads attention is not supported");
   expect([](nlohmann::json& j) { j["pos_att_type"] = "p2c|c2p|p2p"; },
          "pos_att_type: the position term \"p2p\" is not supported");
-  expect([](nlohmann::json& j) { j["position_buckets"] = 256; },
-         "position_buckets (256) does not fit the relative range");
+  expect([](nlohmann::json& j) { j["position_buckets"] = 254; },
+         "position_buckets (254) does not fit the relative range: half of it (127) equals max_relative_positions - 1");
   expect([](nlohmann::json& j) { j["position_buckets"] = 1; }, "position_buckets (1) must be at least 2");
   expect([](nlohmann::json& j) { j["hidden_size"] = 30; }, "hidden_size (30) must be divisible by num_attention_heads (4)");
   expect([](nlohmann::json& j) { j["attention_head_size"] = 16; }, "attention_head_size: 16 is not supported");

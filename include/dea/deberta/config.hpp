@@ -6,9 +6,10 @@
 // assumed to be v3. Fields that change the computation in a way this library does not implement are refused by
 // name: a convolution block (conv_kernel_size > 0), talking heads, a position term other than c2p / p2c, an
 // attention_head_size other than hidden_size / num_attention_heads, a pooler narrower or wider than the hidden
-// size. Log buckets whose exact range does not fit under the relative range (position_buckets / 2 >=
-// max_relative_positions - 1) are refused too: the bucket formula divides by log((R - 1) / m) there. Every error
-// is a dea::Error naming the file and the field.
+// size. Log buckets for which the bucket formula is undefined are refused too: fewer than 2 buckets (m =
+// position_buckets / 2 = 0), or m = R - 1 with R the relative range (the formula divides by log((R - 1) / m) = 0).
+// (m > R - 1 is defined, if odd: the buckets beyond m then shrink; the reference computes it, and so does this
+// library.) Every error is a dea::Error naming the file and the field.
 //
 // This header needs nlohmann_json (as io/ and bert/config.hpp do).
 #pragma once
@@ -138,9 +139,10 @@ struct DebertaConfig {
     if (relative_attention && position_buckets > 0) {
       const Index m = position_buckets / 2, R = relative_range();
       check(m >= 1, source, ": position_buckets (", position_buckets, ") must be at least 2 (or <= 0 for no buckets)");
-      check(m < R - 1, source, ": position_buckets (", position_buckets, ") does not fit the relative range: half of "
-            "it (", m, ") must be below max_relative_positions - 1 (", R - 1,
-            max_relative_positions >= 1 ? "" : ", max_relative_positions < 1 means max_position_embeddings", ")");
+      check(m != R - 1, source, ": position_buckets (", position_buckets, ") does not fit the relative range: half "
+            "of it (", m, ") equals max_relative_positions - 1 (", R - 1,
+            max_relative_positions >= 1 ? "" : ", max_relative_positions < 1 means max_position_embeddings",
+            "), where the bucket formula divides by log((R - 1) / m) = 0");
     }
     check(embedding_size == -1 || (embedding_size >= 1 && embedding_size <= kMaxHidden), source,
           ": embedding_size: expected an integer in [1, ", kMaxHidden, "], got ", embedding_size);

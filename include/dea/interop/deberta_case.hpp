@@ -117,9 +117,9 @@ SafeTensors run_deberta_model_case(const SafeTensors& cs) {
 inline SafeTensors run_bucket_table_case(const SafeTensors& cs) {
   const std::int64_t k = detail::metadata_int(cs, "position_buckets");
   const std::int64_t R = detail::metadata_int(cs, "max_relative_positions");
-  check(k >= 2 && R >= 1 && k / 2 < R - 1 && R <= deberta::DebertaConfig::kMaxPositions, cs.source(),
+  check(k >= 2 && R >= 1 && k / 2 != R - 1 && R <= deberta::DebertaConfig::kMaxPositions, cs.source(),
         ": metadata position_buckets = ", k, ", max_relative_positions = ", R, ": expected position_buckets >= 2 "
-        "with half of it below max_relative_positions - 1");
+        "with half of it other than max_relative_positions - 1");
   const std::int64_t S = k;  // the attention span with buckets
   SafeTensors res;
   auto buckets = [&](const std::string& in, const std::string& out, const char* rows) {
