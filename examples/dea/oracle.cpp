@@ -97,6 +97,9 @@ int run(const Settings& s) {
       fmt::print(stderr, "dea oracle: NLI model '{}' (entailment: label {} \"{}\"), embedder '{}'; {} pairs, {}, {} "
                  "thread(s)\n", s.nli, oracle->entailment_index(), oracle->entailment_label(), s.embedder, pairs.size(),
                  s.use_double ? "double" : s.precision == "bf16" ? "float, bf16 products" : "float", num_threads());
+    if (!s.quiet)
+      fmt::print(stderr, "dea oracle: model weights {:.1f} MiB{}\n", double(oracle->weight_bytes()) / (1024.0 * 1024.0),
+                 s.precision == "bf16" ? " (the product weights stored as bf16)" : "");
     if (!labels.empty()) {
       std::vector<bert::TextPair> lp;
       std::vector<double> human;
