@@ -167,7 +167,7 @@ public:
   }
 
   /// x [B*T, H] -> the merged context [B*T, H] (B = in.batch(), T = in.q_len()). Reads the key mask, training and
-  /// rng of `in`. Fills the cache (it keeps a copy of x).
+  /// rng of `in`. Fills the cache (it keeps a copy of x, except with bf16 weights).
   Mat<S> forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& c) const;
 
   /// dctx [B*T, H] -> dx [B*T, H]. ADDS into the six parameter gradients; only the work buffers change.

@@ -203,6 +203,23 @@ public:
     return true;
   }
 
+  /// True when `name` is the weight of one of the model's matrix products (the tensors that may be bound as bf16):
+  /// layers.<i>.attn.W_q/W_k/W_v/W_o.weight, layers.<i>.ff.0.weight, layers.<i>.ff.3.weight, cls_head.0.weight,
+  /// cls_head.3.weight.
+  static bool is_product_weight(const char* name) {
+    if (std::strcmp(name, model_tensor_name(kCls0W)) == 0 || std::strcmp(name, model_tensor_name(kCls3W)) == 0)
+      return true;
+    if (std::strncmp(name, "layers.", 7) != 0) return false;
+    const char* p = name + 7;
+    const char* digits = p;
+    while (*p >= '0' && *p <= '9') ++p;
+    if (p == digits || *p != '.') return false;
+    ++p;
+    for (int k : {kWq, kWk, kWv, kWo, kFf0W, kFf3W})
+      if (std::strcmp(p, layer_tensor_name(k)) == 0) return true;
+    return false;
+  }
+
   /// True when some product weight is bound as bf16 (forward then runs every product in bf16).
   bool has_bf16_weights() const { return bf16_bound_ > 0; }
 
