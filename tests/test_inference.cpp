@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 // (the file in a namespace of its own: a test program compiles several test files as one translation unit)
@@ -320,7 +321,14 @@ TEST_CASE("InferenceModel: bf16 weights take 2 bytes each; only product weights,
   const std::int64_t ids[4] = {1, 2, 3, 4};
   REQUIRE_THROWS_WITH(inf.forward(ids, 1, 4), Catch::Contains("no room for the bf16 products"));
   inf.reserve(1, 4);
-  const Mat<float> a = inf.forward(ids, 1, 4);
+  // on a fresh thread (whose own bf16 buffers are empty), forward leaves them empty: its products used the workspace
+  bool heap_untouched = false;
+  Mat<float> a;
+  std::thread([&] {
+    a = inf.forward(ids, 1, 4);
+    heap_untouched = ops::packed::bf16_detail::a_scratch().p == nullptr && ops::packed::bf16_detail::b_scratch().p == nullptr;
+  }).join();
+  CHECK(heap_untouched);
   CHECK(a.allFinite());
   // binding the float tensor again returns the model to float products
   for (Param<float>* q : model.parameters())
