@@ -256,6 +256,7 @@ __attribute__((target("avx512f,avx512bf16"))) void tile_instruction(const TileAr
     }
   }
   store_tile(acc, x);
+  _mm256_zeroupper();  // (leave no dirty upper register halves to the caller's SSE code)
 }
 
 /// The same chains with AVX-512F fused multiply-adds: each pair's odd element first, denormals flushed by the
@@ -289,6 +290,7 @@ __attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
   }
   _mm_setcsr(csr);
   store_tile(acc, x);
+  _mm256_zeroupper();  // (leave no dirty upper register halves to the caller's SSE code)
 }
 
 /// The same chains with AVX2 fused multiply-adds (CPUs without AVX-512): the tile in four strips of 8 columns, each
@@ -322,6 +324,7 @@ __attribute__((target("avx2,fma"))) void tile_emulated_avx2(const TileArgs& x) {
   }
   _mm_setcsr(csr);
   write_tile(t, x);
+  _mm256_zeroupper();  // (leave no dirty upper register halves to the caller's SSE code)
 }
 
 /// Few rows (R <= 4, A read in place): R rows against NP panels at once (2 R NP <= 24 accumulators), so that a
@@ -363,6 +366,7 @@ __attribute__((target("avx512f,avx512bf16"))) void wide_instruction(const TileAr
     y.bias = x.bias ? x.bias + t * NR : nullptr;
     write_tile(t_, y);
   }
+  _mm256_zeroupper();  // (leave no dirty upper register halves to the caller's SSE code)
 }
 
 /// The CPU's features, read once.
