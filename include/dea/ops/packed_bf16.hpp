@@ -609,7 +609,8 @@ constexpr Bf16BufferSize bf16_buffer_size(Index M, Index N, Index K) {
   if (M <= 0 || N <= 0 || K <= 0) return Bf16BufferSize{};
   const Index kb = k_block_bf16(K), nblk = (K + kb - 1) / kb, half = kb / 2;
   const Index P = (nblk - 1) * half + (K - (nblk - 1) * kb + 1) / 2;
-  return Bf16BufferSize{M * P, 2 * half * bf16_detail::n_block(K, N)};  // (two B blocks: the team double-buffers)
+  const Index nc = bf16_detail::n_block(K, N), blocks = (N + nc - 1) / nc * nblk;
+  return Bf16BufferSize{M * P, (blocks > 1 ? 2 : 1) * half * nc};  // (two B blocks when a team double-buffers)
 }
 
 /// While alive, the bf16 products of the calling thread whose A is row-major take their buffers from the caller's
