@@ -17,8 +17,11 @@
 // Each line: mode, threads, pairs, tokens, seconds (median of 3 rounds over --pairs pairs after --warmup pairs),
 // pairs/s, the matrix-product GFLOP/s of the NLI forward (2 · params-in-layers · tokens + attention), the same-run
 // yardstick (the layer's largest product, [T, 768] x [768, 3072], one per thread on all threads at once) and the
-// forward's fraction of it, the peak and the current RSS (the models are built with gradient buffers, which the
-// oracle releases) and the load average. Progress goes to stderr.
+// forward's fraction of it, the bytes of the two models' weights as the oracle holds them (weight_mb: float values, or
+// with --precision bf16 the product weights stored once as bf16), the peak and the current RSS (the models are built
+// in float with gradient buffers, which the oracle releases, and with bf16 replaces their product weights by bf16
+// copies: the peak is the build's, the current RSS what the oracle keeps) and the load average. Progress goes to
+// stderr.
 #include <dea/oracle/nli_oracle.hpp>
 #include <dea/core/parallel.hpp>
 #include <dea/ops/linear.hpp>
@@ -140,7 +143,7 @@ int run(const std::vector<std::int64_t>& threads, int n_pairs, int warmup, int t
           return;
         }
         // phi alone, as NliOracle::score computes it: the pairs (all of one length) in one forward on all threads,
-        // with batch-invariant products and the oracle's product precision
+        // with batch-invariant products and the oracle's product precision (and its weights, bf16 with bf16)
         const ScopedBatchInvariantProducts invariant;
         const ScopedPrecision product_precision(oracle.options().precision);
         const Index n = Index(ps.size());
@@ -185,6 +188,7 @@ int run(const std::vector<std::int64_t>& threads, int n_pairs, int warmup, int t
         j["gemm_gflops"] = gemm;
         j["fraction_of_gemm"] = flops * double(n_pairs) / med * 1e-9 / gemm;
       }
+      j["weight_mb"] = double(oracle.weight_bytes()) / (1024.0 * 1024.0);
       j["peak_rss_mb"] = bench_util::peak_rss_mb();
       j["rss_mb"] = rss_now_mb();
       j["load_before"] = load0;

@@ -6,6 +6,7 @@
 #include <dea/core/files.hpp>
 #include <dea/io/safetensors.hpp>
 #include <dea/lm/model.hpp>
+#include <dea/nn/inference.hpp>
 #include <dea/nn/transformer.hpp>
 
 #include <sys/wait.h>
@@ -145,7 +146,8 @@ TEST_CASE("dea_export_c --safetensors --type bf16 writes a checkpoint's paramete
   st.save((dir / "checkpoint.safetensors").string());
 
   const std::string out = (dir / "weights_bf16.safetensors").string();
-  CHECK(run_export((dir / "checkpoint.safetensors").string() + " " + (dir / "x.hpp").string() + " --type bf16") == 2);
+  CHECK(run_export((dir / "checkpoint.safetensors").string() + " " + (dir / "x.hpp").string() + " --type bf16 --all") ==
+        2);  // (a header takes bf16 for a model's product weights only)
   REQUIRE(run_export((dir / "checkpoint.safetensors").string() + " " + out + " --safetensors --type bf16") == 0);
   const io::SafeTensors back = io::SafeTensors::load(out);
   CHECK_FALSE(back.has("optim.exp_avg.embed_tokens.weight"));
@@ -186,6 +188,51 @@ TEST_CASE("dea_export_c --safetensors --type bf16 writes a checkpoint's paramete
   const io::SafeTensors f = io::SafeTensors::load(again);
   CHECK(f.dtype("norm.weight") == io::DType::F32);
   CHECK(f.get<float>("embed_tokens.weight")[1] == 1.0f + std::ldexp(1.0f, -6));
+}
+
+TEST_CASE("dea_export_c --type bf16 writes a model header's product weights as bf16 bits, the rest as float",
+          "[export][bf16]") {
+  nn::ModelConfig mc;
+  mc.vocab_size = 23;
+  mc.d_model = 8;
+  mc.n_heads = 2;
+  mc.n_layers = 2;
+  mc.d_ff = 12;
+  mc.max_len = 10;
+  mc.n_classes = 3;
+  Rng rng(2);
+  nn::TransformerModel<float> model(mc, rng);
+  const std::filesystem::path dir = fresh_dir("export_test_header_bf16");
+  io::SafeTensors st;
+  io::put_parameters(st, model.parameters(), io::DType::F32);
+  st.save((dir / "checkpoint.safetensors").string());
+  const std::string out = (dir / "weights.hpp").string();
+  REQUIRE(run_export((dir / "checkpoint.safetensors").string() + " " + out + " --max_len 10 --task cls --type bf16") ==
+          0);
+  const std::string text = dea::read_file(out);
+  CHECK(text.find("model.bind(t.name, static_cast<const dea::bf16*>(t.data)") != std::string::npos);
+  Index products = 0, others = 0;
+  for (const Param<float>* p : model.parameters()) {
+    INFO(p->name);
+    const std::vector<std::string> toks = array_tokens(text, p->name, shape_str(p->shape));
+    REQUIRE(static_cast<Index>(toks.size()) == p->numel());
+    const bool product = nn::InferenceModel<float>::is_product_weight(p->name.c_str());
+    CHECK(text.find("constexpr " + std::string(product ? "dea::bf16 " : "float ")) != std::string::npos);
+    for (Index k = 0; k < p->numel(); ++k) {
+      const std::string& t = toks[static_cast<std::size_t>(k)];
+      if (product) {  // {0xhhhh}: the bits of the value rounded to nearest even
+        REQUIRE(t.size() == 8);
+        CHECK(std::strtoul(t.substr(1, 6).c_str(), nullptr, 16) == to_bf16(p->value[k]).bits);
+      } else {
+        REQUIRE(t.back() == 'f');
+        const float v = std::strtof(t.c_str(), nullptr);
+        CHECK(std::memcmp(&v, &p->value[k], sizeof v) == 0);
+      }
+    }
+    (product ? products : others) += 1;
+  }
+  CHECK(products == 2 * 6 + 2);  // per layer W_q, W_k, W_v, W_o, ff.0, ff.3; the cls head's two weights
+  CHECK(others > 0);
 }
 
 TEST_CASE("dea_export_c --all writes any file's tensors and metadata; bad input is refused", "[export]") {

@@ -6,6 +6,9 @@
 #include <dea/nn/transformer.hpp>
 
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
 #include <vector>
 
 // (the file in a namespace of its own: a test program compiles several test files as one translation unit)
@@ -219,6 +222,121 @@ TEST_CASE("InferenceModel: a mask is 'non-zero = real'; padded tokens do not rea
   CHECK(changed.row(0) == base.row(0));  // padded keys are masked for every query, and position 0 is pooled
   // without the mask the padded tokens are keys like any other
   CHECK(inference_logits(inf, b, false, false).row(0) != base.row(0));
+}
+
+namespace {
+
+/// True for the weights of the model's matrix products (the tensors InferenceModel takes as bf16).
+bool product_weight(const std::string& n) {
+  for (const char* end : {"attn.W_q.weight", "attn.W_k.weight", "attn.W_v.weight", "attn.W_o.weight", "ff.0.weight",
+                          "ff.3.weight"})
+    if (n.size() > std::strlen(end) && n.compare(n.size() - std::strlen(end), std::strlen(end), end) == 0) return true;
+  return n == "cls_head.0.weight" || n == "cls_head.3.weight";
+}
+
+}  // namespace
+
+TEST_CASE("InferenceModel with bf16 product weights: the bits of TransformerModel under bf16 products",
+          "[inference][bf16]") {
+  for (nn::Task task : {nn::Task::cls, nn::Task::mlm}) {
+    // (D 36, d_ff 76: inner dimensions that are not multiples of the register panel)
+    for (Index D : {Index(32), Index(36)}) {
+      const nn::ModelConfig mc = small_config(task, D, 4, 2);
+      Rng rng(21);
+      nn::TransformerModel<float> model(mc, rng);
+      perturb(model, rng);
+      // the product weights rounded to bf16 (kept here, read in place), everything else bound as float
+      std::vector<std::vector<bf16>> arrays;
+      nn::InferenceModel<float> inf(nn::InferenceConfig::from(mc));
+      std::size_t product_values = 0;
+      for (Param<float>* p : model.parameters()) {
+        if (!inf.bind(p->name.c_str(), p->value.data(), p->numel())) continue;  // (the tied mlm_head.weight)
+        if (!product_weight(p->name)) continue;
+        arrays.emplace_back(std::size_t(p->numel()));
+        for (Index k = 0; k < p->numel(); ++k) arrays.back()[std::size_t(k)] = to_bf16(p->value[k]);
+        CHECK(inf.bind(p->name.c_str(), arrays.back().data(), p->numel()));
+        product_values += std::size_t(p->numel());
+      }
+      inf.check_bound();
+      REQUIRE(inf.has_bf16_weights());
+      CHECK(product_values > 0);
+      inf.reserve(4, 13);
+      Index cases = 0, bitwise = 0, differs = 0;
+      for (int t : {1, 2}) {
+        set_num_threads(t);
+        for (const auto& bt : std::vector<std::pair<Index, Index>>{{4, 13}, {1, 1}, {3, 7}}) {
+          const Batch b = make_batch(bt.first, bt.second, mc.vocab_size, rng, true);
+          for (int variant = 0; variant < 2; ++variant) {
+            const bool with_mask = variant == 1, with_types = variant == 1;
+            Mat<float> want;
+            {
+              const ScopedPrecision bf16_products(Precision::bf16);
+              want = model_logits(model, b, with_mask, with_types);
+            }
+            const Mat<float> fp32 = model_logits(model, b, with_mask, with_types);
+            const Mat<float> got = inference_logits(inf, b, with_mask, with_types);  // no scope: the bf16 weights
+            INFO(nn::to_string(task) << " D " << D << " threads " << t << " B " << b.B << " T " << b.T);
+            bitwise += got == want;
+            differs += got != fp32;
+            ++cases;
+          }
+        }
+      }
+      set_num_threads(2);
+      INFO(nn::to_string(task) << " D " << D << ": " << bitwise << " of " << cases << " cases bitwise identical");
+      CHECK(bitwise == cases);
+      CHECK(differs > 0);  // the products did run in bf16
+    }
+  }
+}
+
+TEST_CASE("InferenceModel: bf16 weights take 2 bytes each; only product weights, float models", "[inference][bf16]") {
+  const nn::ModelConfig mc = small_config(nn::Task::cls, 16, 2, 2);
+  const nn::InferenceConfig cfg = nn::InferenceConfig::from(mc);
+  Rng rng(22);
+  nn::TransformerModel<float> model(mc, rng);
+  nn::InferenceModel<float> inf(cfg);
+  inf.bind_parameters(model);
+  const std::size_t float_bytes = inf.parameter_bytes();
+  CHECK(float_bytes == std::size_t(inf.parameter_count()) * sizeof(float));
+  std::vector<bf16> w(16 * 16);
+  CHECK(inf.bind("layers.0.attn.W_q.weight", w.data(), 256));
+  CHECK(inf.parameter_bytes() == float_bytes - 256 * 2);
+  CHECK(inf.has_bf16_weights());
+  CHECK_FALSE(inf.bind("layers.0.attn.W_x", w.data(), 1));
+  REQUIRE_THROWS_WITH(inf.bind("layers.0.ln1.weight", w.data(), 16),
+                      Catch::Contains("layers.0.ln1.weight") && Catch::Contains("stays float"));
+  REQUIRE_THROWS_WITH(inf.bind("layers.0.attn.W_k.weight", w.data(), 100), Catch::Contains("expected 256 values"));
+  // a workspace sized without the bf16 buffers is refused by name; one sized with them (constexpr: a static array
+  // can hold it) works
+  static_assert(nn::InferenceModel<float>::workspace_size(nn::InferenceConfig{29, 16, 2, 2, 36, 16, 3, nn::Task::cls},
+                                                          2, 16, /*bf16*/ true) >
+                    nn::InferenceModel<float>::workspace_size(nn::InferenceConfig{29, 16, 2, 2, 36, 16, 3, nn::Task::cls},
+                                                              2, 16),
+                "the bf16 buffers take room");
+  std::vector<float> plain(std::size_t(nn::InferenceModel<float>::workspace_size(cfg, 1, 4)) + 64);
+  float* p = plain.data();
+  while (reinterpret_cast<std::uintptr_t>(p) % kWorkspaceAlign != 0) ++p;
+  inf.set_workspace(p, nn::InferenceModel<float>::workspace_size(cfg, 1, 4), 1, 4);
+  const std::int64_t ids[4] = {1, 2, 3, 4};
+  REQUIRE_THROWS_WITH(inf.forward(ids, 1, 4), Catch::Contains("no room for the bf16 products"));
+  inf.reserve(1, 4);
+  // on a fresh thread (whose own bf16 buffers are empty), forward leaves them empty: its products used the workspace
+  bool heap_untouched = false;
+  Mat<float> a;
+  std::thread([&] {
+    a = inf.forward(ids, 1, 4);
+    heap_untouched = ops::packed::bf16_detail::a_scratch().p == nullptr && ops::packed::bf16_detail::b_scratch().p == nullptr;
+  }).join();
+  CHECK(heap_untouched);
+  CHECK(a.allFinite());
+  // binding the float tensor again returns the model to float products
+  for (Param<float>* q : model.parameters())
+    if (q->name == "layers.0.attn.W_q.weight") inf.bind(q->name.c_str(), q->value.data(), q->numel());
+  CHECK_FALSE(inf.has_bf16_weights());
+  CHECK(inf.parameter_bytes() == float_bytes);
+  nn::InferenceModel<double> d(cfg);
+  REQUIRE_THROWS_WITH(d.bind("layers.0.attn.W_q.weight", w.data(), 256), Catch::Contains("float models"));
 }
 
 TEST_CASE("InferenceModel: bad bindings, sizes and inputs are errors that name them", "[inference][errors]") {

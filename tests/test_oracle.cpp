@@ -12,10 +12,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -66,6 +68,12 @@ bert::NliOracle<S>& oracle() {
 }
 
 std::vector<std::int64_t> ids(const nlohmann::json& j) { return j.get<std::vector<std::int64_t>>(); }
+
+/// True when a and b have the same shape and the same bits in every element.
+bool same_bits(const Mat<float>& a, const Mat<float>& b) {
+  return a.rows() == b.rows() && a.cols() == b.cols() &&
+         std::memcmp(a.data(), b.data(), sizeof(float) * std::size_t(a.size())) == 0;
+}
 
 /// The golden pairs as a pairs file's content, half of them under q_text / k_text.
 std::string golden_pairs_file(const nlohmann::json& g, int repeat = 1) {
@@ -173,6 +181,43 @@ TEST_CASE("oracle bf16: alpha within 0.01 of the float oracle's on the golden pa
   CHECK(any_differs);  // the products did run in bf16
   std::printf("oracle golden pairs, bf16 against float: worst |difference| alpha %.3g, phi %.3g, sim %.3g\n",
               worst_alpha, worst_phi, worst_sim);
+  // the bf16 oracle holds its product weights as bf16 (the float oracle's models still hold float weights)
+  CHECK(b16.nli().has_bf16_weights());
+  CHECK(b16.embedder().has_bf16_weights());
+  CHECK(!oracle<float>().nli().has_bf16_weights());
+  CHECK(b16.weight_bytes() < oracle<float>().weight_bytes());
+  std::printf("oracle golden models: weights %zu bytes as float, %zu with bf16 product weights\n",
+              oracle<float>().weight_bytes(), b16.weight_bytes());
+  // the same bits as the float weights with bf16 products: each pair's phi and both embeddings, computed from the
+  // float oracle's models under the bf16 oracle's policy (batch-invariant products, bf16 precision), one text alone
+  {
+    const ScopedBatchInvariantProducts invariant;
+    const ScopedPrecision bf16_products(Precision::bf16);
+    auto& f32 = oracle<float>();
+    for (std::size_t i = 0; i < pairs.size(); ++i) {
+      INFO("pair " << i << ": " << pairs[i].premise << " / " << pairs[i].hypothesis);
+      const text::Encoding e = f32.nli_encoding(pairs[i].premise, pairs[i].hypothesis);
+      const Index T = Index(e.size());
+      bert::BertBatch<float> nb;
+      nb.input_ids = Tensor<std::int64_t>({1, T});
+      nb.token_type_ids = Tensor<std::int64_t>({1, T});
+      std::copy(e.input_ids.begin(), e.input_ids.end(), nb.input_ids.ptr());
+      std::copy(e.token_type_ids.begin(), e.token_type_ids.end(), nb.token_type_ids.ptr());
+      typename bert::BertForSequenceClassification<float>::Cache c;
+      const float phi = f32.nli().forward(nb, nullptr, false, nullptr, c).logits(0, f32.entailment_index());
+      CHECK(double(phi) == a[i].phi);
+      for (const std::string& t : {pairs[i].premise, pairs[i].hypothesis}) {
+        const text::Encoding s1 = f32.sim_encoding(t);
+        bert::BertBatch<float> sb;
+        sb.input_ids = Tensor<std::int64_t>({1, Index(s1.size())});
+        std::copy(s1.input_ids.begin(), s1.input_ids.end(), sb.input_ids.ptr());
+        const Mat<float> unstored = bert::sentence_embedding(f32.embedder(), sb);
+        const Mat<float> stored = b16.embedding(b16.sim_encoding(t));
+        REQUIRE(stored.cols() == unstored.cols());
+        CHECK(same_bits(stored, unstored));
+      }
+    }
+  }
   const int saved = num_threads();
   for (int t : {1, 2}) {
     set_num_threads(t);
@@ -188,6 +233,140 @@ TEST_CASE("oracle bf16: alpha within 0.01 of the float oracle's on the golden pa
   }
   set_num_threads(saved);
   CHECK_THROWS_WITH(bert::NliOracle<double>::load(kNli, kSim, opt), Catch::Contains("bf16"));
+}
+
+namespace {
+
+/// A small BERT configuration with random-size corners: hidden H, heads A, intermediate I, 2 layers, 3 labels.
+bert::BertConfig small_config(Index H, Index A, Index I) {
+  bert::BertConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = H;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = A;
+  c.intermediate_size = I;
+  c.max_position_embeddings = 16;
+  c.type_vocab_size = 2;
+  c.hidden_dropout_prob = 0.1;
+  c.attention_probs_dropout_prob = 0.1;
+  c.initializer_range = 0.2;
+  c.id2label = {"contradiction", "entailment", "neutral"};
+  return c;
+}
+
+/// B = 3 sequences of T = 9 with token types; the last two of the second sequence padded.
+bert::BertBatch<float> small_batch(const bert::BertConfig& cfg, std::uint64_t seed) {
+  const Index B = 3, T = 9;
+  bert::BertBatch<float> b;
+  Rng rng(seed);
+  b.input_ids = Tensor<std::int64_t>({B, T});
+  b.token_type_ids = Tensor<std::int64_t>({B, T});
+  b.attention_mask = Tensor<std::uint8_t>({B, T}, 1);
+  for (Index k = 0; k < B * T; ++k) {
+    b.input_ids[k] = static_cast<std::int64_t>(rng.next_u64() % static_cast<std::uint64_t>(cfg.vocab_size));
+    b.token_type_ids[k] = static_cast<std::int64_t>(rng.next_u64() % 2);
+  }
+  b.attention_mask[1 * T + 7] = b.attention_mask[1 * T + 8] = 0;
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("bert bf16 weights: the bits of the float weights with bf16 products, on 1 and 2 threads",
+          "[oracle][bf16][bert]") {
+  // (H, A, I): whole register panels; then odd inner dimensions and a last panel of a few columns
+  for (const auto& dims : {std::array<Index, 3>{64, 4, 128}, std::array<Index, 3>{33, 3, 45}}) {
+    INFO("hidden " << dims[0] << ", heads " << dims[1] << ", intermediate " << dims[2]);
+    const bert::BertConfig cfg = small_config(dims[0], dims[1], dims[2]);
+    Rng rng(7);
+    bert::BertForSequenceClassification<float> f32(cfg, rng);
+    for (Param<float>* p : f32.parameters())  // off HF's init: biases and LayerNorms not 0 / 1
+      for (Index k = 0; k < p->numel(); ++k) p->value[k] += 0.05f * float(rng.normal());
+    const bert::BertBatch<float> batch = small_batch(cfg, 3);
+    // the float weights with bf16 products (the oracle's path before it stored its weights), and fp32
+    typename bert::BertForSequenceClassification<float>::Cache c;
+    bert::SeqClsOutput<float> ref, fp32;
+    {
+      const ScopedPrecision bf16_products(Precision::bf16);
+      ref = f32.forward(batch, nullptr, false, nullptr, c);
+    }
+    fp32 = f32.forward(batch, nullptr, false, nullptr, c);
+    bert::BertForSequenceClassification<float> b16 = f32;
+    const std::size_t before = b16.weight_bytes();
+    const std::size_t after = b16.store_bf16_weights();
+    CHECK(b16.has_bf16_weights());
+    CHECK(b16.bert().has_bf16_weights());
+    CHECK(after == b16.weight_bytes());
+    CHECK(after < before);
+    for (Param<float>* p : b16.parameters()) CHECK(p->grad.size() == 0);  // inference only: no gradient buffers
+    CHECK(b16.bert().layer(0).intermediate_dense().weight.value.size() == 0);  // the float copy is gone
+    const int saved = num_threads();
+    for (int t : {1, 2}) {
+      set_num_threads(t);
+      typename bert::BertForSequenceClassification<float>::Cache c16;
+      const bert::SeqClsOutput<float> out = b16.forward(batch, nullptr, false, nullptr, c16);  // no scope needed
+      CHECK(same_bits(out.logits, ref.logits));
+      CHECK(same_bits(out.bert.pooler_output, ref.bert.pooler_output));
+      CHECK(same_bits(out.bert.last_hidden_state, ref.bert.last_hidden_state));
+      CHECK(!same_bits(out.logits, fp32.logits));  // the products did run in bf16
+      // the encoder alone, as the oracle's embedder runs it
+      bert::BertModel<float> emb = f32.bert();
+      emb.store_bf16_weights();
+      const Mat<float> e16 = bert::sentence_embedding(emb, batch);
+      Mat<float> e_ref;
+      {
+        const ScopedPrecision bf16_products(Precision::bf16);
+        e_ref = bert::sentence_embedding(f32.bert(), batch);
+      }
+      CHECK(same_bits(e16, e_ref));
+    }
+    set_num_threads(saved);
+    // a stored model is for inference: training forwards and backward are refused by name
+    Rng drop_rng(1);
+    typename bert::BertForSequenceClassification<float>::Cache ct;
+    CHECK_THROWS_WITH(b16.forward(batch, nullptr, true, &drop_rng, ct),
+                      Catch::Contains("BertForSequenceClassification::forward") && Catch::Contains("bf16"));
+    CHECK_THROWS_WITH(b16.bert().forward(batch, true, &drop_rng, ct.bert),
+                      Catch::Contains("BertModel::forward") && Catch::Contains("bf16"));
+    typename bert::BertForSequenceClassification<float>::Cache cb;
+    Tensor<std::int64_t> labels({3});
+    labels[0] = 0;
+    labels[1] = 1;
+    labels[2] = 2;
+    (void)b16.forward(batch, &labels, false, nullptr, cb);  // an evaluation loss is fine
+    CHECK_THROWS_WITH(b16.backward(cb), Catch::Contains("backward") && Catch::Contains("bf16"));
+    CHECK_THROWS_WITH(b16.bert().backward(nullptr, nullptr, cb.bert), Catch::Contains("BertModel::backward"));
+  }
+  // float only
+  const bert::BertConfig cfg = small_config(16, 2, 32);
+  Rng rng(3);
+  bert::BertModel<double> d(cfg, rng);
+  CHECK_THROWS_WITH(d.store_bf16_weights(), Catch::Contains("float models only"));
+  bert::BertForSequenceClassification<double> dc(cfg, rng);
+  CHECK_THROWS_WITH(dc.store_bf16_weights(), Catch::Contains("float models only"));
+}
+
+TEST_CASE("bert bf16 weights: 2 bytes a product weight, everything else float as before", "[oracle][bf16][bert]") {
+  // H and I multiples of the packed panel's 32 columns and even: no padding, so the bytes are exact
+  const Index H = 128, I = 512, L = 2, V = 40, P = 16, C = 3;
+  bert::BertConfig cfg = small_config(H, 4, I);
+  Rng rng(5);
+  bert::BertForSequenceClassification<float> m(cfg, rng);
+  const std::size_t f = sizeof(float);
+  const std::size_t product_weights = std::size_t(L * (4 * H * H + 2 * H * I) + H * H);  // layers and the pooler
+  const std::size_t other = std::size_t((V + P + 2) * H + 2 * H)                         // embeddings, their LN
+                            + std::size_t(L * (3 * H + H + I + H + 4 * H))              // biases, LayerNorms
+                            + std::size_t(H);                                          // the pooler's bias
+  CHECK(m.bert().weight_bytes() == f * (product_weights + other));
+  CHECK(m.weight_bytes() == f * (product_weights + other + std::size_t(C * H + C)));
+  m.store_bf16_weights();
+  CHECK(m.bert().weight_bytes() == 2 * product_weights + f * other);
+  // the classifier's 3 outputs take one panel of 32 columns
+  CHECK(m.weight_bytes() == 2 * product_weights + f * other + 2 * std::size_t(32 * H) + f * std::size_t(C));
+  // the layers (all their weights but the LayerNorms and biases are products) are about half as large
+  const double layer_ratio = double(m.bert().layer(0).weight_bytes()) / double(f * std::size_t(4 * H * H + 2 * H * I + 9 * H + I));
+  CHECK(layer_ratio < 0.51);
+  CHECK(layer_ratio > 0.49);
 }
 
 TEST_CASE("oracle: 1 and 2 threads, any batch, give identical bits", "[oracle][threads]") {

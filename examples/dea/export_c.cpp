@@ -3,7 +3,7 @@
 // listed in a table with its name, type and shape, and a model checkpoint also gets its InferenceConfig and a
 // loader that binds the arrays to a dea::nn::InferenceModel without copying (Eigen Maps over the arrays).
 //
-//   dea export-c CHECKPOINT.safetensors OUT.hpp [--namespace NAME] [--type float|double] [--all]
+//   dea export-c CHECKPOINT.safetensors OUT.hpp [--namespace NAME] [--type float|double|bf16] [--all]
 //                [--max_len N (1..2^20)] [--task cls|mlm] [--n_heads N (1..65536)]
 //
 // Default: the parameters of a model checkpoint (the AdamW state "optim.*", "train.*" and the tied
@@ -13,6 +13,10 @@
 // int64_t / int32_t, U8 and BOOL as uint8_t. Values are written as hexadecimal floating literals, so the arrays
 // hold exactly the stored values (after the conversion to --type). The header is written atomically; its
 // contents have internal linkage, so include it in one translation unit.
+// --type bf16 (a model checkpoint, not --all): the weights of the matrix products (W_q, W_k, W_v, W_o, ff.0 and ff.3
+// of every layer, cls_head.0 and cls_head.3) as dea::bf16 arrays, each value rounded to nearest even (2 bytes a
+// weight), written as their bits; every other tensor as float. Its loader binds them as bf16, so InferenceModel runs
+// every product in bf16 (nn/inference.hpp).
 // Identifiers: --namespace must be a C++ identifier that is not a keyword, not reserved (starting with '_' and an
 // upper-case letter, or holding "__"), not std or dea, and not linux, unix or i386 (GCC's macros in its GNU modes).
 // Each tensor's array is named after its reference name, every character other than a letter, digit or '_'
@@ -280,7 +284,8 @@ int dea_export_c(int argc, char** argv) {
   fs.positional("CHECKPOINT.safetensors OUT.hpp", "the file to export and the header to write", 2);
   fs.text("namespace", ns, "NAME", "the header's namespace (a C++ identifier, not a keyword, not reserved)");
   fs.choice("type", type, {"float", "double", "bf16"},
-            "element type of the floating arrays (bf16: with --safetensors only, values rounded to nearest even)");
+            "element type of the floating arrays (bf16: the product weights of a model header, or every tensor with "
+            "--safetensors; values rounded to nearest even)");
   fs.toggle("safetensors", as_safetensors, "write OUT as a safetensors file (F32, F64 or BF16 by --type), not a header");
   fs.toggle("all", all, "every tensor of any safetensors file, and its metadata (default: a model's parameters)");
   fs.integer("max_len", max_len, 1, 1 << 20, "the model's max_len (default: from config.json beside the checkpoint)");
@@ -307,11 +312,14 @@ int dea_export_c(int argc, char** argv) {
   if (!is_identifier(ns) || is_keyword(ns) || is_reserved(ns) || ns == "std" || ns == "dea")
     usage("--namespace expects a C++ identifier that is not a keyword, not reserved ('_' and an upper-case letter, "
           "or \"__\"), not std or dea, got '" + ns + "'");
-  if (type != "float" && type != "double" && !(as_safetensors && type == "bf16"))
-    usage("--type expects float or double" + std::string(as_safetensors ? " or bf16" : " (bf16 with --safetensors)") +
-          ", got '" + type + "'");
+  if (type != "float" && type != "double" && type != "bf16")
+    usage("--type expects float, double or bf16, got '" + type + "'");
+  if (type == "bf16" && all && !as_safetensors)
+    usage("--type bf16 writes a model checkpoint's product weights as bf16 in a header (not with --all; --safetensors "
+          "writes every tensor as BF16)");
   if (!task.empty() && task != "cls" && task != "mlm") usage("--task expects cls or mlm, got '" + task + "'");
-  const bool as_float = type == "float";
+  const bool as_float = type == "float" || type == "bf16";  // bf16: the tensors other than product weights as float
+  const bool as_bf16 = type == "bf16";
 
   if (as_safetensors) return write_safetensors(in_path, out_path, type, all);
 
@@ -355,7 +363,7 @@ int dea_export_c(int argc, char** argv) {
            "struct TensorInfo {\n"
            "  const char* name;\n"
            "  const void* data;\n"
-           "  char type;  ///< 'f' float, 'd' double, 'q' int64_t, 'i' int32_t, 'b' uint8_t\n"
+           "  char type;  ///< 'f' float, 'd' double, 'h' dea::bf16, 'q' int64_t, 'i' int32_t, 'b' uint8_t\n"
            "  int rank;\n"
            "  long long shape[8];\n"
            "  long long numel;\n"
@@ -363,6 +371,7 @@ int dea_export_c(int argc, char** argv) {
 
     std::set<std::string> used;
     std::string table;
+    int bf16_arrays = 0;
     for (const std::string& n : names) {
       const Shape& shp = st.shape(n);
       check(shp.size() <= 8, in_path, ": ", n, ": rank ", shp.size(), " is more than the header's 8");
@@ -374,7 +383,13 @@ int dea_export_c(int argc, char** argv) {
       char code;
       std::vector<std::string> vals;
       vals.reserve(static_cast<std::size_t>(numel));
-      if (io::dtype_is_floating(dt)) {
+      if (io::dtype_is_floating(dt) && as_bf16 && nn::InferenceModel<float>::is_product_weight(n.c_str())) {
+        ctype = "dea::bf16";  // the bits of each value rounded to bf16 (round to nearest even)
+        code = 'h';
+        const Tensor<float> t = st.get<float>(n);
+        for (Index k = 0; k < numel; ++k) vals.push_back(fmt::format("{{0x{:04x}}}", to_bf16(t[k]).bits));
+        ++bf16_arrays;
+      } else if (io::dtype_is_floating(dt)) {
         ctype = as_float ? "float" : "double";
         code = as_float ? 'f' : 'd';
         if (as_float) {
@@ -397,7 +412,7 @@ int dea_export_c(int argc, char** argv) {
         const Tensor<std::uint8_t> t = st.get<std::uint8_t>(n);
         for (Index k = 0; k < numel; ++k) vals.push_back(std::to_string(static_cast<int>(t[k])));
       }
-      if (numel == 0) vals.push_back("0");
+      if (numel == 0) vals.push_back(code == 'h' ? "{0}" : "0");
       out += fmt::format("/// {} {}\nalignas(64) constexpr {} {}[{}] = {{", quoted(n), shape_str(shp), ctype, id, len);
       for (std::size_t k = 0; k < vals.size(); ++k) out += (k % 8 == 0 ? "\n    " : " ") + vals[k] + ",";
       out += "\n};\n\n";
@@ -433,22 +448,36 @@ int dea_export_c(int argc, char** argv) {
           "/*n_classes*/ {}, dea::nn::Task::{}}};\n",
           mi.source_note, c.vocab_size, c.d_model, c.n_heads, c.n_layers, c.d_ff, c.max_len, c.n_classes,
           nn::to_string(c.task));
-      out += fmt::format(
-          "\n/// Binds every {} tensor to `model` (an InferenceModel<{}, ...> of `config`) by name, without copying,\n"
-          "/// then checks that the model has every tensor its forward needs.\n"
-          "template <class Model>\n"
-          "void bind(Model& model) {{\n"
-          "  for (const TensorInfo& t : tensors)\n"
-          "    if (t.type == '{}') model.bind(t.name, static_cast<const {}*>(t.data), static_cast<dea::Index>(t.numel));\n"
-          "  model.check_bound();\n"
-          "}}\n",
-          type, type, as_float ? 'f' : 'd', type);
+      if (as_bf16)
+        out += "\n/// Binds every tensor to `model` (an InferenceModel<float, ...> of `config`) by name, without copying: the\n"
+               "/// product weights as bf16, the others as float; then checks that the model has every tensor its forward\n"
+               "/// needs. Give the model its workspace after this (reserve, or workspace_size(..., /*bf16*/ true)).\n"
+               "template <class Model>\n"
+               "void bind(Model& model) {\n"
+               "  for (const TensorInfo& t : tensors) {\n"
+               "    if (t.type == 'f') model.bind(t.name, static_cast<const float*>(t.data), static_cast<dea::Index>(t.numel));\n"
+               "    if (t.type == 'h') model.bind(t.name, static_cast<const dea::bf16*>(t.data), static_cast<dea::Index>(t.numel));\n"
+               "  }\n"
+               "  model.check_bound();\n"
+               "}\n";
+      else
+        out += fmt::format(
+            "\n/// Binds every {} tensor to `model` (an InferenceModel<{}, ...> of `config`) by name, without copying,\n"
+            "/// then checks that the model has every tensor its forward needs.\n"
+            "template <class Model>\n"
+            "void bind(Model& model) {{\n"
+            "  for (const TensorInfo& t : tensors)\n"
+            "    if (t.type == '{}') model.bind(t.name, static_cast<const {}*>(t.data), static_cast<dea::Index>(t.numel));\n"
+            "  model.check_bound();\n"
+            "}}\n",
+            type, type, as_float ? 'f' : 'd', type);
     }
     out += fmt::format("\n}}  // namespace\n}}  // namespace {}\n", ns);
     const std::filesystem::path parent = std::filesystem::path(out_path).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
     dea::write_file_atomic(out_path, out);
     std::string what = fmt::format("{} tensors, {} values", names.size(), total);
+    if (as_bf16) what += fmt::format(", {} product weights as bf16", bf16_arrays);
     if (is_model)
       what += fmt::format(" (model V={} D={} H={} L={} d_ff={} max_len={} C={} {})", mi.cfg.vocab_size, mi.cfg.d_model,
                           mi.cfg.n_heads, mi.cfg.n_layers, mi.cfg.d_ff, mi.cfg.max_len, mi.cfg.n_classes,

@@ -106,6 +106,11 @@ int run(const Settings& s) {
                  text::to_string(opt.nli_tokenizer)) : std::string("BERT"), oracle->entailment_index(),
                  oracle->entailment_label(), s.embedder, pairs.size(),
                  s.use_double ? "double" : s.precision == "bf16" ? "float, bf16 products" : "float", num_threads());
+    if (!s.quiet)
+      fmt::print(stderr, "dea oracle: model weights {:.1f} MiB{}\n", double(oracle->weight_bytes()) / (1024.0 * 1024.0),
+                 s.precision != "bf16" ? "" : oracle->nli_is_deberta()
+                     ? " (the embedder's product weights stored as bf16; the DeBERTa model's stay float)"
+                     : " (the product weights stored as bf16)");
     if (!labels.empty()) {
       std::vector<bert::TextPair> lp;
       std::vector<double> human;

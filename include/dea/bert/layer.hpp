@@ -21,6 +21,9 @@
 // output.LayerNorm.{weight, bias}. Fresh: Linear weights N(0, initializer_range^2), biases 0, LayerNorm 1 / 0.
 // Saved for backward: x (inside the attention's cache), ctx, r1, h1, a, r2, the LayerNorm row statistics and the
 // dropout masks; g is recomputed from a.
+// Inference with bf16 weights (store_bf16_weights, float only): the weights of attention.output.dense,
+// intermediate.dense and output.dense (and the self-attention's, when its class stores them) packed once as bf16
+// (bf16_weights.hpp); the forward is then the float layer's under ScopedPrecision(Precision::bf16), bit for bit.
 #pragma once
 
 #include "../attention/inputs.hpp"
@@ -34,9 +37,11 @@
 #include "../nn/linear.hpp"
 #include "../ops/activations.hpp"
 #include "../ops/gelu.hpp"
+#include "bf16_weights.hpp"
 #include "config.hpp"
 #include "self_attention.hpp"
 
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -165,6 +170,45 @@ public:
   }
   void zero_grad() { dea::zero_grad(parameters()); }
 
+  /// Makes the layer an inference layer: the weights of attention.output.dense, intermediate.dense and output.dense
+  /// stored once as packed bf16 (bf16_weights.hpp), their float values released, and every gradient of the layer
+  /// released; the self-attention stores its own weights when its class can (BertSelfAttention does), and otherwise
+  /// keeps them as float (its products then run in bf16 under the model's ScopedPrecision). A training forward and
+  /// backward throw afterwards. float only. Returns weight_bytes().
+  std::size_t store_bf16_weights() {
+    if constexpr (std::is_same<S, float>::value) {
+      if (!w16_) {
+        if constexpr (detail::stores_bf16_weights<SelfAttention>::value) attn_.store_bf16_weights();
+        auto w = std::make_shared<W16>();
+        w->ao = detail::pack_linear_bf16(ao_dense_.weight.value.data(), ao_dense_.out_features(), ao_dense_.in_features());
+        w->i = detail::pack_linear_bf16(i_dense_.weight.value.data(), i_dense_.out_features(), i_dense_.in_features());
+        w->o = detail::pack_linear_bf16(o_dense_.weight.value.data(), o_dense_.out_features(), o_dense_.in_features());
+        w16_ = std::move(w);
+        for (nn::Linear<S>* l : {&ao_dense_, &i_dense_, &o_dense_}) detail::release_value_and_grad(l->weight);
+        for (Param<S>* p : parameters()) p->grad = Vec<S>();
+      }
+    } else {
+      check(false, "BertLayer::store_bf16_weights: float models only (bf16 is a policy of the float path)");
+    }
+    return weight_bytes();
+  }
+  /// True after store_bf16_weights.
+  bool has_bf16_weights() const { return w16_ != nullptr; }
+  /// Bytes of the layer's weights as held: float values (gradients not counted) and bf16 copies.
+  std::size_t weight_bytes() const {
+    std::size_t n = 0;
+    if constexpr (detail::stores_bf16_weights<SelfAttention>::value) {
+      n += attn_.weight_bytes();
+    } else {
+      for (Param<S>* p : const_cast<SelfAttention&>(attn_).parameters()) n += detail::value_bytes(*p);
+    }
+    for (const nn::Linear<S>* l : {&ao_dense_, &i_dense_, &o_dense_})
+      n += detail::value_bytes(l->weight) + detail::value_bytes(l->bias);
+    for (const nn::LayerNorm<S>* ln : {&ao_ln_, &o_ln_}) n += detail::value_bytes(ln->weight) + detail::value_bytes(ln->bias);
+    if (w16_) n += w16_->ao.bytes() + w16_->i.bytes() + w16_->o.bytes();
+    return n;
+  }
+
   /// y [N, H] from x [N, H] (N = in.batch() * in.q_len()); in.training() and in.rng() drive the dropouts too.
   Mat<S> forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& c);
 
@@ -179,24 +223,39 @@ private:
   nn::Linear<S> i_dense_, o_dense_;
   nn::LayerNorm<S> o_ln_;
   nn::Dropout drop_;
+  /// The three dense weights as bf16 (store_bf16_weights), shared by copies of the layer.
+  struct W16 {
+    ops::packed::Bf16Matrix ao, i, o;
+  };
+  std::shared_ptr<const W16> w16_;
+
+  /// y = x W^T + b with the Linear's float weight, or with its bf16 copy W16p after store_bf16_weights.
+  static void dense_(const nn::Linear<S>& l, const ops::packed::Bf16Matrix* W16p, const Mat<S>& x, Mat<S>& y) {
+    if constexpr (std::is_same<S, float>::value) {
+      if (W16p) return detail::linear_bf16(x, *W16p, l.has_bias() ? l.bias.value.data() : nullptr, y);
+    }
+    l.forward(x, y);
+  }
 };
 
 template <class S, class SelfAttention>
 Mat<S> BertLayer<S, SelfAttention>::forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& c) {
   check(x.cols() == ao_ln_.size(), "BertLayer::forward: x: expected ", ao_ln_.size(), " columns, got ", x.cols());
-  c.rows = x.rows();
   const bool training = in.training();
+  check(!(training && w16_), "BertLayer::forward: the weights are stored as bf16 for inference (training = false only)");
+  c.rows = x.rows();
   Rng* rng = in.rng();
+  const W16* w = w16_.get();
   c.ctx = attn_.forward(x, in, c.attn);                        // ctx = SelfAttn(x)
   Mat<S> o;
-  ao_dense_.forward(c.ctx, o);                                 // o = ctx W_ao^T + b_ao
+  dense_(ao_dense_, w ? &w->ao : nullptr, c.ctx, o);           // o = ctx W_ao^T + b_ao
   drop_.forward_add(o, x, training, rng, c.drop1, c.r1);       // r1 = x + Dropout(o)
   ao_ln_.forward(c.r1, c.h1, c.ln1);                           // h1 = LN1(r1)
-  i_dense_.forward(c.h1, c.a);                                 // a = h1 W_i^T + b_i
+  dense_(i_dense_, w ? &w->i : nullptr, c.h1, c.a);            // a = h1 W_i^T + b_i
   Mat<S> g;
   detail::activation_forward(act_, c.a, g);                    // g = act(a)
   Mat<S> f;
-  o_dense_.forward(g, f);                                      // f = g W_o^T + b_o
+  dense_(o_dense_, w ? &w->o : nullptr, g, f);                 // f = g W_o^T + b_o
   drop_.forward_add(f, c.h1, training, rng, c.drop2, c.r2);    // r2 = h1 + Dropout(f)
   Mat<S> y;
   o_ln_.forward(c.r2, y, c.ln2);                               // y = LN2(r2)
@@ -205,6 +264,7 @@ Mat<S> BertLayer<S, SelfAttention>::forward(const Mat<S>& x, const AttnInputs<S>
 
 template <class S, class SelfAttention>
 Mat<S> BertLayer<S, SelfAttention>::backward(const Mat<S>& dy, Cache& c) {
+  check(!w16_, "BertLayer::backward: the weights are stored as bf16 for inference");
   check(c.rows > 0, "BertLayer::backward: the cache holds no forward pass");
   check_matrix(dy, c.rows, ao_ln_.size(), "BertLayer::backward: dy");
   Mat<S> dr2;

@@ -30,11 +30,19 @@
 // Dropout (hidden_dropout_prob after the embeddings and on both residual branches of every layer;
 // attention_probs_dropout_prob on the attention probabilities) is active only when forward is called with
 // training = true, drawn from the Rng passed to it.
+//
+// Inference with bf16 weights (store_bf16_weights, float only): the weight of every matrix product (each layer's
+// W_q; W_k; W_v as one [3H, H] matrix, attention.output.dense, intermediate.dense, output.dense, and the pooler) is
+// kept once, packed as bf16 (bf16_weights.hpp: 2 bytes a weight instead of 4 for the value and 4 for the gradient);
+// the embeddings, LayerNorms and biases stay float, and every gradient is released. Each forward then runs under
+// ScopedPrecision(Precision::bf16) and gives the bits of the float model's forward under that precision (rounding a
+// weight to bf16 once or at every product is the same number). Training forwards and backward are refused.
 #pragma once
 
 #include "../attention/inputs.hpp"
 #include "../core/error.hpp"
 #include "../core/init.hpp"
+#include "../core/parallel.hpp"
 #include "../core/param.hpp"
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
@@ -43,12 +51,14 @@
 #include "../nn/embedding.hpp"
 #include "../nn/layer_norm.hpp"
 #include "../nn/linear.hpp"
+#include "bf16_weights.hpp"
 #include "config.hpp"
 #include "layer.hpp"
 #include "self_attention.hpp"
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -194,6 +204,17 @@ public:
   }
   void zero_grad() { dea::zero_grad(parameters()); }
 
+  /// Makes this a bf16 inference model (see the file comment): the product weights packed once as bf16, their float
+  /// values and every gradient released. A self-attention class that cannot store its weights (Dual-Expert
+  /// attention) keeps them as float and runs its products in bf16. parameters() still lists every parameter, the
+  /// stored ones with empty values. Afterwards forward runs its products in bf16 (training = false only) and
+  /// backward throws. float models only. Returns weight_bytes().
+  std::size_t store_bf16_weights();
+  /// True after store_bf16_weights.
+  bool has_bf16_weights() const { return pooler16_ != nullptr; }
+  /// Bytes of the model's weights as held: float values (gradients not counted) and bf16 copies.
+  std::size_t weight_bytes() const;
+
   /// Adjusts, for layer `layer` alone, a copy of the forward's attention inputs (the copy shares their storage).
   using LayerInputsFn = std::function<void(Index layer, AttnInputs<S>& inputs)>;
 
@@ -244,7 +265,35 @@ private:
   std::vector<Layer> layers_;
   nn::Linear<S> pooler_;
   nn::Dropout drop_;
+  std::shared_ptr<const ops::packed::Bf16Matrix> pooler16_;  ///< the pooler's weight as bf16 (store_bf16_weights)
 };
+
+template <class S, class SelfAttention>
+std::size_t BertModel<S, SelfAttention>::store_bf16_weights() {
+  if constexpr (std::is_same<S, float>::value) {
+    if (!pooler16_) {
+      for (Layer& L : layers_) L.store_bf16_weights();
+      pooler16_ = std::make_shared<const ops::packed::Bf16Matrix>(
+          detail::pack_linear_bf16(pooler_.weight.value.data(), pooler_.out_features(), pooler_.in_features()));
+      detail::release_value_and_grad(pooler_.weight);
+      for (Param<S>* p : parameters()) p->grad = Vec<S>();
+    }
+  } else {
+    check(false, "BertModel::store_bf16_weights: float models only (bf16 is a policy of the float path)");
+  }
+  return weight_bytes();
+}
+
+template <class S, class SelfAttention>
+std::size_t BertModel<S, SelfAttention>::weight_bytes() const {
+  std::size_t n = 0;
+  for (const Param<S>* p : {&word_.weight, &pos_.weight, &type_.weight, &emb_ln_.weight, &emb_ln_.bias,
+                            &pooler_.weight, &pooler_.bias})
+    n += detail::value_bytes(*p);
+  for (const Layer& L : layers_) n += L.weight_bytes();
+  if (pooler16_) n += pooler16_->bytes();
+  return n;
+}
 
 // ---- forward and backward, outside the class (not inline, so that the extern template declarations below keep
 // other translation units from instantiating them) ----
@@ -276,6 +325,8 @@ BertOutput<S> BertModel<S, SelfAttention>::forward_impl(const BertBatch<S>& batc
   if (has_ids) word_.check_ids(batch.input_ids.ptr(), N, "BertModel::forward: input_ids");
   check(!training || rng != nullptr || (cfg_.hidden_dropout_prob == 0 && cfg_.attention_probs_dropout_prob == 0),
         "BertModel::forward: training with dropout needs an Rng");
+  check(!(training && pooler16_), "BertModel::forward: the weights are stored as bf16 for inference (training = "
+        "false only)");
   if (given) {
     check(given->batch() == B && given->q_len() == T && given->k_len() == T, "BertModel::forward: the attention "
           "inputs were built for B = ", given->batch(), ", T = ", given->q_len(), " x ", given->k_len(),
@@ -284,6 +335,9 @@ BertOutput<S> BertModel<S, SelfAttention>::forward_impl(const BertBatch<S>& batc
           "the batch's attention_mask");
   }
 
+  // bf16 weights: every product in bf16 (the attention's own products follow the precision as they would without
+  // stored weights)
+  const ScopedPrecision precision(pooler16_ ? Precision::bf16 : thread_settings().product_precision);
   c.B = B;
   c.T = T;
   c.input_ids = has_ids ? batch.input_ids : Tensor<std::int64_t>();
@@ -332,7 +386,14 @@ BertOutput<S> BertModel<S, SelfAttention>::forward_impl(const BertBatch<S>& batc
   c.first.resize(B, H);
   for (Index b = 0; b < B; ++b) c.first.row(b) = x.row(b * T);
   Mat<S> t;
-  pooler_.forward(c.first, t);
+  if constexpr (std::is_same<S, float>::value) {
+    if (pooler16_)
+      detail::linear_bf16(c.first, *pooler16_, pooler_.bias.value.data(), t);  // t = first W_p^T + b_p
+    else
+      pooler_.forward(c.first, t);
+  } else {
+    pooler_.forward(c.first, t);
+  }
   c.pooled = t.array().tanh().matrix();
   out.pooler_output = c.pooled;
   out.last_hidden_state = std::move(x);
@@ -341,6 +402,7 @@ BertOutput<S> BertModel<S, SelfAttention>::forward_impl(const BertBatch<S>& batc
 
 template <class S, class SelfAttention>
 Mat<S> BertModel<S, SelfAttention>::backward(const Mat<S>* d_last, const Mat<S>* d_pooled, Cache& c) {
+  check(!pooler16_, "BertModel::backward: the weights are stored as bf16 for inference");
   check(c.B > 0, "BertModel::backward: the cache holds no forward pass");
   const Index B = c.B, T = c.T, N = B * T, H = cfg_.hidden_size;
   Mat<S> dx;

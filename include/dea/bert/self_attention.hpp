@@ -26,6 +26,11 @@
 // Parameters (HF state_dict names and order, prefixed "attention.self." by the layer): query.weight [H, H],
 // query.bias [H], key.weight, key.bias, value.weight, value.bias. Fresh weights N(0, initializer_range^2), biases 0.
 //
+// Inference with bf16 weights (store_bf16_weights, float only): W_q; W_k; W_v packed once as one bf16 matrix [3H, H]
+// (bf16_weights.hpp), the product [Q K V] then the same bits as the float module's under
+// ScopedPrecision(Precision::bf16); the float weights and every gradient are released, and training forwards and
+// backward are refused.
+//
 // Parallel work: one (b, a) pair per task; each writes only its own slices of P, the context, dQ, dK and dV.
 // Attention dropout is counter-based (one seed per forward, drawn from the inputs' Rng; element k of pair p is
 // ops::counter_dropout_mask(seed, p*T*T + k)), so it does not depend on the thread count either.
@@ -42,9 +47,11 @@
 #include "../ops/attention_core.hpp"
 #include "../ops/dropout.hpp"
 #include "../ops/softmax.hpp"
+#include "bf16_weights.hpp"
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 
 namespace dea {
 namespace bert {
@@ -127,8 +134,40 @@ public:
     for (Proj* p : {&q_, &k_, &v_}) p->zero_grad();
   }
 
+  /// Makes the module an inference module: W_q; W_k; W_v stored once as one packed bf16 matrix [3H, H] (the product
+  /// the forward runs; bf16_weights.hpp), their float values and all six gradients released (the biases keep their
+  /// float values). Forward then computes [Q K V] with bf16 products, the same bits as before under
+  /// ScopedPrecision(Precision::bf16); a training forward and backward throw. float only. Returns weight_bytes().
+  std::size_t store_bf16_weights() {
+    if constexpr (std::is_same<S, float>::value) {
+      if (!w16_) {
+        const Index D = d_model_;
+        Mat<S> w_cat(3 * D, D);  // [W_q; W_k; W_v], as the float forward assembles it
+        w_cat.topRows(D) = q_.weight.mat();
+        w_cat.middleRows(D, D) = k_.weight.mat();
+        w_cat.bottomRows(D) = v_.weight.mat();
+        w16_ = std::make_shared<const ops::packed::Bf16Matrix>(detail::pack_linear_bf16(w_cat.data(), 3 * D, D));
+        for (Proj* p : {&q_, &k_, &v_}) {
+          detail::release_value_and_grad(p->weight);
+          p->bias.grad = Vec<S>();
+        }
+      }
+    } else {
+      check(false, "BertSelfAttention::store_bf16_weights: float models only (bf16 is a policy of the float path)");
+    }
+    return weight_bytes();
+  }
+  /// True after store_bf16_weights.
+  bool has_bf16_weights() const { return w16_ != nullptr; }
+  /// Bytes of the weights as held: float values (gradients not counted) and the bf16 copy.
+  std::size_t weight_bytes() const {
+    std::size_t n = w16_ ? w16_->bytes() : 0;
+    for (const Proj* p : {&q_, &k_, &v_}) n += detail::value_bytes(p->weight) + detail::value_bytes(p->bias);
+    return n;
+  }
+
   /// x [B*T, H] -> the merged context [B*T, H] (B = in.batch(), T = in.q_len()). Reads the key mask, training and
-  /// rng of `in`. Fills the cache (it keeps a copy of x).
+  /// rng of `in`. Fills the cache (it keeps a copy of x, except with bf16 weights).
   Mat<S> forward(const Mat<S>& x, const AttnInputs<S>& in, Cache& c) const;
 
   /// dctx [B*T, H] -> dx [B*T, H]. ADDS into the six parameter gradients; only the work buffers change.
@@ -139,6 +178,8 @@ private:
   Index d_model_, n_heads_, d_head_;
   Options opt_;
   Proj q_, k_, v_;
+  /// W_q; W_k; W_v packed as bf16 [3H, H] (store_bf16_weights), shared by copies of the module.
+  std::shared_ptr<const ops::packed::Bf16Matrix> w16_;
 };
 
 // ---- forward and backward, outside the class (not inline: an extern template declaration then keeps other
@@ -153,8 +194,22 @@ Mat<S> BertSelfAttention<S, Heads, DHead>::forward(const Mat<S>& x, const AttnIn
   c.batch = B;
   c.seq = T;
   c.inputs = in;
-  if (&x != &c.x) c.x = x;
-  mha::qkv_forward(c.x, q_, k_, v_, c.w_cat, c.b_cat, c.qkv);  // [Q K V] = x [W_q; W_k; W_v]^T + b   [N, 3H]
+  if (w16_) {  // bf16 weights: inference only, nothing kept for backward but the attention's own cache
+    check(!in.training(), "BertSelfAttention::forward: the weights are stored as bf16 for inference (training = false "
+          "only)");
+    if constexpr (std::is_same<S, float>::value) {
+      c.x.resize(0, D);
+      c.w_cat.resize(0, D);
+      c.b_cat.resize(3 * D);
+      c.b_cat.segment(0, D) = q_.bias.value.transpose();
+      c.b_cat.segment(D, D) = k_.bias.value.transpose();
+      c.b_cat.segment(2 * D, D) = v_.bias.value.transpose();
+      detail::linear_bf16(x, *w16_, c.b_cat.data(), c.qkv);   // [Q K V] = x [W_q; W_k; W_v]^T + b   [N, 3H]
+    }
+  } else {
+    if (&x != &c.x) c.x = x;
+    mha::qkv_forward(c.x, q_, k_, v_, c.w_cat, c.b_cat, c.qkv);  // [Q K V] = x [W_q; W_k; W_v]^T + b   [N, 3H]
+  }
   const bool dropping = in.training() && opt_.dropout > S(0);
   const std::uint64_t seed = dropping ? in.rng()->next_u64() : 0;
   if (dropping)
@@ -187,6 +242,7 @@ Mat<S> BertSelfAttention<S, Heads, DHead>::forward(const Mat<S>& x, const AttnIn
 template <class S, int Heads, int DHead>
 Mat<S> BertSelfAttention<S, Heads, DHead>::backward(const Mat<S>& dctx, Cache& c) {
   namespace mha = ::dea::detail::mha;
+  check(!w16_, "BertSelfAttention::backward: the weights are stored as bf16 for inference");
   mha::check_backward_input("BertSelfAttention", dctx, c.batch, c.seq, d_model_);
   const Index T = c.seq, A = n_heads_, dh = d_head_, TT = T * T, TTp = pair_stride(T), N = dctx.rows(), D = d_model_;
   const bool dropping = c.drop.size() > 0;

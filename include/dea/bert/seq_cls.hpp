@@ -8,15 +8,19 @@
 // Parameters: "bert." + the BertModel names, then classifier.weight [C, H], classifier.bias [C]. A fresh classifier
 // is N(0, initializer_range^2) with a zero bias.
 // num_labels = 1 is regression in transformers (MSE); its loss is not implemented here (the logits are).
+// store_bf16_weights (float only) makes it a bf16 inference model as BertModel's does (model.hpp), the classifier's
+// weight packed as bf16 too: the logits are then the float model's under ScopedPrecision(Precision::bf16), bit for bit.
 #pragma once
 
 #include "../core/error.hpp"
 #include "../nn/dropout.hpp"
 #include "../nn/linear.hpp"
 #include "../ops/cross_entropy.hpp"
+#include "bf16_weights.hpp"
 #include "model.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 namespace dea {
@@ -73,6 +77,32 @@ public:
   }
   void zero_grad() { dea::zero_grad(parameters()); }
 
+  /// Makes this a bf16 inference model: BertModel::store_bf16_weights, and the classifier's weight packed once as
+  /// bf16 (its float value and gradient released). forward then runs every product in bf16 (training = false only)
+  /// and backward throws. float models only. Returns weight_bytes().
+  std::size_t store_bf16_weights() {
+    if constexpr (std::is_same<S, float>::value) {
+      if (!classifier16_) {
+        bert_.store_bf16_weights();
+        classifier16_ = std::make_shared<const ops::packed::Bf16Matrix>(detail::pack_linear_bf16(
+            classifier_.weight.value.data(), classifier_.out_features(), classifier_.in_features()));
+        detail::release_value_and_grad(classifier_.weight);
+        classifier_.bias.grad = Vec<S>();
+      }
+    } else {
+      check(false, "BertForSequenceClassification::store_bf16_weights: float models only (bf16 is a policy of the "
+            "float path)");
+    }
+    return weight_bytes();
+  }
+  /// True after store_bf16_weights.
+  bool has_bf16_weights() const { return classifier16_ != nullptr; }
+  /// Bytes of the model's weights as held: float values (gradients not counted) and bf16 copies.
+  std::size_t weight_bytes() const {
+    return bert_.weight_bytes() + detail::value_bytes(classifier_.weight) + detail::value_bytes(classifier_.bias) +
+           (classifier16_ ? classifier16_->bytes() : 0);
+  }
+
   /// Forward pass; `labels` [B] (class ids, -100 = ignore) is optional (null: no loss).
   SeqClsOutput<S> forward(const BertBatch<S>& batch, const Tensor<std::int64_t>* labels, bool training, Rng* rng,
                           Cache& c);
@@ -91,6 +121,7 @@ private:
   Model bert_;
   nn::Linear<S> classifier_;
   nn::Dropout drop_;
+  std::shared_ptr<const ops::packed::Bf16Matrix> classifier16_;  ///< the classifier's weight as bf16
 };
 
 template <class S, class SelfAttention>
@@ -98,6 +129,8 @@ SeqClsOutput<S> BertForSequenceClassification<S, SelfAttention>::forward(const B
                                                                          const Tensor<std::int64_t>* labels,
                                                                          bool training, Rng* rng, Cache& c) {
   SeqClsOutput<S> out;
+  check(!(training && classifier16_), "BertForSequenceClassification::forward: the weights are stored as bf16 for "
+        "inference (training = false only)");
   out.bert = bert_.forward(batch, training, rng, c.bert);
   const Index B = c.bert.B;
   if (labels) {
@@ -107,7 +140,14 @@ SeqClsOutput<S> BertForSequenceClassification<S, SelfAttention>::forward(const B
   }
   c.pooled_dropped = out.bert.pooler_output;
   drop_.forward(c.pooled_dropped, training, rng, c.drop);             // Dropout(pooled)
-  classifier_.forward(c.pooled_dropped, out.logits);                   // logits = . W_c^T + b_c
+  if constexpr (std::is_same<S, float>::value) {
+    if (classifier16_)  // the bf16 copy: the bits of the float classifier under ScopedPrecision(Precision::bf16)
+      detail::linear_bf16(c.pooled_dropped, *classifier16_, classifier_.bias.value.data(), out.logits);
+    else
+      classifier_.forward(c.pooled_dropped, out.logits);               // logits = . W_c^T + b_c
+  } else {
+    classifier_.forward(c.pooled_dropped, out.logits);                 // logits = . W_c^T + b_c
+  }
   c.has_loss = labels != nullptr;
   if (labels) {
     auto ce = ops::cross_entropy<S>(out.logits, labels->ptr(), labels->numel(), -100, true);
@@ -126,6 +166,7 @@ Mat<S> BertForSequenceClassification<S, SelfAttention>::backward(Cache& c) {
 
 template <class S, class SelfAttention>
 Mat<S> BertForSequenceClassification<S, SelfAttention>::backward_logits(const Mat<S>& dlogits, Cache& c) {
+  check(!classifier16_, "BertForSequenceClassification::backward: the weights are stored as bf16 for inference");
   check(c.bert.B > 0, "BertForSequenceClassification::backward: the cache holds no forward pass");
   check_matrix(dlogits, c.bert.B, num_labels(), "BertForSequenceClassification::backward: dlogits");
   Mat<S> dpooled;

@@ -20,9 +20,18 @@
 // kernel of attention/dual_expert/row_block.hpp on workspace buffers laid out as the layer cache's maps), so the
 // logits agree with the model's bit for bit (a model whose attention has the same DHead; a fixed DHead differs
 // from Dynamic by round-off); tests/test_inference.cpp checks it against TransformerModel, dynamic and fixed sizes.
+//
+// bf16 weights (float models): the weights of the matrix products (W_q, W_k, W_v, W_o, ff.0 and ff.3 of every layer,
+// cls_head.0 and cls_head.3) may be bound as arrays of dea::bf16 (2 bytes a weight; `dea export-c --type bf16` writes
+// them), read in place by ops::packed::gemm_bf16 (bf16 operands, float accumulation). With any of them bound, every
+// product of forward runs in bf16 (a float-bound product weight and the tied mlm head are rounded as the products
+// read them), and everything else stays float: the logits are then the bits of TransformerModel's evaluation
+// forward under ScopedPrecision(Precision::bf16) with the weights those arrays were rounded from. The products
+// convert and pack into the workspace (ops::packed::Bf16BufferScope), so forward still allocates nothing.
 #pragma once
 
 #include "../attention/dual_expert/row_block.hpp"
+#include "../core/bf16.hpp"
 #include "../core/error.hpp"
 #include "../core/parallel.hpp"
 #include "../core/tensor.hpp"
@@ -30,6 +39,7 @@
 #include "../ops/gelu.hpp"
 #include "../ops/layer_norm.hpp"
 #include "../ops/linear.hpp"
+#include "../ops/packed_bf16.hpp"
 #include "../ops/softmax.hpp"
 #include "positional.hpp"
 #include "transformer.hpp"
@@ -39,6 +49,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -163,8 +174,84 @@ public:
   /// example "mlm_head.weight", the tied copy of tok_emb.weight); a wrong size or a layer index out of range is a
   /// dea::Error naming the tensor.
   bool bind(const char* name, const S* data, Index numel) {
-    const S** slot = nullptr;
+    const Slot sl = find_slot_(name);
+    if (!sl.f) return false;
+    check(data != nullptr, "InferenceModel::bind: ", name, ": null data");
+    check(numel == sl.expected, "InferenceModel::bind: ", name, ": expected ", sl.expected, " values, got ", numel);
+    *sl.f = data;
+    if (*sl.h) --bf16_bound_;
+    *sl.h = nullptr;
+    return true;
+  }
+
+  /// Binds the weight of a matrix product (see the file comment: W_q, W_k, W_v, W_o, ff.0.weight, ff.3.weight,
+  /// cls_head.0.weight, cls_head.3.weight) to `numel` bf16 values at `data` (row-major [out, in], as the float
+  /// tensor), read in place by the products and never copied; it replaces a float binding of the same tensor. float
+  /// models only. Returns false when the model has no tensor of that name; any other tensor of the model is a
+  /// dea::Error (it stays float).
+  bool bind(const char* name, const bf16* data, Index numel) {
+    check(std::is_same<S, float>::value, "InferenceModel::bind: ", name, ": bf16 weights are for float models");
+    const Slot sl = find_slot_(name);
+    if (!sl.f) return false;
+    check(sl.product, "InferenceModel::bind: ", name, ": only the weights of matrix products may be bf16 (W_q, W_k, "
+          "W_v, W_o, ff.0.weight, ff.3.weight, cls_head.0.weight, cls_head.3.weight); this one stays float");
+    check(data != nullptr, "InferenceModel::bind: ", name, ": null data");
+    check(numel == sl.expected, "InferenceModel::bind: ", name, ": expected ", sl.expected, " values, got ", numel);
+    if (!*sl.h) ++bf16_bound_;
+    *sl.h = data;
+    *sl.f = nullptr;
+    return true;
+  }
+
+  /// True when `name` is the weight of one of the model's matrix products (the tensors that may be bound as bf16):
+  /// layers.<i>.attn.W_q/W_k/W_v/W_o.weight, layers.<i>.ff.0.weight, layers.<i>.ff.3.weight, cls_head.0.weight,
+  /// cls_head.3.weight.
+  static bool is_product_weight(const char* name) {
+    if (std::strcmp(name, model_tensor_name(kCls0W)) == 0 || std::strcmp(name, model_tensor_name(kCls3W)) == 0)
+      return true;
+    if (std::strncmp(name, "layers.", 7) != 0) return false;
+    const char* p = name + 7;
+    const char* digits = p;
+    while (*p >= '0' && *p <= '9') ++p;
+    if (p == digits || *p != '.') return false;
+    ++p;
+    for (int k : {kWq, kWk, kWv, kWo, kFf0W, kFf3W})
+      if (std::strcmp(p, layer_tensor_name(k)) == 0) return true;
+    return false;
+  }
+
+  /// True when some product weight is bound as bf16 (forward then runs every product in bf16).
+  bool has_bf16_weights() const { return bf16_bound_ > 0; }
+
+  /// Bytes of the parameters forward reads, as bound (4 or 8 a float or double value, 2 a bf16 weight): the tensors
+  /// parameter_count() counts (seg_emb when bound).
+  std::size_t parameter_bytes() const {
+    std::size_t n = 0;
+    auto add = [&](const S* f, const bf16* h, Index numel) {
+      if (f) n += static_cast<std::size_t>(numel) * sizeof(S);
+      if (h) n += static_cast<std::size_t>(numel) * sizeof(bf16);
+    };
+    for (int k = 0; k < kModelTensors; ++k) {
+      const bool cls_part = k == kCls0W || k == kCls0B || k == kCls3W || k == kCls3B;
+      if ((cls_part && cfg_.task != Task::cls) || (k == kMlmB && cfg_.task != Task::mlm)) continue;
+      add(model_[k], model16_[k], model_tensor_numel(k));
+    }
+    for (Index l = 0; l < cfg_.n_layers; ++l)
+      for (int k = 0; k < kLayerTensors; ++k)
+        add(layers_[static_cast<std::size_t>(l)].t[k], layers_[static_cast<std::size_t>(l)].h[k], layer_tensor_numel(k));
+    return n;
+  }
+
+private:
+  /// Where the tensor called `name` is bound: its float and bf16 pointers (null f: no such tensor).
+  struct Slot {
+    const S** f = nullptr;
+    const bf16** h = nullptr;
     Index expected = 0;
+    bool product = false;  ///< a matrix product's weight (may be bf16)
+  };
+  Slot find_slot_(const char* name) {
+    Slot sl;
     if (std::strncmp(name, "layers.", 7) == 0) {
       const char* p = name + 7;
       Index l = 0;
@@ -174,27 +261,29 @@ public:
         digits = true;
         if (l > 1000000) break;
       }
-      if (!digits || *p != '.') return false;
+      if (!digits || *p != '.') return sl;
       ++p;
       for (int k = 0; k < kLayerTensors; ++k)
         if (std::strcmp(p, layer_tensor_name(k)) == 0) {
           check(l < cfg_.n_layers, "InferenceModel::bind: ", name, ": the model has ", cfg_.n_layers, " layers");
-          slot = &layers_[static_cast<std::size_t>(l)].t[k];
-          expected = layer_tensor_numel(k);
+          sl.f = &layers_[static_cast<std::size_t>(l)].t[k];
+          sl.h = &layers_[static_cast<std::size_t>(l)].h[k];
+          sl.expected = layer_tensor_numel(k);
+          sl.product = k == kWq || k == kWk || k == kWv || k == kWo || k == kFf0W || k == kFf3W;
         }
     } else {
       for (int k = 0; k < kModelTensors; ++k)
         if (std::strcmp(name, model_tensor_name(k)) == 0) {
-          slot = &model_[k];
-          expected = model_tensor_numel(k);
+          sl.f = &model_[k];
+          sl.h = &model16_[k];
+          sl.expected = model_tensor_numel(k);
+          sl.product = k == kCls0W || k == kCls3W;
         }
     }
-    if (!slot) return false;
-    check(data != nullptr, "InferenceModel::bind: ", name, ": null data");
-    check(numel == expected, "InferenceModel::bind: ", name, ": expected ", expected, " values, got ", numel);
-    *slot = data;
-    return true;
+    return sl;
   }
+
+public:
 
   /// Binds every parameter of a model with the reference's names (a TransformerModel<S, Attention>), without copying:
   /// the model must outlive this one, and a change of its parameters shows here.
@@ -220,12 +309,12 @@ public:
       if (k == kSegEmb) continue;
       const bool cls_part = k == kCls0W || k == kCls0B || k == kCls3W || k == kCls3B;
       if ((cls_part && cfg_.task != Task::cls) || (k == kMlmB && cfg_.task != Task::mlm)) continue;
-      check(model_[k] != nullptr, "InferenceModel: '", model_tensor_name(k), "' is not bound");
+      check(model_[k] != nullptr || model16_[k] != nullptr, "InferenceModel: '", model_tensor_name(k), "' is not bound");
     }
     for (Index l = 0; l < cfg_.n_layers; ++l)
       for (int k = 0; k < kLayerTensors; ++k)
-        check(layers_[static_cast<std::size_t>(l)].t[k] != nullptr, "InferenceModel: 'layers.", l, ".",
-              layer_tensor_name(k), "' is not bound");
+        check(layers_[static_cast<std::size_t>(l)].t[k] != nullptr || layers_[static_cast<std::size_t>(l)].h[k] != nullptr,
+              "InferenceModel: 'layers.", l, ".", layer_tensor_name(k), "' is not bound");
   }
 
   /// Number of parameter values forward reads (the bound tensors the configured task needs, seg_emb included).
@@ -242,9 +331,11 @@ public:
 
   // ---- workspace ----------------------------------------------------------------------------------------------
 
-  /// Elements of S the workspace needs for batches of up to max_batch sequences of up to max_len tokens.
-  static constexpr Index workspace_size(const InferenceConfig& c, Index max_batch, Index max_len) {
-    return aligned_count<S>(max_len * c.d_model) + activations_size(c, max_batch, max_len);
+  /// Elements of S the workspace needs for batches of up to max_batch sequences of up to max_len tokens; with `bf16`
+  /// (float models with bf16 product weights), also the bf16 products' conversion and packing buffers.
+  static constexpr Index workspace_size(const InferenceConfig& c, Index max_batch, Index max_len, bool bf16 = false) {
+    return aligned_count<S>(max_len * c.d_model) + activations_size(c, max_batch, max_len) +
+           (bf16 ? bf16_buffers_size(c, max_batch * max_len) : 0);
   }
 
   /// Uses `buffer` (capacity `elems` values of S, aligned to dea::kWorkspaceAlign, e.g. a static array declared
@@ -266,11 +357,12 @@ public:
     SinusoidalPositionalEncoding<S>::fill_table(ws_, max_len, cfg_.d_model);  // PE[:max_len], float32 as the model's
   }
 
-  /// Allocates an owned workspace for batches up to max_batch and lengths up to max_len (once: the set-up).
+  /// Allocates an owned workspace for batches up to max_batch and lengths up to max_len (once: the set-up; after
+  /// binding, so that bf16 weights get their products' buffers too).
   void reserve(Index max_batch, Index max_len) {
     check(max_batch > 0 && max_len > 0, "InferenceModel::reserve: max_batch and max_len must be positive, got ",
           max_batch, " and ", max_len);
-    owned_.assign(static_cast<std::size_t>(workspace_size(cfg_, max_batch, max_len)), S(0));
+    owned_.assign(static_cast<std::size_t>(workspace_size(cfg_, max_batch, max_len, has_bf16_weights())), S(0));
     set_workspace(owned_.data(), static_cast<Index>(owned_.size()), max_batch, max_len);
   }
 
@@ -302,8 +394,21 @@ public:
               "]: expected 0 or 1, got ", token_types[k]);
     }
     check_bound();
+    // bf16 product weights: every product in bf16, converting and packing into the workspace's last region
+    const bool b16 = has_bf16_weights();
+    const Index act = activations_size(cfg_, max_batch_, max_len_);
+    check(!b16 || ws_size_ >= workspace_size(cfg_, max_batch_, max_len_, true), "InferenceModel::forward: the "
+          "workspace has no room for the bf16 products (reserve after binding the bf16 weights, or size the buffer "
+          "with workspace_size(config, max_batch, max_len, /*bf16*/ true))");
+    const ScopedPrecision precision(b16 ? Precision::bf16 : thread_settings().product_precision);
+    std::optional<ops::packed::Bf16BufferScope> bf16_buffers;
+    if (b16) {  // (float: one value of S is one dword)
+      const ops::packed::Bf16BufferSize bs = bf16_buffer_dwords(cfg_, max_batch_ * max_len_);
+      std::uint32_t* const a = align64(reinterpret_cast<std::uint32_t*>(ws_ + pe_size() + act));
+      bf16_buffers.emplace(a, bs.a, align64(a + bs.a), bs.b);
+    }
 
-    Workspace<S> ws(ws_ + pe_size(), ws_size_ - pe_size());
+    Workspace<S> ws(ws_ + pe_size(), b16 ? act : ws_size_ - pe_size());
     const Index packed_n = pack_size(cfg_, max_batch_ * max_len_);
     const ops::packed::BufferScope<S> packing(ws.take(packed_n), packed_n);  // the products pack into the workspace
     MatMap<S> x(ws.take(N * D), N, D), h(ws.take(N * D), N, D);
@@ -324,13 +429,14 @@ public:
     const S eps = S(ops::layer_norm_default_eps);
     for (Index l = 0; l < cfg_.n_layers; ++l) {
       const S* const* w = layers_[static_cast<std::size_t>(l)].t;
+      const bf16* const* w16 = layers_[static_cast<std::size_t>(l)].h;
       ops::layer_norm_forward_into<S>(x, w[kLn1W], w[kLn1B], eps, h, nullptr, nullptr);  // h = LN1(x)
-      attention(w, h, Q, K, V_, ctx, B, T, mask, ws);                                     // h = DEA(h)
+      attention(w, w16, h, Q, K, V_, ctx, B, T, mask, ws);                                // h = DEA(h)
       x += h;                                                                             // x1 = x + a
       ops::layer_norm_forward_into<S>(x, w[kLn2W], w[kLn2B], eps, h, nullptr, nullptr);  // u = LN2(x1)
-      ops::linear_forward_into<S>(h, ConstMatMap<S>(w[kFf0W], F, D), w[kFf0B], f);       // a = u W0^T + b0
+      product_(h, w[kFf0W], w16[kFf0W], F, D, w[kFf0B], f);                              // a = u W0^T + b0
       ops::gelu_forward_into<S>(f, f);                                                    // g = gelu(a)
-      ops::linear_forward_into<S>(f, ConstMatMap<S>(w[kFf3W], D, F), w[kFf3B], Q);       // f = g W3^T + b3
+      product_(f, w[kFf3W], w16[kFf3W], D, F, w[kFf3B], Q);                              // f = g W3^T + b3
       x += Q;                                                                             // y = x1 + f
     }
     ops::layer_norm_forward_into<S>(x, model_[kLnfW], model_[kLnfB], eps, h, nullptr, nullptr);  // y = ln_f(x_L)
@@ -340,9 +446,9 @@ public:
       MatMap<S> pooled(ws.take(B * D), B, D), t(ws.take(B * D), B, D), z(ws.take(B * D), B, D);
       MatMap<S> logits(ws.take(B * C), B, C);
       for (Index b = 0; b < B; ++b) pooled.row(b) = h.row(b * T);                          // y[:, 0]
-      ops::linear_forward_into<S>(pooled, ConstMatMap<S>(model_[kCls0W], D, D), model_[kCls0B], t);
+      product_(pooled, model_[kCls0W], model16_[kCls0W], D, D, model_[kCls0B], t);
       z = t.array().tanh().matrix();                                                        // z = tanh(t)
-      ops::linear_forward_into<S>(z, ConstMatMap<S>(model_[kCls3W], C, D), model_[kCls3B], logits);
+      product_(z, model_[kCls3W], model16_[kCls3W], C, D, model_[kCls3B], logits);
       return ConstMatMap<S>(logits.data(), B, C);
     }
     MatMap<S> logits(ws.take(N * V), N, V);
@@ -353,6 +459,7 @@ public:
 private:
   struct LayerPtrs {
     const S* t[kLayerTensors] = {};
+    const bf16* h[kLayerTensors] = {};  ///< the product weights bound as bf16 (then t[k] is null)
   };
   using LayerStore = std::conditional_t<Layers == Dynamic, std::vector<LayerPtrs>,
                                         std::array<LayerPtrs, static_cast<std::size_t>(Layers > 0 ? Layers : 1)>>;
@@ -396,18 +503,57 @@ private:
     return m;
   }
 
+  /// y [rows, out] = x W^T + b (W [out, in]): the float weight W through ops::linear_forward_into, or its bf16 copy
+  /// W16 (when bound; then W is null) through ops::packed::gemm_bf16, reading it in place. Under the forward's
+  /// ScopedPrecision(bf16) both give the same bits for the same bf16 values.
+  template <class DX, class DY>
+  static void product_(const DX& x, const S* W, const bf16* W16, Index out, Index in, const S* b, DY& y) {
+    if constexpr (std::is_same<S, float>::value) {
+      if (W16) {
+        ops::packed::gemm_bf16(x.rows(), out, in, ops::packed::View<float>{x.data(), Index(x.outerStride()), 1},
+                               ops::packed::View<bf16>{W16, 1, in}, y.data(), Index(y.outerStride()), false, b);
+        return;
+      }
+    }
+    ops::linear_forward_into<S>(x, ConstMatMap<S>(W, out, in), b, y);
+  }
+
+  /// The bf16 products' buffers for products of up to max_rows rows (the largest over the model's products).
+  static constexpr ops::packed::Bf16BufferSize bf16_buffer_dwords(const InferenceConfig& c, Index max_rows) {
+    const Index D = c.d_model, F = c.d_ff;
+    const Index NK[5][2] = {{D, D}, {F, D}, {D, F}, {c.task == Task::cls ? c.n_classes : c.vocab_size, D}, {D, D}};
+    ops::packed::Bf16BufferSize m;
+    for (const auto& nk : NK) {
+      const ops::packed::Bf16BufferSize s = ops::packed::bf16_buffer_size(max_rows, nk[0], nk[1]);
+      m.a = s.a > m.a ? s.a : m.a;
+      m.b = s.b > m.b ? s.b : m.b;
+    }
+    return m;
+  }
+  /// Values of S the bf16 products' buffers take in the workspace (float models; 0 for double).
+  static constexpr Index bf16_buffers_size(const InferenceConfig& c, Index max_rows) {
+    if (!std::is_same<S, float>::value) return 0;
+    const ops::packed::Bf16BufferSize m = bf16_buffer_dwords(c, max_rows);
+    return aligned_count<S>(m.a + m.b + 32);  // (and room to start each at a multiple of 64 bytes)
+  }
+  /// p moved up to the next multiple of 64 bytes.
+  static std::uint32_t* align64(std::uint32_t* p) {
+    const std::uintptr_t u = reinterpret_cast<std::uintptr_t>(p);
+    return reinterpret_cast<std::uint32_t*>((u + 63) / 64 * 64);
+  }
+
   /// Dual-Expert attention of one layer without oracle, in place on h [N, D] (LN1 output in, attention output
   /// out): the row-block kernel of DualExpertAttention's reference kernel, with its maps in `ws` (a copy: every
   /// layer reuses the same region). E0~, E1~ and alpha-hat are [B, H, T, T] buffers with the layer cache's
   /// layout (alpha_mix = alpha-hat without an oracle; the scores and P replace E0~ in place), so every vectorised
   /// loop starts where the layer's does and the results are the same bits.
-  void attention(const S* const* w, MatMap<S>& h, MatMap<S>& Q, MatMap<S>& K, MatMap<S>& V, MatMap<S>& ctx, Index B,
+  void attention(const S* const* w, const bf16* const* w16, MatMap<S>& h, MatMap<S>& Q, MatMap<S>& K, MatMap<S>& V, MatMap<S>& ctx, Index B,
                  Index T, const std::uint8_t* mask, Workspace<S> ws) const {
     namespace dex = ::dea::detail::dex;
     const Index D = cfg_.d_model, H = cfg_.n_heads, Dh = D / H;
-    ops::linear_forward_into<S>(h, ConstMatMap<S>(w[kWq], D, D), w[kBq], Q);  // Q = h W_q^T + b_q
-    ops::linear_forward_into<S>(h, ConstMatMap<S>(w[kWk], D, D), w[kBk], K);  // K = h W_k^T + b_k
-    ops::linear_forward_into<S>(h, ConstMatMap<S>(w[kWv], D, D), w[kBv], V);  // V = h W_v^T + b_v
+    product_(h, w[kWq], w16[kWq], D, D, w[kBq], Q);  // Q = h W_q^T + b_q
+    product_(h, w[kWk], w16[kWk], D, D, w[kBk], K);  // K = h W_k^T + b_k
+    product_(h, w[kWv], w16[kWv], D, D, w[kBv], V);  // V = h W_v^T + b_v
     S* e0 = ws.take(B * H * T * T);
     S* e1 = ws.take(B * H * T * T);
     S* ah = ws.take(B * H * T * T);
@@ -443,7 +589,7 @@ private:
         }
       }
     }, par);
-    ops::linear_forward_into<S>(ctx, ConstMatMap<S>(w[kWo], D, D), w[kBo], h);  // a = ctx W_o^T + b_o
+    product_(ctx, w[kWo], w16[kWo], D, D, w[kBo], h);  // a = ctx W_o^T + b_o
   }
 
   /// The rope_theta of an attention's options, or 0 for an attention type without that option.
@@ -458,7 +604,9 @@ private:
 
   InferenceConfig cfg_;
   const S* model_[kModelTensors] = {};
+  const bf16* model16_[kModelTensors] = {};  ///< cls_head.0 / .3 weights bound as bf16
   LayerStore layers_{};
+  int bf16_bound_ = 0;                       ///< tensors bound as bf16
   S* ws_ = nullptr;
   Index ws_size_ = 0, max_batch_ = 0, max_len_ = 0;
   AlignedVec<S> owned_;

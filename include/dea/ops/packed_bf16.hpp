@@ -256,6 +256,7 @@ __attribute__((target("avx512f,avx512bf16"))) void tile_instruction(const TileAr
     }
   }
   store_tile(acc, x);
+  _mm256_zeroupper();  // (leave no dirty upper register halves to the caller's SSE code)
 }
 
 /// The same chains with AVX-512F fused multiply-adds: each pair's odd element first, denormals flushed by the
@@ -289,6 +290,7 @@ __attribute__((target("avx512f"))) void tile_emulated(const TileArgs& x) {
   }
   _mm_setcsr(csr);
   store_tile(acc, x);
+  _mm256_zeroupper();  // (leave no dirty upper register halves to the caller's SSE code)
 }
 
 /// The same chains with AVX2 fused multiply-adds (CPUs without AVX-512): the tile in four strips of 8 columns, each
@@ -322,6 +324,7 @@ __attribute__((target("avx2,fma"))) void tile_emulated_avx2(const TileArgs& x) {
   }
   _mm_setcsr(csr);
   write_tile(t, x);
+  _mm256_zeroupper();  // (leave no dirty upper register halves to the caller's SSE code)
 }
 
 /// Few rows (R <= 4, A read in place): R rows against NP panels at once (2 R NP <= 24 accumulators), so that a
@@ -363,6 +366,7 @@ __attribute__((target("avx512f,avx512bf16"))) void wide_instruction(const TileAr
     y.bias = x.bias ? x.bias + t * NR : nullptr;
     write_tile(t_, y);
   }
+  _mm256_zeroupper();  // (leave no dirty upper register halves to the caller's SSE code)
 }
 
 /// The CPU's features, read once.
@@ -436,13 +440,18 @@ inline void convert_row(const float* __restrict src, Index K, u32* __restrict ds
   if (K & 1) dst[full] = bits_of(src[K - 1]);
 }
 
-/// Thread-local growable scratch of dwords (64-byte aligned).
+/// Thread-local growable scratch of dwords (64-byte aligned), or a caller's buffer while a Bf16BufferScope is alive.
 struct Scratch {
   u32* p = nullptr;
   Index n = 0;
-  ~Scratch() { std::free(p); }
+  bool external = false;  ///< p is a Bf16BufferScope's buffer: never freed, never grown
+  ~Scratch() {
+    if (!external) std::free(p);
+  }
   u32* get(Index want) {
     if (want <= n) return p;
+    check(!external, "ops::packed::gemm_bf16: the Bf16BufferScope's buffer holds ", n, " dwords, this product needs ",
+          want);
     std::free(p);
     const std::size_t bytes = (static_cast<std::size_t>(want) * 4 + 63) / 64 * 64;
     p = static_cast<u32*>(std::aligned_alloc(64, bytes));
@@ -465,12 +474,12 @@ inline Scratch& b_scratch() {
 }
 
 /// Columns of B per packed block: the [pairs, nc] block of dwords stays within kBBlockBytes.
-inline Index n_block(Index K, Index N) {
-  const Index pairs = std::max<Index>(1, k_block_bf16(K) / 2);
+constexpr Index n_block(Index K, Index N) {
+  const Index pairs = k_block_bf16(K) / 2 > 1 ? k_block_bf16(K) / 2 : 1;
   Index nc = kBBlockBytes / (pairs * 4) / NR * NR;
   if (nc < NR) nc = NR;
   const Index whole = (N + NR - 1) / NR * NR;
-  return std::min(nc, whole);
+  return nc < whole ? nc : whole;
 }
 
 /// The packed product: A packed whole (every row panel, every block of k) by the team, then, per block of B, its
@@ -589,6 +598,60 @@ inline void fill_empty(Index M, Index N, float* C, Index ldc, bool accumulate, c
 }
 
 }  // namespace bf16_detail
+
+/// Dwords the bf16 products with a row-major A [M, K] (any B, any thread count) take from the calling thread's buffers:
+/// {for A's rows, for B's packed blocks}. A Bf16BufferScope of these sizes (the largest over a set of products)
+/// makes those products allocate nothing.
+struct Bf16BufferSize {
+  Index a = 0, b = 0;
+};
+constexpr Bf16BufferSize bf16_buffer_size(Index M, Index N, Index K) {
+  if (M <= 0 || N <= 0 || K <= 0) return Bf16BufferSize{};
+  const Index kb = k_block_bf16(K), nblk = (K + kb - 1) / kb, half = kb / 2;
+  const Index P = (nblk - 1) * half + (K - (nblk - 1) * kb + 1) / 2;
+  const Index nc = bf16_detail::n_block(K, N), blocks = (N + nc - 1) / nc * nblk;
+  return Bf16BufferSize{M * P, (blocks > 1 ? 2 : 1) * half * nc};  // (two B blocks when a team double-buffers)
+}
+
+/// While alive, the bf16 products of the calling thread whose A is row-major take their buffers from the caller's
+/// memory instead of the heap: `a` (a_dwords) for A's rows, `b` (b_dwords) for B's packed blocks, each 64-byte
+/// aligned (sizes from bf16_buffer_size). A product that needs more is an error. Scopes do not nest.
+class Bf16BufferScope {
+public:
+  Bf16BufferScope(std::uint32_t* a, Index a_dwords, std::uint32_t* b, Index b_dwords)
+      : a_(bf16_detail::a_scratch()), b_(bf16_detail::b_scratch()) {
+    check(!a_.external && !b_.external, "ops::packed::Bf16BufferScope: scopes do not nest");
+    check(reinterpret_cast<std::uintptr_t>(a) % 64 == 0 && reinterpret_cast<std::uintptr_t>(b) % 64 == 0,
+          "ops::packed::Bf16BufferScope: the buffers must be 64-byte aligned");
+    saved_a_ = a_.p;
+    saved_an_ = a_.n;
+    saved_b_ = b_.p;
+    saved_bn_ = b_.n;
+    a_.p = a;
+    a_.n = a_dwords;
+    a_.external = true;
+    b_.p = b;
+    b_.n = b_dwords;
+    b_.external = true;
+  }
+  ~Bf16BufferScope() {  // the thread's own buffers back, as they were
+    a_.p = saved_a_;
+    a_.n = saved_an_;
+    a_.external = false;
+    b_.p = saved_b_;
+    b_.n = saved_bn_;
+    b_.external = false;
+  }
+  Bf16BufferScope(const Bf16BufferScope&) = delete;
+  Bf16BufferScope& operator=(const Bf16BufferScope&) = delete;
+
+private:
+  bf16_detail::Scratch& a_;
+  bf16_detail::Scratch& b_;
+  bf16_detail::u32* saved_a_ = nullptr;
+  bf16_detail::u32* saved_b_ = nullptr;
+  Index saved_an_ = 0, saved_bn_ = 0;
+};
 
 /// True when this CPU runs the bf16 products with the vdpbf16ps instruction (AVX512_BF16); otherwise they are
 /// emulated (the same bits, at most the float product's speed).

@@ -26,8 +26,9 @@
 // are computed in double from phi and sim in both. With OracleOptions::precision bf16 (NliOracle<float>), the weight
 // products of both models (the attention projections, the FFN, the pooler, the classifier) read bf16 copies of their
 // operands and accumulate in float; the attention's per-head products, norms, GELU, softmax, pooling and the scores
-// stay float. On the golden pairs alpha then stays within 0.01 of the float oracle's (tests/test_oracle.cpp); the
-// bits still depend on each pair alone.
+// stay float. The oracle then stores both models' product weights once as bf16 (store_bf16_weights: half the memory of
+// their float values), which gives the same bits as the float weights with bf16 products. On the golden pairs alpha
+// stays within 0.01 of the float oracle's (tests/test_oracle.cpp); the bits still depend on each pair alone.
 //
 // Batches, threads and determinism. The reference pads each batch to its longest sequence. Here sequences of equal
 // length run together (no padding) in forwards of at most OracleOptions::max_batch_tokens tokens, on all threads,
@@ -137,6 +138,9 @@ public:
     check_common(nc.id2label, nc.max_position_embeddings);
     check_tokenizer_fits(*nli_tok_, nc, nli_name_);
     for (Param<S>* p : nli_->parameters()) p->grad = Vec<S>();
+    // bf16 products: the product weights stored once as bf16 instead of float (the same bits)
+    if constexpr (std::is_same<S, float>::value)
+      if (opt_.precision == Precision::bf16) nli_->store_bf16_weights();
   }
 
   /// The same with a DeBERTa-v2/v3 cross-encoder and its SentencePiece tokenizer.
@@ -196,6 +200,14 @@ public:
     return *deb_;
   }
   Embedder& embedder() { return emb_; }
+  /// Bytes of both models' weights as held (float values; bf16 copies with precision bf16, except a DeBERTa
+  /// cross-encoder's, which stay float).
+  std::size_t weight_bytes() const {
+    std::size_t n = emb_.weight_bytes();
+    if (nli_) return n + nli_->weight_bytes();
+    for (Param<S>* p : const_cast<DebertaNli&>(*deb_).parameters()) n += sizeof(S) * static_cast<std::size_t>(p->value.size());
+    return n;
+  }
 
   /// [CLS] q [SEP] k [SEP] with token types, longest_first at nli_max_length: the cross-encoder's input.
   text::Encoding nli_encoding(const std::string& premise, const std::string& hypothesis) const {
@@ -336,6 +348,8 @@ private:
     check_tokenizer_fits(emb_tok_, ec, emb_name_);
     // frozen models: no gradient buffers (every Param holds one as large as its value)
     for (Param<S>* p : emb_.parameters()) p->grad = Vec<S>();
+    if constexpr (std::is_same<S, float>::value)
+      if (opt_.precision == Precision::bf16) emb_.store_bf16_weights();
   }
 
   /// The DeBERTa cross-encoder's logits [idx.size(), labels] of the encodings enc[idx[..]], all of one length (token
