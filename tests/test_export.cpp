@@ -231,7 +231,7 @@ TEST_CASE("dea_export_c --type bf16 writes a model header's product weights as b
     }
     (product ? products : others) += 1;
   }
-  CHECK(products == 2 * 6 + 2);  // per layer W_q, W_k, W_v, W_o, ff.0, ff.3; the cls head's two weights
+  CHECK(products == 2 * 4 + 2);  // per layer W_v, W_o, ff.0, ff.3 (W_q and W_k stay float); the cls head's two
   CHECK(others > 0);
 }
 

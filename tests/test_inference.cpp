@@ -228,8 +228,7 @@ namespace {
 
 /// True for the weights of the model's matrix products (the tensors InferenceModel takes as bf16).
 bool product_weight(const std::string& n) {
-  for (const char* end : {"attn.W_q.weight", "attn.W_k.weight", "attn.W_v.weight", "attn.W_o.weight", "ff.0.weight",
-                          "ff.3.weight"})
+  for (const char* end : {"attn.W_v.weight", "attn.W_o.weight", "ff.0.weight", "ff.3.weight"})
     if (n.size() > std::strlen(end) && n.compare(n.size() - std::strlen(end), std::strlen(end), end) == 0) return true;
   return n == "cls_head.0.weight" || n == "cls_head.3.weight";
 }
@@ -300,13 +299,16 @@ TEST_CASE("InferenceModel: bf16 weights take 2 bytes each; only product weights,
   const std::size_t float_bytes = inf.parameter_bytes();
   CHECK(float_bytes == std::size_t(inf.parameter_count()) * sizeof(float));
   std::vector<bf16> w(16 * 16);
-  CHECK(inf.bind("layers.0.attn.W_q.weight", w.data(), 256));
+  CHECK(inf.bind("layers.0.attn.W_v.weight", w.data(), 256));
+  // W_q and W_k stay float: Q and K are the gate's inputs, fp32 products under the bf16 policy
+  REQUIRE_THROWS_WITH(inf.bind("layers.0.attn.W_q.weight", w.data(), 256), Catch::Contains("stays float"));
+  REQUIRE_THROWS_WITH(inf.bind("layers.0.attn.W_k.weight", w.data(), 256), Catch::Contains("stays float"));
   CHECK(inf.parameter_bytes() == float_bytes - 256 * 2);
   CHECK(inf.has_bf16_weights());
   CHECK_FALSE(inf.bind("layers.0.attn.W_x", w.data(), 1));
   REQUIRE_THROWS_WITH(inf.bind("layers.0.ln1.weight", w.data(), 16),
                       Catch::Contains("layers.0.ln1.weight") && Catch::Contains("stays float"));
-  REQUIRE_THROWS_WITH(inf.bind("layers.0.attn.W_k.weight", w.data(), 100), Catch::Contains("expected 256 values"));
+  REQUIRE_THROWS_WITH(inf.bind("layers.0.attn.W_o.weight", w.data(), 100), Catch::Contains("expected 256 values"));
   // a workspace sized without the bf16 buffers is refused by name; one sized with them (constexpr: a static array
   // can hold it) works
   static_assert(nn::InferenceModel<float>::workspace_size(nn::InferenceConfig{29, 16, 2, 2, 36, 16, 3, nn::Task::cls},
@@ -332,11 +334,11 @@ TEST_CASE("InferenceModel: bf16 weights take 2 bytes each; only product weights,
   CHECK(a.allFinite());
   // binding the float tensor again returns the model to float products
   for (Param<float>* q : model.parameters())
-    if (q->name == "layers.0.attn.W_q.weight") inf.bind(q->name.c_str(), q->value.data(), q->numel());
+    if (q->name == "layers.0.attn.W_v.weight") inf.bind(q->name.c_str(), q->value.data(), q->numel());
   CHECK_FALSE(inf.has_bf16_weights());
   CHECK(inf.parameter_bytes() == float_bytes);
   nn::InferenceModel<double> d(cfg);
-  REQUIRE_THROWS_WITH(d.bind("layers.0.attn.W_q.weight", w.data(), 256), Catch::Contains("float models"));
+  REQUIRE_THROWS_WITH(d.bind("layers.0.attn.W_v.weight", w.data(), 256), Catch::Contains("float models"));
 }
 
 TEST_CASE("InferenceModel: bad bindings, sizes and inputs are errors that name them", "[inference][errors]") {

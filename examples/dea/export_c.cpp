@@ -13,9 +13,9 @@
 // int64_t / int32_t, U8 and BOOL as uint8_t. Values are written as hexadecimal floating literals, so the arrays
 // hold exactly the stored values (after the conversion to --type). The header is written atomically; its
 // contents have internal linkage, so include it in one translation unit.
-// --type bf16 (a model checkpoint, not --all): the weights of the matrix products (W_q, W_k, W_v, W_o, ff.0 and ff.3
-// of every layer, cls_head.0 and cls_head.3) as dea::bf16 arrays, each value rounded to nearest even (2 bytes a
-// weight), written as their bits; every other tensor as float. Its loader binds them as bf16, so InferenceModel runs
+// --type bf16 (a model checkpoint, not --all): the weights of the bf16 matrix products (W_v, W_o, ff.0 and ff.3 of
+// every layer, cls_head.0 and cls_head.3; W_q and W_k stay float: nn/inference.hpp) as dea::bf16 arrays, each value
+// rounded to nearest even (2 bytes a weight), written as their bits; every other tensor as float. Its loader binds them as bf16, so InferenceModel runs
 // every product in bf16 (nn/inference.hpp).
 // Identifiers: --namespace must be a C++ identifier that is not a keyword, not reserved (starting with '_' and an
 // upper-case letter, or holding "__"), not std or dea, and not linux, unix or i386 (GCC's macros in its GNU modes).

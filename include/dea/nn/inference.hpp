@@ -21,11 +21,12 @@
 // logits agree with the model's bit for bit (a model whose attention has the same DHead; a fixed DHead differs
 // from Dynamic by round-off); tests/test_inference.cpp checks it against TransformerModel, dynamic and fixed sizes.
 //
-// bf16 weights (float models): the weights of the matrix products (W_q, W_k, W_v, W_o, ff.0 and ff.3 of every layer,
+// bf16 weights (float models): the weights of the bf16 matrix products (W_v, W_o, ff.0 and ff.3 of every layer,
 // cls_head.0 and cls_head.3) may be bound as arrays of dea::bf16 (2 bytes a weight; `dea export-c --type bf16` writes
 // them), read in place by ops::packed::gemm_bf16 (bf16 operands, float accumulation). With any of them bound, every
-// product of forward runs in bf16 (a float-bound product weight and the tied mlm head are rounded as the products
-// read them), and everything else stays float: the logits are then the bits of TransformerModel's evaluation
+// one of those products runs in bf16 (a float-bound weight and the tied mlm head are rounded as the products read
+// them), and everything else stays float, W_q and W_k included (Q and K are the gate's inputs, fp32 products under
+// the bf16 policy as in the layer): the logits are then the bits of TransformerModel's evaluation
 // forward under ScopedPrecision(Precision::bf16) with the weights those arrays were rounded from. The products
 // convert and pack into the workspace (ops::packed::Bf16BufferScope), so forward still allocates nothing.
 #pragma once
@@ -184,7 +185,7 @@ public:
     return true;
   }
 
-  /// Binds the weight of a matrix product (see the file comment: W_q, W_k, W_v, W_o, ff.0.weight, ff.3.weight,
+  /// Binds the weight of a bf16 matrix product (see the file comment: W_v, W_o, ff.0.weight, ff.3.weight,
   /// cls_head.0.weight, cls_head.3.weight) to `numel` bf16 values at `data` (row-major [out, in], as the float
   /// tensor), read in place by the products and never copied; it replaces a float binding of the same tensor. float
   /// models only. Returns false when the model has no tensor of that name; any other tensor of the model is a
@@ -193,8 +194,9 @@ public:
     check(std::is_same<S, float>::value, "InferenceModel::bind: ", name, ": bf16 weights are for float models");
     const Slot sl = find_slot_(name);
     if (!sl.f) return false;
-    check(sl.product, "InferenceModel::bind: ", name, ": only the weights of matrix products may be bf16 (W_q, W_k, "
-          "W_v, W_o, ff.0.weight, ff.3.weight, cls_head.0.weight, cls_head.3.weight); this one stays float");
+    check(sl.product, "InferenceModel::bind: ", name, ": only the weights of bf16 matrix products may be bf16 (W_v, "
+          "W_o, ff.0.weight, ff.3.weight, cls_head.0.weight, cls_head.3.weight); this one stays float (W_q and W_k "
+          "too: Q and K are the gate's inputs, fp32 products)");
     check(data != nullptr, "InferenceModel::bind: ", name, ": null data");
     check(numel == sl.expected, "InferenceModel::bind: ", name, ": expected ", sl.expected, " values, got ", numel);
     if (!*sl.h) ++bf16_bound_;
@@ -203,9 +205,9 @@ public:
     return true;
   }
 
-  /// True when `name` is the weight of one of the model's matrix products (the tensors that may be bound as bf16):
-  /// layers.<i>.attn.W_q/W_k/W_v/W_o.weight, layers.<i>.ff.0.weight, layers.<i>.ff.3.weight, cls_head.0.weight,
-  /// cls_head.3.weight.
+  /// True when `name` is the weight of one of the model's bf16 matrix products (the tensors that may be bound as
+  /// bf16): layers.<i>.attn.W_v/W_o.weight, layers.<i>.ff.0.weight, layers.<i>.ff.3.weight, cls_head.0.weight,
+  /// cls_head.3.weight (not W_q and W_k, whose products stay fp32).
   static bool is_product_weight(const char* name) {
     if (std::strcmp(name, model_tensor_name(kCls0W)) == 0 || std::strcmp(name, model_tensor_name(kCls3W)) == 0)
       return true;
@@ -215,7 +217,7 @@ public:
     while (*p >= '0' && *p <= '9') ++p;
     if (p == digits || *p != '.') return false;
     ++p;
-    for (int k : {kWq, kWk, kWv, kWo, kFf0W, kFf3W})
+    for (int k : {kWv, kWo, kFf0W, kFf3W})
       if (std::strcmp(p, layer_tensor_name(k)) == 0) return true;
     return false;
   }
@@ -269,7 +271,7 @@ private:
           sl.f = &layers_[static_cast<std::size_t>(l)].t[k];
           sl.h = &layers_[static_cast<std::size_t>(l)].h[k];
           sl.expected = layer_tensor_numel(k);
-          sl.product = k == kWq || k == kWk || k == kWv || k == kWo || k == kFf0W || k == kFf3W;
+          sl.product = k == kWv || k == kWo || k == kFf0W || k == kFf3W;  // not W_q, W_k: fp32 products
         }
     } else {
       for (int k = 0; k < kModelTensors; ++k)
@@ -551,8 +553,11 @@ private:
                  Index T, const std::uint8_t* mask, Workspace<S> ws) const {
     namespace dex = ::dea::detail::dex;
     const Index D = cfg_.d_model, H = cfg_.n_heads, Dh = D / H;
-    product_(h, w[kWq], w16[kWq], D, D, w[kBq], Q);  // Q = h W_q^T + b_q
-    product_(h, w[kWk], w16[kWk], D, D, w[kBk], K);  // K = h W_k^T + b_k
+    {
+      const ScopedPrecision gate_inputs(Precision::fp32);  // Q and K, the gate's inputs, are fp32 products
+      product_(h, w[kWq], nullptr, D, D, w[kBq], Q);       // Q = h W_q^T + b_q
+      product_(h, w[kWk], nullptr, D, D, w[kBk], K);       // K = h W_k^T + b_k
+    }
     product_(h, w[kWv], w16[kWv], D, D, w[kBv], V);  // V = h W_v^T + b_v
     S* e0 = ws.take(B * H * T * T);
     S* e1 = ws.take(B * H * T * T);
