@@ -286,6 +286,12 @@ if(TARGET dea_cli)
   dea_cli_test(dea_unknown_subcommand_flag dea_cli 2 "unknown flag --bogus" interop --bogus)
 endif()
 
+# dea --version: "dea X.Y.Z", the project() version (the one <dea/version.hpp> carries), on stdout, exit 0
+if(TARGET dea_cli)
+  string(REPLACE "." "\\." dea_version_re "${PROJECT_VERSION}")
+  dea_cli_sh(dea_version dea_cli 0 "^dea ${dea_version_re}\n" "\"$0\" --version 2>/dev/null")
+endif()
+
 # dea tokenize: JSON lines in, ids / pieces / pair encodings out, as Hugging Face's tokenizers gives them for
 # bert-base-uncased; a bad line exits 2 naming it, after the complete lines before it (stdout) or with nothing written
 # (--out)

@@ -11,6 +11,7 @@
 // starting again. Set OMP_WAIT_POLICY=active (or GOMP_SPINCOUNT) to keep OpenMP's default spinning.
 #include "commands.hpp"
 
+#include <dea/version.hpp>
 #include <fmt/core.h>
 
 #include <cstdlib>
@@ -43,6 +44,7 @@ const Command kCommands[] = {
 std::string command_list() {
   std::string s = "usage: dea <command> [flags]   (dea <command> --help: its flags)\n\ncommands:\n";
   for (const Command& c : kCommands) s += fmt::format("  {:<10} {}\n", c.name, c.summary);
+  s += "\n`dea --version` prints the version.\n";
   s += "\nFlag names take '_' and '-' alike: --max_len and --max-len are one flag, in every command.\n";
   s += "\nOpenMP threads wait passively unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set.\n";
   return s;
@@ -72,6 +74,10 @@ int main(int argc, char** argv) {
   const std::string cmd = argv[1];
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     fmt::print("{}", command_list());
+    return 0;
+  }
+  if (cmd == "--version" || cmd == "-V") {
+    fmt::print("dea {}\n", DEA_VERSION_STRING);
     return 0;
   }
   for (const Command& c : kCommands)
