@@ -7,10 +7,12 @@
 #include <dea/attention/inputs.hpp>
 #include <dea/core/init.hpp>
 #include <dea/dea.hpp>
+#include <dea/version.hpp>
 
 #include <iostream>
 
 int main() {
+  std::cout << "consumer: dea " << DEA_VERSION_STRING << " headers\n";
   dea::Rng rng(7);
   dea::DotProductAttention<float> attn(64, 4, rng);
   dea::Mat<float> x(2 * 10, 64);  // B = 2 sequences of T = 10 tokens
