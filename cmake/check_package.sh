@@ -4,17 +4,23 @@
 # pkg-config. Each program then runs and must report the installed version.
 #   bash cmake/check_package.sh BUILD_DIR VERSION CXX
 # BUILD_DIR: a configured dea build; VERSION: the project's version (X.Y.Z); CXX: the C++ compiler.
+# With DEA_CHECK_PREFIX set, the check uses that prefix as it is (an unpacked libdea-dev package, for instance)
+# instead of installing into a scratch one; DEA_CHECK_WORK: its scratch directory (default BUILD_DIR/package-check).
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:?usage: check_package.sh BUILD_DIR VERSION CXX}" && pwd)
 version=${2:?usage: check_package.sh BUILD_DIR VERSION CXX}
 cxx=${3:?usage: check_package.sh BUILD_DIR VERSION CXX}
-work="$build/package-check"
+work=${DEA_CHECK_WORK:-$build/package-check}
 prefix="$work/prefix"
 fail() { echo "package check: $*"; exit 1; }
 rm -rf "$work"
 mkdir -p "$work"
-cmake --install "$build" --component dev --prefix "$prefix" >/dev/null
+if [ -n "${DEA_CHECK_PREFIX:-}" ]; then
+  prefix=$DEA_CHECK_PREFIX
+else
+  cmake --install "$build" --component dev --prefix "$prefix" >/dev/null
+fi
 
 # what the dev component holds, and that it holds no program
 for f in include/dea/dea.hpp include/dea/version.hpp share/dea/cmake/deaConfig.cmake \
