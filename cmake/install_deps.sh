@@ -7,9 +7,10 @@ set -euo pipefail
 # against the SVG 1.1 DTD with xmllint (tests/check_svg.py); unicode-data: the Unicode Character Database, from which
 # the test unicode_tables_up_to_date regenerates the tokenizer's tables (cmake/gen_unicode_tables.py);
 # libsentencepiece-dev: the SentencePiece library of the DeBERTa tokenizer (optional for the library, found by
-# cmake/sentencepiece.cmake)
+# cmake/sentencepiece.cmake); dpkg-dev and pkg-config: the package tests build the Debian packages and a consumer
+# against the installed files (cmake/check_deb.sh, cmake/check_package.sh)
 pkgs=(cmake g++ make libeigen3-dev libfmt-dev catch2 nlohmann-json3-dev python3 libxml2-utils w3c-sgml-lib unicode-data
-      libsentencepiece-dev)
+      libsentencepiece-dev dpkg-dev pkg-config)
 pkgs+=("$@")
 missing=()
 for p in "${pkgs[@]}"; do
