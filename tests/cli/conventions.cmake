@@ -1,6 +1,6 @@
 # The conventions every dea subcommand keeps (included at the end of cli_tests.cmake, whose dea_cli_sh / dea_cli_test
-# it uses): its help names its exit statuses; "--" ends the flags; results go to stdout and notices to stderr, and
-# dea eval --json leaves the JSON document alone on stdout; dea eval --ckpt takes the run directory or its checkpoint.
+# it uses): its help names its exit statuses; "--" ends the flags; results go to stdout and progress and notices to
+# stderr, and dea eval --json leaves the JSON document alone on stdout; dea eval --ckpt takes the run directory or its checkpoint.
 if(TARGET dea_cli)
   foreach(cmd train eval generate visualize interop export-c tokenize oracle)
     dea_cli_test(dea_${cmd}_help_exit_status dea_cli 0 "\nExit status: 0 [^\n]*, 1 [^\n]*, 2 " ${cmd} --help)
@@ -18,6 +18,18 @@ if(TARGET dea_cli)
   dea_cli_sh(eval_ckpt_other_file dea_cli 2
              "--ckpt '[^']*cli_not_a_checkpoint.txt': expected a run directory or the checkpoint.safetensors in one"
              "f='${CMAKE_CURRENT_BINARY_DIR}/cli_not_a_checkpoint.txt'; echo x > \"$f\"; \"$0\" eval --ckpt \"$f\"")
+
+  # dea train: the progress lines on stderr, stdout without them (and still with the run's results)
+  set(dea_conv_data ${CMAKE_CURRENT_SOURCE_DIR}/data/dalpha)
+  dea_cli_sh(train_progress_on_stderr dea_cli 0
+             "stdout: progress 0, probe 1.*stderr: progress 2, last 'step +2/2 "
+             "t='${CMAKE_CURRENT_BINARY_DIR}/cli_train_streams'; rm -rf \"$t\"; mkdir -p \"$t\" && \
+\"$0\" train --d_model 16 --n_heads 2 --n_layers 1 --d_ff 32 --batch_size 8 --steps 2 --gamma_steps 2 --eval_every 2 \
+--log_every 1 --threads 1 --no-plots --dalpha_source files --babi '${dea_conv_data}/babi' \
+--clutrr '${dea_conv_data}/clutrr.csv' --conceptnet '${dea_conv_data}/conceptnet_assertions.csv' \
+--capitals '${dea_conv_data}/capitals.txt' --out_dir \"$t/run\" >\"$t/out\" 2>\"$t/err\" && \
+echo \"stdout: progress $(grep -c '^step ' \"$t/out\"), probe $(grep -c '^Paris probe' \"$t/out\")\" && \
+echo \"stderr: progress $(grep -c '^step ' \"$t/err\"), last '$(grep '^step ' \"$t/err\" | tail -n 1)'\"")
 
   if(TEST train_dalpha_files_smoke)
     set(dea_conv_run ${CMAKE_CURRENT_BINARY_DIR}/train_dalpha_files)
