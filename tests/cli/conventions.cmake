@@ -2,7 +2,7 @@
 # it uses): its help names its exit statuses; "--" ends the flags; results go to stdout and progress and notices to
 # stderr, and dea eval --json leaves the JSON document alone on stdout; dea eval --ckpt takes the run directory or its checkpoint.
 if(TARGET dea_cli)
-  foreach(cmd train eval generate visualize interop export-c tokenize oracle)
+  foreach(cmd train eval generate visualize interop export-c tokenize oracle completion)
     dea_cli_test(dea_${cmd}_help_exit_status dea_cli 0 "\nExit status: 0 [^\n]*, 1 [^\n]*, 2 " ${cmd} --help)
   endforeach()
 
@@ -13,6 +13,16 @@ if(TARGET dea_cli)
                eval --ckpt x -- --split)
   dea_cli_sh(dea_export_c_double_dash dea_cli 1 "dea export-c: safetensors '-missing.safetensors': cannot open"
              "cd '${CMAKE_CURRENT_BINARY_DIR}' && \"$0\" export-c -- -missing.safetensors cli_double_dash.hpp")
+
+  # dea completion bash: a script bash reads, completing commands, flags (from each command's flag table), the
+  # choices of a choice flag and nothing flag-like after "--"; another shell is a bad command line
+  dea_cli_sh(dea_completion_bash dea_cli 0
+             "syntax ok.*\\[ev\\] eval\n\\[eval --sp\\] --split\n\\[eval --split \\] test val train\n\
+\\[train --attention \\] mha gqa tr_mha tr_mha_v2 dea\n\\[eval -- --sp\\] \n"
+             "f='${CMAKE_CURRENT_BINARY_DIR}/cli_completion.bash'; \"$0\" completion bash > \"$f\" && bash -n \"$f\" && \
+echo 'syntax ok' && bash -c 'source \"$1\"; t() { COMP_WORDS=(dea \"$@\"); COMP_CWORD=$#; _dea; echo \"[$*] \${COMPREPLY[*]}\"; }; \
+t ev; t eval --sp; t eval --split \"\"; t train --attention \"\"; t eval -- --sp' sh \"$f\"")
+  dea_cli_test(dea_completion_other_shell dea_cli 2 "dea completion: expected the shell 'bash', got 'zsh'" completion zsh)
 
   # --ckpt names a file that is not the run's checkpoint: a bad command line, said before any loading
   dea_cli_sh(eval_ckpt_other_file dea_cli 2
