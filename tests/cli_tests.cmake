@@ -717,3 +717,5 @@ if(TARGET dea_cli)
     dea_cli_test(one_prefix_${cmd} dea_cli ${status} "^dea ${cmd}: ${message}" ${c})
   endforeach()
 endif()
+# the conventions every subcommand keeps: exit statuses in the help, "--", stdout and stderr
+include(${CMAKE_CURRENT_LIST_DIR}/cli/conventions.cmake)

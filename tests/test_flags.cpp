@@ -248,4 +248,43 @@ TEST_CASE("flag table: a program's message carries one prefix", "[flags]") {
   }
 }
 
+TEST_CASE("flag set: '--' ends the flags", "[flags]") {
+  std::string out = "none";
+  bool quiet = false;
+  cli::FlagSet files("prog [flags] FILE...");
+  files.text("out", out, "FILE", "the output").toggle("quiet", quiet, "say less").positional("FILE", "the inputs", 4);
+  // after "--" an argument that looks like a flag is a positional argument, and the flags before it still count
+  const auto p = files.parse({"--quiet", "a", "--", "--out", "-x", "--help"});
+  CHECK(quiet);
+  CHECK(out == "none");
+  CHECK_FALSE(p.help);
+  CHECK(p.positional == std::vector<std::string>{"a", "--out", "-x", "--help"});
+  CHECK(p.flags == std::set<std::string>{"quiet"});
+  // a second "--" is an argument too; the count of positional arguments still holds
+  CHECK(files.parse({"--", "--"}).positional == std::vector<std::string>{"--"});
+  CHECK_THROWS_WITH(files.parse({"a", "--", "b", "c", "d", "e"}),
+                    Contains("unexpected argument 'e' after '--' (at most 4 FILE)"));
+  // a "--" as the value of a flag is refused as before (a value does not start with "--")
+  CHECK_THROWS_WITH(files.parse({"--out", "--"}), Contains("--out: missing value"));
+  CHECK_THAT(files.help(), Contains("  --\n      ends the flags: what follows is FILE, even when it starts with '-'"));
+
+  cli::FlagSet none("prog [flags]");
+  none.toggle("quiet", quiet, "say less");
+  CHECK(none.parse({"--"}).positional.empty());  // nothing after it: accepted
+  CHECK_THROWS_WITH(none.parse({"--", "--quiet"}),
+                    Contains("unexpected argument '--quiet' after '--' (this command takes no positional argument)"));
+  CHECK_THAT(none.help(), !Contains("ends the flags"));
+}
+
+TEST_CASE("flag set: the help ends with the exit statuses", "[flags]") {
+  cli::FlagSet fs("prog [flags]");
+  CHECK_THAT(fs.help(), !Contains("Exit status"));
+  fs.exit_status("0 done, 1 failure, 2 bad command line");
+  const std::string help = fs.help();
+  const std::string last = "\nExit status: 0 done, 1 failure, 2 bad command line\n";
+  REQUIRE(help.size() > last.size());
+  CHECK(help.compare(help.size() - last.size(), last.size(), last) == 0);
+  CHECK_THAT(help, Contains("this text\n\nExit status: 0 done, 1 failure, 2 bad command line\n"));
+}
+
 }  // namespace test_flags

@@ -11,3 +11,4 @@ int dea_export_c(int argc, char** argv);
 int dea_tokenize(int argc, char** argv);
 int dea_oracle(int argc, char** argv);
 int dea_generate(int argc, char** argv);
+int dea_completion(int argc, char** argv);

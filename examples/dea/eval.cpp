@@ -5,7 +5,10 @@
 // evaluation mode, writes eval_<split>.json next to the checkpoint and alpha_hist_<split>.svg (alpha-hat against
 // the oracle alpha on the split's labelled cells) into --plot_dir (default: the run directory), then runs the
 // Paris probe. A run of --model dea_bert (config.json's "model") is rebuilt from its directory alone (bert_config.json,
-// vocab.txt, the checkpoint) and evaluated the same way.
+// vocab.txt, the checkpoint) and evaluated the same way. --ckpt takes the run directory or the checkpoint.safetensors
+// in it (the reference's usage names the checkpoint file).
+// Stdout carries the results (the JSON, then the Paris probe); where the files went goes to stderr. With --json,
+// stdout is the JSON document alone and the probe goes to stderr too.
 // Exit status: 0 done, 1 error (missing or corrupt files), 2 bad command line.
 #include "commands.hpp"
 #include "paris_probe.hpp"
@@ -21,6 +24,7 @@
 
 #include <fmt/core.h>
 
+#include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <new>
@@ -29,20 +33,37 @@
 
 using namespace dea;
 
+namespace {
+
+/// The run directory that --ckpt names: the directory itself, or the directory of the checkpoint file given.
+std::string run_directory(const std::string& ckpt) {
+  namespace sfs = std::filesystem;
+  std::error_code ec;
+  if (!sfs::is_regular_file(ckpt, ec)) return ckpt;  // a directory, or nothing: loading it says what is missing
+  const sfs::path p(ckpt);
+  check(p.filename() == "checkpoint.safetensors", "--ckpt '", ckpt,
+        "': expected a run directory or the checkpoint.safetensors in one, got another file");
+  return p.has_parent_path() ? p.parent_path().string() : std::string(".");
+}
+
+}  // namespace
+
 int dea_eval(int argc, char** argv) {
   using S = float;
   namespace enc = train::encoder;
   std::string dir, split_s = "test", plot_dir;
-  bool no_plots = false;
+  bool no_plots = false, json_only = false;
   int threads = 0;
   cli::FlagSet fs("dea eval --ckpt DIR [flags]",
                   "Evaluates a run's checkpoint on one split as the reference's eval.py does; writes\n"
                   "eval_<split>.json into the run directory.");
-  fs.text("ckpt", dir, "DIR", "the run directory of dea train (required)");
+  fs.text("ckpt", dir, "DIR", "the run directory of dea train, or its checkpoint.safetensors (required)");
   fs.choice("split", split_s, {"test", "val", "train"}, "the split to evaluate");
   fs.integer("threads", threads, 0, cli::kMaxThreads, "OpenMP threads (0 = the library default)");
   fs.text("plot_dir", plot_dir, "DIR", "where alpha_hist_<split>.svg goes (default: --ckpt)");
   fs.toggle("no-plots", no_plots, "write no plot");
+  fs.toggle("json", json_only, "stdout carries the JSON alone (the Paris probe goes to stderr)");
+  fs.exit_status("0 done, 1 error (missing or corrupt files), 2 bad command line");
   enc::Split split = enc::Split::test;
   bool split_given = false;
   try {
@@ -53,6 +74,7 @@ int dea_eval(int argc, char** argv) {
       return 0;
     }
     check(!dir.empty(), "--ckpt DIR is required");
+    dir = run_directory(dir);
     split = enc::parse_split(split_s);
     if (!no_plots && !plot_dir.empty()) {  // checked before the evaluation, not after it
       std::error_code ec;
@@ -83,7 +105,9 @@ int dea_eval(int argc, char** argv) {
       j["step"] = run.step;
       const std::string out = (std::filesystem::path(dir) / "eval_val.json").string();
       write_file_atomic(out, j.dump(2) + "\n");
-      fmt::print("{}\nwritten to {}\n", j.dump(2), out);
+      fmt::print("{}\n", j.dump(2));
+      std::fflush(stdout);
+      fmt::print(stderr, "written to {}\n", out);
       return 0;
     }
     const enc::EvalResult r =
@@ -99,15 +123,17 @@ int dea_eval(int argc, char** argv) {
     const std::string out = (std::filesystem::path(dir) / ("eval_" + name + ".json")).string();
     const nlohmann::json j = enc::to_json(r);
     write_file_atomic(out, j.dump(2) + "\n");
-    fmt::print("{}\nwritten to {}\n", j.dump(2), out);
+    fmt::print("{}\n", j.dump(2));
+    std::fflush(stdout);
+    fmt::print(stderr, "written to {}\n", out);
     if (!no_plots) {
       const std::string pdir = plot_dir.empty() ? dir : plot_dir;
       std::filesystem::create_directories(pdir);
       const std::string path = (std::filesystem::path(pdir) / ("alpha_hist_" + name + ".svg")).string();
       plots::alpha_histogram(r.alpha_hat_points, r.alpha_oracle_points, name + ": alpha_hat vs oracle").save(path);
-      fmt::print("plot: {}\n", path);
+      fmt::print(stderr, "plot: {}\n", path);
     }
-    dea_cli::print_paris_probe(probe);
+    dea_cli::print_paris_probe(probe, json_only ? stderr : stdout);
   } catch (const std::bad_alloc&) {
     fmt::print(stderr, "dea eval: out of memory evaluating the run in '{}' (see its config.json for the sizes)\n", dir);
     return 1;

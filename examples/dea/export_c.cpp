@@ -281,6 +281,7 @@ int dea_export_c(int argc, char** argv) {
   cli::FlagSet fs("dea export-c CHECKPOINT.safetensors OUT.hpp [flags]",
                   "Writes the tensors of a safetensors file as a C++ header (constexpr arrays; a model checkpoint\n"
                   "also gets its InferenceConfig and a loader for nn::InferenceModel).");
+  fs.exit_status("0 written, 1 a bad file or an inconsistent model, 2 bad command line");
   fs.positional("CHECKPOINT.safetensors OUT.hpp", "the file to export and the header to write", 2);
   fs.text("namespace", ns, "NAME", "the header's namespace (a C++ identifier, not a keyword, not reserved)");
   fs.choice("type", type, {"float", "double", "bf16"},

@@ -73,6 +73,7 @@ int dea_interop(int argc, char** argv) {
   cli::FlagSet fs("dea interop CASE.safetensors [flags]",
                   "Runs a golden case (tests/data/golden/README.md) through the library; writes what it computed\n"
                   "(--out) and compares it with the case's numbers (--compare, the default without --out).");
+  fs.exit_status("0 agreement (or written), 1 above tolerance, 2 bad command line or a bad file");
   fs.positional("CASE.safetensors", "a case file of kind dea_layer, dea_model, tr_mha_layer, tr_moe_mlp, lm_model, bert_model, bert_seq_cls, "
                 "sentence_embedding, dea_bert, deberta_model, deberta_seq_cls or bucket_table (any case with in.input_ids under --hf_model)");
   fs.text("out", out_path, "RESULT.safetensors", "write every computed out.* and grad.* tensor here");

@@ -39,6 +39,7 @@ const Command kCommands[] = {
     {"export-c", dea_export_c, "write a safetensors file as a C++ header (weights compiled in)"},
     {"tokenize", dea_tokenize, "BERT WordPiece or DeBERTa SentencePiece over JSON lines: ids, pieces or pairs"},
     {"oracle", dea_oracle, "the NLI oracle's alpha of every pair, from two local BERT model directories"},
+    {"completion", dea_completion, "a bash completion script made from the commands' flags (bash)"},
 };
 
 std::string command_list() {

@@ -187,8 +187,8 @@ int dea_oracle(int argc, char** argv) {
                   "Input lines {\"premise\", \"hypothesis\"} or {\"q_text\", \"k_text\"}; output lines: the pair, alpha,\n"
                   "alpha_raw, phi, sim, in the input's order.\n"
                   "Records are appended batch by batch; run the same command again after an interruption and it goes\n"
-                  "on from the records on disk (checked against the pairs and the models first).\n"
-                  "Exit status: 0 done, 1 the run failed (what is on disk is kept), 2 bad flags or a bad file.");
+                  "on from the records on disk (checked against the pairs and the models first).");
+  fs.exit_status("0 done, 1 the run failed (what is on disk is kept), 2 bad flags or a bad file");
   // the required flags: no default shown
   auto required = [&fs](const char* name, std::string& field, const char* value_name, const char* help) {
     fs.custom(name, value_name, "", "", help, [&field](const std::string& flag, const std::string& v) {

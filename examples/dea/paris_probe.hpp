@@ -9,6 +9,7 @@
 
 #include <fmt/core.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -76,15 +77,16 @@ ParisProbe paris_probe(Model& model, const dea::data::RunTokenizer& tok) {
   return p;
 }
 
-inline void print_paris_probe(const ParisProbe& p) {
+/// Prints the probe on `out` (stdout, or stderr where stdout carries a document of its own).
+inline void print_paris_probe(const ParisProbe& p, std::FILE* out = stdout) {
   if (!p.ok) {
-    fmt::print("Paris probe skipped: {}\n", p.error);
+    fmt::print(out, "Paris probe skipped: {}\n", p.error);
     return;
   }
-  fmt::print("Paris probe (eval mode, no oracle): alpha_hat[paris(pos {}) -> france(pos {})], mean over heads\n", p.qi,
-             p.ki);
+  fmt::print(out, "Paris probe (eval mode, no oracle): alpha_hat[paris(pos {}) -> france(pos {})], mean over heads\n",
+             p.qi, p.ki);
   for (std::size_t l = 0; l < p.per_layer.size(); ++l)
-    fmt::print("  layer {}: {:.4f}   (paper target ~0.9)\n", l, p.per_layer[l]);
+    fmt::print(out, "  layer {}: {:.4f}   (paper target ~0.9)\n", l, p.per_layer[l]);
 }
 
 }  // namespace dea_cli

@@ -97,6 +97,7 @@ int dea_tokenize(int argc, char** argv) {
                   "with --pair, {\"ids\": [...], \"token_type_ids\": [...]} for [CLS] A [SEP] B [SEP].\n"
                   "A bad input line stops the program with exit status 2, naming the line: the lines before it are\n"
                   "on standard output, each complete; with --out nothing is written.");
+  fs.exit_status("0 done, 1 the output could not be written, 2 bad command line, vocabulary or input line");
   fs.custom("vocab", "FILE", "", "", "WordPiece: the vocabulary, one token per line, line n = id n - 1",
             [&vocab_path](const std::string& flag, const std::string& v) {
               if (v.empty()) cli::bad_value(flag, v, "a file path");

@@ -254,6 +254,8 @@ int dea_train(int argc, char** argv) {
                   "validate, NLL and perplexity); dea generate decodes from its checkpoint.\n"
                   "Data parallel: mpirun -np R dea train ... --micro_batches M (M a multiple of R) trains on R\n"
                   "ranks with the bits of one process (docs/scale.md).");
+  fs.exit_status("0 done, 1 error (a bad run directory or resumed data, failed isolation check, non-finite loss), "
+                 "2 bad command line or an unusable data file");
   train::add_config_flags(fs, given);
   fs.text("plot_dir", plot_dir, "DIR", "where the plots go (default: --out_dir)");
   fs.toggle("no-plots", no_plots, "write no plots");

@@ -96,6 +96,7 @@ cli::FlagSet flag_set(Args& a) {
   cli::FlagSet fs("dea visualize [flags]",
                   "Writes the reference's attention pictures (SVG) and summary.json into --out_dir, for the\n"
                   "reference's five demo pairs or the pairs of --pairs FILE.");
+  fs.exit_status("0 done, 1 error, 2 bad command line");
   fs.text("ckpt", a.ckpt, "DIR", "a dea train run directory (or its checkpoint.safetensors); none: a fresh model",
           cli::Empty::allowed);
   fs.text("out_dir", a.out_dir, "DIR", "where the files go", cli::Empty::refused, "a directory");

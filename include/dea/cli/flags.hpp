@@ -328,17 +328,38 @@ public:
     return *this;
   }
 
+  /// The exit statuses of the program, shown at the end of the help as "Exit status: <text>"
+  /// (e.g. "0 done, 1 failure, 2 bad command line").
+  FlagSet& exit_status(std::string text) {
+    exit_status_ = std::move(text);
+    return *this;
+  }
+  const std::string& exit_status() const { return exit_status_; }
+
   /// Whether `name` is declared (in either spelling, '_' or '-').
   bool has(const std::string& name) const { return find(name) != nullptr; }
 
   /// Parses `args` (no program name). Unknown flags are reported before any bad value ("unknown flag --bogus");
   /// the values are stored in the order given after the whole line was read; a flag given twice keeps the last
-  /// value. dea::Error on any problem.
+  /// value. "--" ends the options: every argument after it is positional (a file named "-x" or "--help"), and is
+  /// refused when the set takes none. dea::Error on any problem.
   Parsed parse(const std::vector<std::string>& args) const {
     Parsed p;
     std::vector<std::pair<const Flag*, std::pair<std::string, std::string>>> kv;  // flag, (as given, value)
+    bool options_ended = false;  // after "--" every argument is positional, even one that starts with '-'
     for (std::size_t i = 0; i < args.size(); ++i) {
       const std::string& a = args[i];
+      if (options_ended) {
+        check(p.positional.size() < pos_max_, "unexpected argument '", a, "' after '--'",
+              pos_max_ == 0 ? std::string(" (this command takes no positional argument)")
+                            : ::dea::detail::concat(" (at most ", pos_max_, " ", pos_name_, ")"));
+        p.positional.push_back(a);
+        continue;
+      }
+      if (a == "--") {
+        options_ended = true;
+        continue;
+      }
       if (a == "-h" || a == "--help") {
         p.help = true;
         continue;
@@ -395,6 +416,8 @@ public:
       os << "\n";
     }
     os << "  -h, --help\n      this text\n";
+    if (pos_max_ > 0) os << "  --\n      ends the flags: what follows is " << pos_name_ << ", even when it starts with '-'\n";
+    if (!exit_status_.empty()) os << "\nExit status: " << exit_status_ << "\n";
     return os.str();
   }
 
@@ -423,6 +446,7 @@ private:
   std::vector<Flag> flags_;
   std::string pos_name_, pos_help_;
   std::size_t pos_max_ = 0;
+  std::string exit_status_;
 };
 
 /// The flag loop of a program (see the file comment). is() takes '_' and '-' alike.

@@ -208,28 +208,30 @@ void evaluation_pass(Model& model, std::size_t n, BatchFn&& batch, Visit&& visit
   }
 }
 
-/// The console's progress line: on a terminal one line rewritten in place (and kept at the steps asked for),
-/// elsewhere only the kept lines.
+/// The console's progress line, on stderr (stdout keeps the results): on a terminal one line rewritten in place
+/// (and kept at the steps asked for), elsewhere only the kept lines. Stdout is flushed first, so that the two
+/// streams read together keep their order.
 class ProgressLine {
 public:
-  explicit ProgressLine(bool enabled) : on_(enabled), tty_(enabled && stdout_is_tty()) {}
+  explicit ProgressLine(bool enabled) : on_(enabled), tty_(enabled && stderr_is_tty()) {}
   bool tty() const { return tty_; }
   /// Shows `text`; `keep` ends the line (on a terminal the next one starts below it).
   void show(const std::string& text, bool keep) {
     if (!on_ || (!tty_ && !keep)) return;
-    fmt::print("{}{}{}", tty_ ? "\r" : "", text, tty_ ? (keep ? "\n" : "   ") : "\n");
     std::fflush(stdout);
+    fmt::print(stderr, "{}{}{}", tty_ ? "\r" : "", text, tty_ ? (keep ? "\n" : "   ") : "\n");
+    std::fflush(stderr);
     open_ = tty_ && !keep;
   }
   /// Ends a rewritten line before other output.
   void finish_line() {
-    if (open_) fmt::print("\n");
+    if (open_) fmt::print(stderr, "\n");
     open_ = false;
   }
 
-  static bool stdout_is_tty() {
+  static bool stderr_is_tty() {
 #if defined(__unix__) || defined(__APPLE__)
-    return ::isatty(::fileno(stdout)) != 0;
+    return ::isatty(::fileno(stderr)) != 0;
 #else
     return false;
 #endif
