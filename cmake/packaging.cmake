@@ -1,10 +1,66 @@
 # Debian packages with CPack, one per install component (docs/packaging.md):
-#   libdea-dev  the dev component: headers, CMake package, dea.pc, licence; architecture all; depends on libeigen3-dev
-#   dea-tools   the tools component: the dea program; its library dependencies found by dpkg-shlibdeps
+#   libdea-dev   the dev component: headers, CMake package, dea.pc, licence; architecture all; depends on libeigen3-dev
+#   dea-tools    the tools component: the dea program and its bash completion; library dependencies from
+#                dpkg-shlibdeps
+#   python3-dea  the python component (the module `dea`), only where the target dea_python exists; depends on
+#                python3 and python3-numpy, and on what dpkg-shlibdeps finds for the module
+# Each package carries share/doc/<package>/copyright: LICENSE in Debian's machine-readable copyright format.
 # Build the program first, then: cpack --config BUILD/CPackConfig.cmake -B BUILD/packages
 # (packages are laid out under /usr; dpkg-shlibdeps comes with Debian's dpkg-dev).
 set(DEA_PACKAGE_MAINTAINER "dea developers <dea@localhost>" CACHE STRING
     "The Maintainer field of the Debian packages")
+
+# share/doc/<package>/copyright (Debian policy 12.5) from LICENSE: its "Copyright (c) ..." line becomes the
+# Copyright field, the text below it the licence paragraph (Debian's short name for the MIT licence is Expat).
+function(dea_debian_copyright out)
+  file(STRINGS ${PROJECT_SOURCE_DIR}/LICENSE lines)
+  set(holder "")
+  set(body "")
+  set(in_body OFF)
+  foreach(line IN LISTS lines)
+    if(NOT in_body AND line MATCHES "^Copyright \\([cC]\\) (.+)$")
+      set(holder "${CMAKE_MATCH_1}")
+      set(in_body ON)
+    elseif(in_body)
+      if(line STREQUAL "")
+        string(APPEND body " .\n")
+      else()
+        string(APPEND body " ${line}\n")
+      endif()
+    endif()
+  endforeach()
+  string(REGEX REPLACE "^( \\.\n)+" "" body "${body}")
+  if(holder STREQUAL "" OR body STREQUAL "")
+    message(FATAL_ERROR "LICENSE: no 'Copyright (c) ...' line followed by the licence text")
+  endif()
+  file(WRITE ${out}
+       "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n"
+       "Upstream-Name: ${PROJECT_NAME}\n\n"
+       "Files: *\nCopyright: ${holder}\nLicense: Expat\n${body}")
+endfunction()
+dea_debian_copyright(${CMAKE_CURRENT_BINARY_DIR}/debian-copyright)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/debian-copyright DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/libdea-dev
+        RENAME copyright COMPONENT dev)
+
+# The tools component: the dea program (examples/) and its bash completion, written by the installed program's own
+# `dea completion bash` at install time (so it always matches the program's flags; a cross build installs none).
+if(TARGET dea_cli)
+  install(FILES ${CMAKE_CURRENT_BINARY_DIR}/debian-copyright DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/dea-tools
+          RENAME copyright COMPONENT tools)
+  if(NOT CMAKE_CROSSCOMPILING)
+    set(completion ${CMAKE_CURRENT_BINARY_DIR}/completion/dea)
+    install(CODE "
+      file(MAKE_DIRECTORY \"${CMAKE_CURRENT_BINARY_DIR}/completion\")
+      execute_process(COMMAND \"$<TARGET_FILE:dea_cli>\" completion bash OUTPUT_FILE \"${completion}\"
+                      RESULT_VARIABLE dea_completion_status)
+      if(NOT dea_completion_status EQUAL 0)
+        message(FATAL_ERROR \"dea completion bash: exit status \${dea_completion_status}\")
+      endif()
+      file(INSTALL DESTINATION \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_DATADIR}/bash-completion/completions\"
+           TYPE FILE FILES \"${completion}\")" COMPONENT tools)
+  endif()
+endif()
+
 set(CPACK_PACKAGE_NAME dea)
 set(CPACK_PACKAGE_VERSION ${PROJECT_VERSION})
 set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "${PROJECT_DESCRIPTION}")
@@ -16,19 +72,46 @@ set(CPACK_DEB_COMPONENT_INSTALL ON)
 set(CPACK_COMPONENTS_ALL dev tools)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_RELEASE 1)
+# Each package's Description is its component's description: the first line the synopsis, the rest the long
+# description. CPack would put the project's one-line summary above it (one synopsis for all packages, and the
+# package's own first line pushed into the long text), so cpack forgets the summary when it runs.
+set(CPACK_PROJECT_CONFIG_FILE ${CMAKE_CURRENT_BINARY_DIR}/CPackProjectConfig.cmake)
+file(WRITE ${CPACK_PROJECT_CONFIG_FILE} "unset(CPACK_PACKAGE_DESCRIPTION_SUMMARY)\n")
 
 set(CPACK_DEBIAN_DEV_PACKAGE_NAME libdea-dev)
 set(CPACK_DEBIAN_DEV_PACKAGE_ARCHITECTURE all)
 set(CPACK_DEBIAN_DEV_PACKAGE_DEPENDS "libeigen3-dev (>= 3.3)")
 set(CPACK_DEBIAN_DEV_PACKAGE_SECTION libdevel)
 set(CPACK_COMPONENT_DEV_DESCRIPTION "Dual-Expert Attention: header-only C++17 library on Eigen
- Headers of dea (Dual-Expert Attention with hand-derived backward passes, transformer layers, AdamW), with the
- CMake package (find_package(dea CONFIG), target dea::dea) and the pkg-config file dea.pc.")
+Headers of dea (Dual-Expert Attention with hand-derived backward passes, transformer layers, AdamW), with the
+CMake package (find_package(dea CONFIG), target dea::dea) and the pkg-config file dea.pc.")
 
 set(CPACK_DEBIAN_TOOLS_PACKAGE_NAME dea-tools)
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_TOOLS_PACKAGE_SECTION science)
 set(CPACK_COMPONENT_TOOLS_DESCRIPTION "Dual-Expert Attention: the dea program
- Trains and evaluates Dual-Expert models, generates text, draws attention pictures, runs reference cases,
- tokenizes and exports weights as C++ headers.")
-include(CPack)
+Trains and evaluates Dual-Expert models, generates text, draws attention pictures, runs reference cases,
+tokenizes and exports weights as C++ headers. With its bash completion.")
+
+# python3-dea: the Python module, where it is built (the target dea_python installs into the python component).
+# The check runs when the top-level directory is done, so the module's directory may come after this file.
+set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME python3-dea)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS "python3, python3-numpy")
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SHLIBDEPS ON)
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
+set(CPACK_COMPONENT_PYTHON_DESCRIPTION "Dual-Expert Attention: the Python module dea
+The attention layers of dea (Dual-Expert, dot-product, Laplacian, token-routed) over numpy arrays of float and
+double, forward and hand-derived backward, from Python 3.")
+macro(dea_packaging_finish)
+  if(TARGET dea_python)
+    list(APPEND CPACK_COMPONENTS_ALL python)
+    install(FILES ${CMAKE_CURRENT_BINARY_DIR}/debian-copyright DESTINATION ${CMAKE_INSTALL_DATADIR}/doc/python3-dea
+            RENAME copyright COMPONENT python)
+  endif()
+  include(CPack)
+endmacro()
+if(CMAKE_VERSION VERSION_LESS 3.19)
+  dea_packaging_finish()
+else()
+  cmake_language(DEFER CALL dea_packaging_finish)
+endif()
