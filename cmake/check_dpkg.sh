@@ -172,8 +172,8 @@ if [ -n "$py" ]; then
            sed -En 's#^(/usr/lib/python3[^/]*/(dist|site)-packages)/dea(/__init__\.py|\.[^/]*\.so|\.so|\.py)$#\1#p' |
            head -n 1)
   [ -n "$moddir" ] || { dpkg --root="$root" -L python3-dea; fail "python3-dea holds no module 'dea' under /usr/lib/python3*"; }
-  /usr/bin/python3 -c 'import sys; print("\n".join(sys.path))' | grep -qx "$moddir" ||
-    fail "/usr/bin/python3 does not search $moddir"
+  syspath=$(/usr/bin/python3 -c 'import sys; print("\n".join(sys.path))')
+  grep -qx "$moddir" <<<"$syspath" || fail "/usr/bin/python3 does not search $moddir"
   file=$(cd "$work" && PYTHONPATH="$root$moddir" /usr/bin/python3 -c 'import dea; print(dea.__file__)') ||
     fail "/usr/bin/python3 -c 'import dea' failed"
   case "$file" in "$root$moddir"/*) ;; *) fail "import dea took $file, not the installed module" ;; esac
