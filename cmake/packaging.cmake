@@ -3,7 +3,7 @@
 #   dea-tools    the tools component: the dea program and its bash completion; library dependencies from
 #                dpkg-shlibdeps
 #   python3-dea  the python component (the module `dea`), only where the target dea_python exists; depends on
-#                python3 and python3-numpy, and on what dpkg-shlibdeps finds for the module
+#                python3 and python3-numpy, and on what dpkg-shlibdeps finds for the module; suggests python3-torch
 # Each package carries share/doc/<package>/copyright: LICENSE in Debian's machine-readable copyright format.
 # Build the program first, then: cpack --config BUILD/CPackConfig.cmake -B BUILD/packages
 # (packages are laid out under /usr; dpkg-shlibdeps comes with Debian's dpkg-dev).
@@ -97,11 +97,12 @@ tokenizes and exports weights as C++ headers. With its bash completion.")
 # The check runs when the top-level directory is done, so the module's directory may come after this file.
 set(CPACK_DEBIAN_PYTHON_PACKAGE_NAME python3-dea)
 set(CPACK_DEBIAN_PYTHON_PACKAGE_DEPENDS "python3, python3-numpy")
+set(CPACK_DEBIAN_PYTHON_PACKAGE_SUGGESTS python3-torch)  # for dea.torch only
 set(CPACK_DEBIAN_PYTHON_PACKAGE_SHLIBDEPS ON)
 set(CPACK_DEBIAN_PYTHON_PACKAGE_SECTION python)
 set(CPACK_COMPONENT_PYTHON_DESCRIPTION "Dual-Expert Attention: the Python module dea
 The attention layers of dea (Dual-Expert, dot-product, Laplacian, token-routed) over numpy arrays of float and
-double, forward and hand-derived backward, from Python 3.")
+double, forward and hand-derived backward, from Python 3; dea.torch puts the Dual-Expert layer in PyTorch models.")
 macro(dea_packaging_finish)
   if(TARGET dea_python)
     list(APPEND CPACK_COMPONENTS_ALL python)
