@@ -133,6 +133,44 @@ TEST_CASE("flag table: '-' and '_' spell one flag", "[flags]") {
   CHECK(args.double_value(cli::Range::open_closed(0, 1)) == 0.1);
 }
 
+TEST_CASE("flags: \"--\" ends the options of a hand-written loop too", "[flags]") {
+  // a program's loop as in the file comment: every argument is a flag or refused
+  const auto run = [](std::vector<const char*> line) {
+    line.insert(line.begin(), "prog");
+    cli::Args args(static_cast<int>(line.size()), const_cast<char**>(line.data()));
+    std::int64_t steps = 0;
+    while (args.next()) {
+      if (args.is("--steps")) steps = args.int_value(0, 100);
+      else args.unknown();
+    }
+    return steps;
+  };
+  CHECK(run({"--steps", "7"}) == 7);
+  CHECK(run({"--steps", "7", "--"}) == 7);  // nothing after it: nothing to refuse
+  CHECK(run({"--"}) == 0);
+  // after "--" a flag's name is an operand, and these programs take none
+  CHECK_THROWS_WITH(run({"--steps", "7", "--", "--steps", "9"}),
+                    Contains("unexpected argument '--steps' after '--' (this program takes no positional argument)"));
+  CHECK_THROWS_WITH(run({"--", "-h"}), Contains("unexpected argument '-h' after '--'"));
+  // only the first "--" ends the options: a second one is an operand
+  CHECK_THROWS_WITH(run({"--", "--"}), Contains("unexpected argument '--' after '--'"));
+  // before "--" nothing changes
+  CHECK_THROWS_WITH(run({"--bogus", "--"}), Contains("unknown flag '--bogus'"));
+  CHECK_THROWS_WITH(run({"file"}), Contains("unexpected argument 'file'"));
+
+  const char* argv[] = {"prog", "--steps", "3", "--", "x"};
+  cli::Args args(5, const_cast<char**>(argv));
+  REQUIRE(args.next());
+  CHECK_FALSE(args.options_ended());
+  CHECK(args.is("--steps"));
+  CHECK(args.value() == "3");
+  REQUIRE(args.next());
+  CHECK(args.options_ended());
+  CHECK(args.arg() == "x");
+  CHECK_FALSE(args.is("x"));
+  CHECK_FALSE(args.next());
+}
+
 TEST_CASE("flag table: the resume rule comes from the declaration", "[flags]") {
   const auto t = table();
   CHECK(t.resumable_names() == std::set<std::string>{"count"});

@@ -48,6 +48,8 @@ std::string command_list() {
   s += "\n`dea --version` prints the version.\n";
   s += "\nFlag names take '_' and '-' alike: --max_len and --max-len are one flag, in every command.\n";
   s += "\nOpenMP threads wait passively unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set.\n";
+  s += "\nExit status: 0 done, 1 failure, 2 bad command line (an unknown command included); a command's own are at\n"
+       "the end of its --help.\n";
   return s;
 }
 

@@ -67,3 +67,21 @@ echo \"stderr: written to $(grep -c '^written to ' \"$t/err\"), probe $(grep -c 
     set_tests_properties(eval_ckpt_file_json eval_streams PROPERTIES FIXTURES_REQUIRED trained_dalpha_files)
   endif()
 endif()
+
+# dea --help ends with the exit statuses too, like every command's help
+if(TARGET dea_cli)
+  dea_cli_test(dea_help_exit_status dea_cli 0 "\nExit status: 0 [^\n]*, 1 [^\n]*, 2 [^\n]*\n" --help)
+endif()
+
+# "--" ends the options of the hand-written flag loops too (cli::Args: the examples and bench/ programs): a flag's
+# name after it is an operand, which these programs refuse (they take none); before it the flags still count
+if(TARGET paris_demo)
+  dea_cli_test(paris_demo_double_dash paris_demo 2
+               "paris_demo: unexpected argument '--steps' after '--' \\(this program takes no positional argument\\)"
+               --seed 1 -- --steps 3)
+  dea_cli_test(paris_demo_flag_before_double_dash paris_demo 2 "paris_demo: --steps: expected an integer" --steps x --)
+endif()
+# (bench/ is added after tests/: $<TARGET_FILE:bench_peak> resolves at generation time)
+if(DEA_BUILD_BENCH AND EXISTS ${PROJECT_SOURCE_DIR}/bench/bench_peak.cpp)
+  dea_cli_test(bench_peak_double_dash bench_peak 2 "bench_peak: unexpected argument '--help' after '--'" -- --help)
+endif()

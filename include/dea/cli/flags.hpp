@@ -23,6 +23,7 @@
 //     else if (args.is("--lr")) lr = args.double_value(dea::cli::Range::open_closed(0, 1e3));
 //     else args.unknown();          // "unknown flag '--bogus'" (before any "missing value")
 //   }
+// "--" ends the options in both: what follows it is positional, never a flag.
 #pragma once
 
 #include "../core/error.hpp"
@@ -449,20 +450,30 @@ private:
   std::string exit_status_;
 };
 
-/// The flag loop of a program (see the file comment). is() takes '_' and '-' alike.
+/// The flag loop of a program (see the file comment). is() takes '_' and '-' alike. "--" ends the options, as in
+/// FlagSet: next() steps over it, and every argument after it is positional (is() matches no flag there, so a
+/// "--steps" after "--" is not the flag), which these programs refuse through unknown():
+///   "unexpected argument '--steps' after '--' (this program takes no positional argument)".
 class Args {
 public:
   Args(int argc, char** argv) : argc_(argc), argv_(argv) {}
 
-  /// Moves to the next argument; false at the end.
+  /// Moves to the next argument, over the first "--"; false at the end.
   bool next() {
     ++i_;
+    if (!options_ended_ && i_ < argc_ && std::string(argv_[i_]) == "--") {
+      options_ended_ = true;
+      ++i_;
+    }
     return i_ < argc_;
   }
   /// The current argument.
   std::string arg() const { return argv_[i_]; }
-  /// The current argument is `flag` ("--max_len" matches "--max-len" too).
+  /// The current argument came after "--": an operand, never a flag.
+  bool options_ended() const { return options_ended_; }
+  /// The current argument is `flag` ("--max_len" matches "--max-len" too); never after "--".
   bool is(const char* flag) const {
+    if (options_ended_) return false;
     const std::string a = arg();
     return a.compare(0, 2, "--") == 0 ? flag_key(a) == flag_key(flag) : a == flag;
   }
@@ -484,6 +495,9 @@ public:
   /// --threads N: an integer in [1, kMaxThreads].
   int threads_value() { return static_cast<int>(int_value(1, kMaxThreads)); }
   [[noreturn]] void unknown() const {
+    if (options_ended_)
+      ::dea::detail::raise(::dea::detail::concat("unexpected argument '", arg(),
+                                                 "' after '--' (this program takes no positional argument)"));
     ::dea::detail::raise(arg().compare(0, 1, "-") == 0 ? ::dea::detail::concat("unknown flag '", arg(), "'")
                                                        : ::dea::detail::concat("unexpected argument '", arg(), "'"));
   }
@@ -492,6 +506,7 @@ private:
   int argc_;
   char** argv_;
   int i_ = 0;
+  bool options_ended_ = false;
 };
 
 /// The flags of a configuration struct `Config`, each declared once by member: name, default (the member's
