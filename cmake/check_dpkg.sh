@@ -33,9 +33,10 @@ trap 'rm -rf "$root" "$work/bare-root"' EXIT
 # 1. the packages
 (cd "$build" && cpack --config CPackConfig.cmake -B "$work/packages") >"$work/cpack.log" 2>&1 ||
   { cat "$work/cpack.log"; fail "cpack failed"; }
-dev=$(ls "$work"/packages/libdea-dev_"$version"-*_all.deb 2>/dev/null | head -1)
-tools=$(ls "$work"/packages/dea-tools_"$version"-*.deb 2>/dev/null | head -1)
-py=$(ls "$work"/packages/python3-dea_"$version"-*.deb 2>/dev/null | head -1 || true)
+first() { for f in "$@"; do if [ -f "$f" ]; then echo "$f"; return; fi; done; }
+dev=$(first "$work"/packages/libdea-dev_"$version"-*_all.deb)
+tools=$(first "$work"/packages/dea-tools_"$version"-*.deb)
+py=$(first "$work"/packages/python3-dea_"$version"-*.deb)
 [ -n "$dev" ] || { ls "$work/packages"; fail "no libdea-dev_${version}-*_all.deb"; }
 [ -n "$tools" ] || { ls "$work/packages"; fail "no dea-tools_${version}-*.deb"; }
 debs=("$dev" "$tools")
@@ -49,14 +50,15 @@ for deb in "${debs[@]}"; do
   case "$name" in libdea-dev) want_arch=all ;; *) want_arch=$arch ;; esac
   [ "$(f Architecture)" = "$want_arch" ] || fail "$name: Architecture '$(f Architecture)', not $want_arch"
   case "$(f Version)" in "$version"-[0-9]*) ;; *) fail "$name: Version '$(f Version)', not $version-N" ;; esac
-  [[ "$(f Maintainer)" =~ ^[^\<]+\ \<[^@\ ]+@[^\>\ ]+\>$ ]] || fail "$name: Maintainer '$(f Maintainer)', not 'Name <address>'"
+  [[ "$(f Maintainer)" =~ ^[^\<]+\ \<[^@\ ]+@[^\>\ ]+\>$ ]] ||
+    fail "$name: Maintainer '$(f Maintainer)', not 'Name <address>'"
   [ -n "$(f Section)" ] || fail "$name: no Section"
   [ "$(f Priority)" = optional ] || fail "$name: Priority '$(f Priority)', not optional"
   [ -n "$(f Installed-Size)" ] || fail "$name: no Installed-Size"
   desc=$(f Description)
   synopsis=$(head -n 1 <<<"$desc")
   long=$(tail -n +2 <<<"$desc")
-  [ -n "$synopsis" ] && [ "${#synopsis}" -le 80 ] || fail "$name: synopsis '$synopsis' (empty or over 80 characters)"
+  if [ -z "$synopsis" ] || [ "${#synopsis}" -gt 80 ]; then fail "$name: synopsis '$synopsis' (empty or over 80 characters)"; fi
   [ -n "$long" ] || fail "$name: no long description"
   if grep -qv '^ ' <<<"$long"; then fail "$name: a long description line does not start with a space"; fi
   if grep -q '^  ' <<<"$long"; then fail "$name: a long description line starts with two spaces (shown verbatim)"; fi
