@@ -42,7 +42,7 @@ py=$(first "$work"/packages/python3-dea_"$version"-*.deb)
 debs=("$dev" "$tools")
 [ -z "$py" ] || debs+=("$py")
 
-# 2. control fields (what lintian would look at first) and contents
+# 2. control fields (what lintian would look at first), the copyright file and the changelog, the contents
 arch=$(dpkg --print-architecture)
 for deb in "${debs[@]}"; do
   f() { dpkg-deb -f "$deb" "$1"; }
@@ -62,6 +62,7 @@ for deb in "${debs[@]}"; do
   [ -n "$long" ] || fail "$name: no long description"
   if grep -qv '^ ' <<<"$long"; then fail "$name: a long description line does not start with a space"; fi
   if grep -q '^  ' <<<"$long"; then fail "$name: a long description line starts with two spaces (shown verbatim)"; fi
+  if grep -q '^.\{81\}' <<<"$long"; then fail "$name: a long description line is over 80 characters"; fi
   contents=$(dpkg-deb -c "$deb")
   if grep -qv ' root/root ' <<<"$contents"; then fail "$name: files not owned by root/root"; fi
   # the Debian copyright file, in the machine-readable format
@@ -74,6 +75,11 @@ for deb in "${debs[@]}"; do
     grep -Eqx "$field" "$work/$name.copyright" || fail "$name: copyright: no line '$field'"
   done
   grep -q '^ Permission is hereby granted' "$work/$name.copyright" || fail "$name: copyright: no licence text"
+  # the Debian changelog: this version's entry
+  log=$(dpkg-deb --fsys-tarfile "$deb" | tar -xO "./usr/share/doc/$name/changelog.Debian.gz" 2>/dev/null | gzip -dc) ||
+    fail "$name: no /usr/share/doc/$name/changelog.Debian.gz"
+  [ "$(head -n 1 <<<"$log")" = "dea ($(f Version)) unstable; urgency=medium" ] ||
+    fail "$name: changelog.Debian.gz does not begin with the entry of $(f Version): '$(head -n 1 <<<"$log")'"
   printf 'dpkg check: %s: %s bytes, installed %s KiB, Architecture %s, Section %s, Depends: %s\n' \
     "$(basename "$deb")" "$(stat -c %s "$deb")" "$(f Installed-Size)" "$(f Architecture)" "$(f Section)" \
     "$(f Depends)"
