@@ -74,16 +74,20 @@ dea_debian_docs(libdea-dev dev)
 if(TARGET dea_cli)
   dea_debian_docs(dea-tools tools)
   if(NOT CMAKE_CROSSCOMPILING)
-    set(completion ${CMAKE_CURRENT_BINARY_DIR}/completion/dea)
+    # (a file of its own for each install: ctest runs installs from this build tree side by side)
     install(CODE "
+      string(RANDOM LENGTH 12 dea_completion_id)
+      set(dea_completion \"${CMAKE_CURRENT_BINARY_DIR}/completion/dea-\${dea_completion_id}\")
       file(MAKE_DIRECTORY \"${CMAKE_CURRENT_BINARY_DIR}/completion\")
-      execute_process(COMMAND \"$<TARGET_FILE:dea_cli>\" completion bash OUTPUT_FILE \"${completion}\"
+      execute_process(COMMAND \"$<TARGET_FILE:dea_cli>\" completion bash OUTPUT_FILE \"\${dea_completion}\"
                       RESULT_VARIABLE dea_completion_status)
       if(NOT dea_completion_status EQUAL 0)
+        file(REMOVE \"\${dea_completion}\")
         message(FATAL_ERROR \"dea completion bash: exit status \${dea_completion_status}\")
       endif()
       file(INSTALL DESTINATION \"\${CMAKE_INSTALL_PREFIX}/${CMAKE_INSTALL_DATADIR}/bash-completion/completions\"
-           TYPE FILE FILES \"${completion}\")" COMPONENT tools)
+           TYPE FILE RENAME dea FILES \"\${dea_completion}\")
+      file(REMOVE \"\${dea_completion}\")" COMPONENT tools)
   endif()
 endif()
 
