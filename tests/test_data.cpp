@@ -865,6 +865,51 @@ TEST_CASE("alpha cache: lookup, attach, JSONL round trip and bad lines", "[data]
                       Catch::Contains("r.jsonl:1"));
 }
 
+TEST_CASE("alpha cache read line by line keeping the run's pairs: the same entries and errors", "[data][oracle][io]") {
+  TempDir dir;
+  const std::string lines = "{\"premise\": \"paris\", \"hypothesis\": \"france\", \"alpha\": 0.8}\n\n"
+                            "{\"q_text\": \"car\", \"k_text\": \"wheel\", \"alpha\": 0.7, \"phi\": 1.5}\r\n"
+                            "{\"premise\": \"paris\", \"hypothesis\": \"france\", \"alpha\": 0.9, \"sim\": 0.2}\n"
+                            "{\"premise\": \"dog\", \"hypothesis\": \"animal\", \"alpha\": 0.6}";  // no newline
+  const std::string p = dir.file("c.jsonl", lines);
+  const AlphaCache all = io::read_alpha_cache(p);
+  const AlphaCache every = io::read_alpha_cache(p, [](const std::string&, const std::string&) { return true; });
+  REQUIRE(every.size() == all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    CHECK(every.entries()[i].premise == all.entries()[i].premise);
+    CHECK(every.entries()[i].alpha == all.entries()[i].alpha);
+    CHECK(every.entries()[i].phi == all.entries()[i].phi);
+    CHECK(every.entries()[i].sim == all.entries()[i].sim);
+  }
+  const AlphaCache some =
+      io::read_alpha_cache(p, [](const std::string& q, const std::string&) { return q == "paris" || q == "dog"; });
+  REQUIRE(some.size() == 2);
+  CHECK(some.find("paris", "france")->alpha == 0.9);  // the last line of a pair wins, as in the whole read
+  CHECK(some.find("dog", "animal")->alpha == 0.6);
+  CHECK(some.find("car", "wheel") == nullptr);
+  // a bad line is an error whether its pair is kept or not, with the whole read's message
+  const auto none = [](const std::string&, const std::string&) { return false; };
+  const Strings bad_lines{"{not json\n", "{\"premise\": \"a\", \"hypothesis\": \"b\"}\n",
+                          "{\"premise\": \"a\", \"hypothesis\": \"b\", \"alpha\": 1.2}"};
+  for (const std::string& bad : bad_lines) {
+    const std::string b = dir.file("bad.jsonl", lines + "\n" + bad);
+    std::string whole, streamed;
+    try {
+      io::read_alpha_cache(b);
+    } catch (const Error& e) {
+      whole = e.what();
+    }
+    try {
+      io::read_alpha_cache(b, none);
+    } catch (const Error& e) {
+      streamed = e.what();
+    }
+    CHECK_THAT(whole, Catch::Contains("bad.jsonl:6"));
+    CHECK(streamed == whole);
+  }
+  CHECK_THROWS_WITH(io::read_alpha_cache(dir.name("missing.jsonl"), none), Catch::Contains("cannot open file"));
+}
+
 TEST_CASE("readers never crash on random garbage: they succeed or throw dea::Error", "[data][loaders][io]") {
   TempDir dir;
   Rng rng(2024);

@@ -46,7 +46,7 @@ public:
     check(!std::filesystem::is_directory(path, ec), "'", path, "' is a directory, not a file");
 #if defined(DEA_BYTE_FILE_POSIX)
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    check(fd_ >= 0, "cannot open file '", path, "': ", std::strerror(errno));
+    check(fd_ >= 0, "cannot open file '", path, "'");
     stamp_ = stamp();
 #else
     in_.open(path, std::ios::binary);

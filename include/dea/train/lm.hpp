@@ -138,9 +138,6 @@ inline LmData build_data(const ValidConfig& vc) {
   const TrainConfig& c = vc;
   check(c.model == "lm", "lm_run::build_data: --model is '", c.model, "'");
   const auto file = ::dea::train::detail::with_context("--text '" + c.text + "': ", [&] {
-    std::error_code ec;
-    check(std::filesystem::is_regular_file(c.text, ec) || std::filesystem::is_directory(c.text, ec),
-          "cannot open file '", c.text, "'");
     return std::make_shared<const data::ByteFile>(c.text);
   });
   const std::size_t n = static_cast<std::size_t>(file->size()), n_val = n * kValPercent / 100, n_train = n - n_val;
