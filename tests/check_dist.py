@@ -29,6 +29,9 @@ Checks (each prints one line ending in "ok" and exits 0, or names what differs a
   eval_missing
             `dea eval` of a run directory present on rank 0 only (each rank in its own working directory): every rank
             stops, exit status 1, one message naming rank 1 and the missing file
+  changed   the LM corpus, read by offset, truncated in place in the middle of a run under -np 2: the job ends within
+            a bounded time with status 1 and one message naming the rank that met it and the file; the last
+            checkpoint is intact
 """
 import argparse
 import json
@@ -366,6 +369,44 @@ def check_eval_missing(r):
           "message ('%s'): ok" % (time.time() - t0, lines[0]))
 
 
+def check_changed(r):
+    corpus = os.path.join(r.work, "corpus.txt")
+    with open(os.path.join(r.data, "lm", "tiny_corpus.txt"), "rb") as f, open(corpus, "wb") as g:
+        g.write(f.read())
+    out = os.path.join(r.work, "run")
+    ckpt = os.path.join(out, "checkpoint.safetensors")
+    args = [x if x != os.path.join(r.data, "lm", "tiny_corpus.txt") else corpus for x in family_args(r, "lm")]
+    args += ["--micro_batches", "2", "--steps", str(KILL_STEPS), "--eval_every", "20", "--log_every", "10",
+             "--out_dir", out]
+    p = subprocess.Popen(r.mpi(2) + [r.dea, "train"] + args, env=r.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    t_end = time.time() + 120
+    while not os.path.exists(ckpt):
+        if p.poll() is not None or time.time() > t_end:
+            fail("the run ended (or took too long) before its first checkpoint: %s" % p.communicate()[1][-2000:])
+        time.sleep(0.02)
+    with open(corpus, "r+b") as f:  # in place: the ranks' open files see it
+        f.truncate(1000)
+    t_change = time.time()
+    try:
+        _, err = p.communicate(timeout=KILL_BOUND_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        fail("the job did not end within %.0f s of the change" % KILL_BOUND_S)
+    waited = time.time() - t_change
+    if p.returncode != 1:
+        fail("exit status %d (expected 1):\n%s" % (p.returncode, err[-2000:]))
+    lines = error_lines(err)
+    if len(lines) != 1 or not re.search(r"rank \d of 2", lines[0]) or corpus not in lines[0] or \
+            "changed while in use" not in lines[0]:
+        fail("expected one message naming a rank and the changed file, got:\n" + err)
+    step = checkpoint_step(ckpt)
+    if step % 20 != 0 or step >= KILL_STEPS:
+        fail("the checkpoint left behind is of step %d" % step)
+    print("dist changed: the corpus truncated in the middle of a -np 2 run: status 1 in %.2f s (bound %.0f s), one "
+          "message ('%s'), checkpoint of step %d intact: ok" % (waited, KILL_BOUND_S, lines[0], step))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dea", required=True)
@@ -374,7 +415,7 @@ def main():
     ap.add_argument("--data", required=True, help="tests/data")
     ap.add_argument("--bench_dist", help="the bench_dist program (check bench)")
     ap.add_argument("check", choices=["bitwise", "resume", "kill", "missing", "nonfinite", "nonfinite_rank", "bench",
-                                      "eval", "eval_missing"])
+                                      "eval", "eval_missing", "changed"])
     ap.add_argument("family", nargs="?", default="lm")
     a = ap.parse_args()
     r = Runner(a)
@@ -396,6 +437,8 @@ def main():
         check_eval(r, a.family)
     elif a.check == "eval_missing":
         check_eval_missing(r)
+    elif a.check == "changed":
+        check_changed(r)
     else:
         check_nonfinite(r)
 

@@ -18,6 +18,8 @@ if(DEA_MPI_ENABLED AND TARGET dea_cli AND Python3_Interpreter_FOUND AND MPIEXEC_
   # the evaluation shared by the ranks: periodic (the log's evaluation lines) and `dea eval`, for each family; a run
   # directory missing on one rank of `dea eval`
   list(APPEND dea_dist_checks "eval lm" "eval encoder" "eval encoder_text" "eval dea_bert" eval_missing)
+  # the LM corpus, read by offset, changed in the middle of a run
+  list(APPEND dea_dist_checks changed)
   foreach(check ${dea_dist_checks})
     string(REPLACE " " ";" args "${check}")
     string(REPLACE " " "_" name "${check}")
