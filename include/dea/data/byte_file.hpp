@@ -31,7 +31,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#define DEA_BYTE_FILE_POSIX 1
 #else
 #include <fstream>
 #endif
@@ -44,7 +43,7 @@ public:
   explicit ByteFile(const std::string& path) : path_(path) {
     std::error_code ec;
     check(!std::filesystem::is_directory(path, ec), "'", path, "' is a directory, not a file");
-#if defined(DEA_BYTE_FILE_POSIX)
+#if defined(__unix__) || defined(__APPLE__)
     fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     check(fd_ >= 0, "cannot open file '", path, "'");
     stamp_ = stamp();
@@ -55,7 +54,7 @@ public:
 #endif
   }
   ~ByteFile() {
-#if defined(DEA_BYTE_FILE_POSIX)
+#if defined(__unix__) || defined(__APPLE__)
     if (fd_ >= 0) ::close(fd_);
 #endif
   }
@@ -72,7 +71,7 @@ public:
           " of a file of ", stamp_.size, " bytes");
     check_unchanged();
     std::size_t got = 0;
-#if defined(DEA_BYTE_FILE_POSIX)
+#if defined(__unix__) || defined(__APPLE__)
     while (got < n) {
       const ::ssize_t r = ::pread(fd_, out + got, n - got, static_cast<::off_t>(offset + got));
       if (r < 0 && errno == EINTR) continue;
@@ -123,7 +122,7 @@ private:
   };
   Stamp stamp() const {
     Stamp s;
-#if defined(DEA_BYTE_FILE_POSIX)
+#if defined(__unix__) || defined(__APPLE__)
     struct ::stat st;
     check(::fstat(fd_, &st) == 0, "'", path_, "': cannot read its size: ", std::strerror(errno));
     s.size = static_cast<std::uint64_t>(st.st_size);
@@ -142,7 +141,7 @@ private:
   }
 
   std::string path_;
-#if defined(DEA_BYTE_FILE_POSIX)
+#if defined(__unix__) || defined(__APPLE__)
   int fd_ = -1;
 #else
   mutable std::ifstream in_;
