@@ -21,6 +21,17 @@ Checks (each prints one line ending in "ok" and exits 0, or names what differs a
             holds it, the last checkpoint is the one before the fault, and --resume (without the fault) ends with
             the uninterrupted run's bytes
   bench     bench_dist (--bench_dist) under -np 2: one step line and comm lines, their fields consistent
+  eval lm|encoder|encoder_text|dea_bert
+            the evaluation shared by the ranks: a run whose periodic evaluation has more batches than ranks, under one
+            process and -np 2 and 4, logs the same evaluation lines (and checkpoints); then `dea eval --json` of its
+            checkpoint under one process and mpirun -np 1, 2, 4 prints the same JSON and writes the same
+            eval_<split>.json
+  eval_missing
+            `dea eval` of a run directory present on rank 0 only (each rank in its own working directory): every rank
+            stops, exit status 1, one message naming rank 1 and the missing file
+  changed   the LM corpus, read by offset, truncated in place in the middle of a run under -np 2: the job ends within
+            a bounded time with status 1 and one message naming the rank that met it and the file; the last
+            checkpoint is intact
 """
 import argparse
 import json
@@ -281,6 +292,121 @@ def check_bench(r, bench_dist):
           % (s["s_per_step"], s["comm_share"], 1e3 * comm[1]["allgather_s"]))
 
 
+def eval_args(r, family):
+    """family_args with small batches, so that the evaluation has more batches (the pieces the ranks share) than
+    ranks, and every validation batch evaluated."""
+    args = family_args(r, family)
+    small = {"--batch_size": "2" if family in ("lm", "encoder_text") else "4", "--eval_batches": "1000"}
+    out, i = [], 0
+    while i < len(args):
+        if args[i] in small:
+            out += [args[i], small.pop(args[i])]
+            i += 2
+        else:
+            out.append(args[i])
+            i += 1
+    for k, v in small.items():
+        out += [k, v]
+    return out
+
+
+def eval_lines(run_dir):
+    return [l for l in log_lines(run_dir) if '"event":"eval"' in l]
+
+
+def check_eval(r, family):
+    micro = "2" if family in ("lm", "encoder_text") else "4"
+    args = eval_args(r, family) + ["--steps", "4", "--eval_every", "2", "--micro_batches", micro]
+    base = os.path.join(r.work, family)
+    r.train(args, base + "_single")
+    want = eval_lines(base + "_single")
+    if len(want) != 2:
+        fail("%s: expected 2 evaluation lines in the log, got %d" % (family, len(want)))
+    for ranks in (2, 4) if micro == "4" else (2,):
+        r.train(args, "%s_np%d" % (base, ranks), ranks)
+        same_run(base + "_single", "%s_np%d" % (base, ranks), "%s, mpirun -np %d" % (family, ranks))
+        if eval_lines("%s_np%d" % (base, ranks)) != want:
+            fail("%s, mpirun -np %d: the evaluation lines differ" % (family, ranks))
+    # the masked-LM corpus is small: its training split has the most batches
+    split = {"lm": "val", "encoder_text": "train"}.get(family, "test")
+    cmd = [r.dea, "eval", "--ckpt", base + "_single", "--json", "--split", split]
+    if family != "lm":
+        cmd.append("--no-plots")
+    out_file = os.path.join(base + "_single", "eval_%s.json" % split)
+    one = r.run(cmd).stdout
+    one_file = read_bytes(out_file)
+    doc = json.loads(one)
+    batches = doc["n_batches"] if "n_batches" in doc else (doc["n_windows"] + 1) // 2
+    if batches < 4:
+        fail("%s: dea eval covers %d batches, fewer than the ranks that share them" % (family, batches))
+    for ranks in (1, 2, 4):
+        os.remove(out_file)
+        got = r.run(r.mpi(ranks) + cmd).stdout
+        if got != one:
+            fail("%s: dea eval under mpirun -np %d prints other JSON:\n%s\n%s" % (family, ranks, one, got))
+        if read_bytes(out_file) != one_file:
+            fail("%s: dea eval under mpirun -np %d writes another %s" % (family, ranks, out_file))
+    print("dist eval %s: periodic evaluation (%d lines) identical for one process and -np 2%s; dea eval --split %s "
+          "(%d batches) one process = mpirun -np 1, 2, 4, JSON byte for byte: ok"
+          % (family, len(want), ", 4" if micro == "4" else "", split, batches))
+
+
+def check_eval_missing(r):
+    have, lack = os.path.join(r.work, "with_run"), os.path.join(r.work, "without_run")
+    os.makedirs(lack)
+    r.train(family_args(r, "lm") + ["--steps", "2"], os.path.join(have, "run"))
+    cmd = ([r.mpirun, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "1", "--wdir", have,
+            r.dea, "eval", "--ckpt", "run", "--split", "val", ":", "-np", "1", "--wdir", lack, r.dea, "eval", "--ckpt",
+            "run", "--split", "val"])
+    t0 = time.time()
+    p = r.run(cmd, expect=1)
+    lines = [l for l in p.stderr.splitlines() if l.startswith("dea eval:")]
+    if len(lines) != 1 or "rank 1 of 2" not in lines[0] or "run/config.json" not in lines[0]:
+        fail("expected one message naming rank 1 and its missing file, got:\n" + p.stderr)
+    if p.stdout.strip():
+        fail("a result was printed:\n" + p.stdout)
+    print("dist eval_missing: the run directory missing on rank 1: every rank stopped with status 1 in %.1f s, one "
+          "message ('%s'): ok" % (time.time() - t0, lines[0]))
+
+
+def check_changed(r):
+    corpus = os.path.join(r.work, "corpus.txt")
+    with open(os.path.join(r.data, "lm", "tiny_corpus.txt"), "rb") as f, open(corpus, "wb") as g:
+        g.write(f.read())
+    out = os.path.join(r.work, "run")
+    ckpt = os.path.join(out, "checkpoint.safetensors")
+    args = [x if x != os.path.join(r.data, "lm", "tiny_corpus.txt") else corpus for x in family_args(r, "lm")]
+    args += ["--micro_batches", "2", "--steps", str(KILL_STEPS), "--eval_every", "20", "--log_every", "10",
+             "--out_dir", out]
+    p = subprocess.Popen(r.mpi(2) + [r.dea, "train"] + args, env=r.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    t_end = time.time() + 120
+    while not os.path.exists(ckpt):
+        if p.poll() is not None or time.time() > t_end:
+            fail("the run ended (or took too long) before its first checkpoint: %s" % p.communicate()[1][-2000:])
+        time.sleep(0.02)
+    with open(corpus, "r+b") as f:  # in place: the ranks' open files see it
+        f.truncate(1000)
+    t_change = time.time()
+    try:
+        _, err = p.communicate(timeout=KILL_BOUND_S)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        fail("the job did not end within %.0f s of the change" % KILL_BOUND_S)
+    waited = time.time() - t_change
+    if p.returncode != 1:
+        fail("exit status %d (expected 1):\n%s" % (p.returncode, err[-2000:]))
+    lines = error_lines(err)
+    if len(lines) != 1 or not re.search(r"rank \d of 2", lines[0]) or corpus not in lines[0] or \
+            "changed while in use" not in lines[0]:
+        fail("expected one message naming a rank and the changed file, got:\n" + err)
+    step = checkpoint_step(ckpt)
+    if step % 20 != 0 or step >= KILL_STEPS:
+        fail("the checkpoint left behind is of step %d" % step)
+    print("dist changed: the corpus truncated in the middle of a -np 2 run: status 1 in %.2f s (bound %.0f s), one "
+          "message ('%s'), checkpoint of step %d intact: ok" % (waited, KILL_BOUND_S, lines[0], step))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dea", required=True)
@@ -288,7 +414,8 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--data", required=True, help="tests/data")
     ap.add_argument("--bench_dist", help="the bench_dist program (check bench)")
-    ap.add_argument("check", choices=["bitwise", "resume", "kill", "missing", "nonfinite", "nonfinite_rank", "bench"])
+    ap.add_argument("check", choices=["bitwise", "resume", "kill", "missing", "nonfinite", "nonfinite_rank", "bench",
+                                      "eval", "eval_missing", "changed"])
     ap.add_argument("family", nargs="?", default="lm")
     a = ap.parse_args()
     r = Runner(a)
@@ -306,6 +433,12 @@ def main():
         check_nonfinite_rank(r, a.family)
     elif a.check == "bench":
         check_bench(r, a.bench_dist)
+    elif a.check == "eval":
+        check_eval(r, a.family)
+    elif a.check == "eval_missing":
+        check_eval_missing(r)
+    elif a.check == "changed":
+        check_changed(r)
     else:
         check_nonfinite(r)
 

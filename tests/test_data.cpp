@@ -1,25 +1,32 @@
 // Tests of dea/data (and io/jsonl.hpp): tokenizer, pair encoding, synthetic D_alpha, mock oracle, collation,
-// file loaders, masked-LM data, oracle tools and the alpha cache.
+// file loaders, masked-LM data, oracle tools and the alpha cache; files read by offset (data/byte_file.hpp) and the
+// pieces ranks share (dist/pieces.hpp: an evaluation's batches, gathered in piece order).
 #include <catch2/catch.hpp>
+#include <dea/data/byte_file.hpp>
 #include <dea/data/collate.hpp>
 #include <dea/data/dalpha.hpp>
 #include <dea/data/loaders.hpp>
 #include <dea/data/mlm.hpp>
 #include <dea/oracle/alpha.hpp>
 #include <dea/text/simple_tokenizer.hpp>
+#include <dea/dist/pieces.hpp>
 #include <dea/io/jsonl.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <cstring>
 #include <functional>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 // (the file in a namespace of its own: a test program compiles several test files as one translation unit)
@@ -858,6 +865,51 @@ TEST_CASE("alpha cache: lookup, attach, JSONL round trip and bad lines", "[data]
                       Catch::Contains("r.jsonl:1"));
 }
 
+TEST_CASE("alpha cache read line by line keeping the run's pairs: the same entries and errors", "[data][oracle][io]") {
+  TempDir dir;
+  const std::string lines = "{\"premise\": \"paris\", \"hypothesis\": \"france\", \"alpha\": 0.8}\n\n"
+                            "{\"q_text\": \"car\", \"k_text\": \"wheel\", \"alpha\": 0.7, \"phi\": 1.5}\r\n"
+                            "{\"premise\": \"paris\", \"hypothesis\": \"france\", \"alpha\": 0.9, \"sim\": 0.2}\n"
+                            "{\"premise\": \"dog\", \"hypothesis\": \"animal\", \"alpha\": 0.6}";  // no newline
+  const std::string p = dir.file("c.jsonl", lines);
+  const AlphaCache all = io::read_alpha_cache(p);
+  const AlphaCache every = io::read_alpha_cache(p, [](const std::string&, const std::string&) { return true; });
+  REQUIRE(every.size() == all.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    CHECK(every.entries()[i].premise == all.entries()[i].premise);
+    CHECK(every.entries()[i].alpha == all.entries()[i].alpha);
+    CHECK(every.entries()[i].phi == all.entries()[i].phi);
+    CHECK(every.entries()[i].sim == all.entries()[i].sim);
+  }
+  const AlphaCache some =
+      io::read_alpha_cache(p, [](const std::string& q, const std::string&) { return q == "paris" || q == "dog"; });
+  REQUIRE(some.size() == 2);
+  CHECK(some.find("paris", "france")->alpha == 0.9);  // the last line of a pair wins, as in the whole read
+  CHECK(some.find("dog", "animal")->alpha == 0.6);
+  CHECK(some.find("car", "wheel") == nullptr);
+  // a bad line is an error whether its pair is kept or not, with the whole read's message
+  const auto none = [](const std::string&, const std::string&) { return false; };
+  const Strings bad_lines{"{not json\n", "{\"premise\": \"a\", \"hypothesis\": \"b\"}\n",
+                          "{\"premise\": \"a\", \"hypothesis\": \"b\", \"alpha\": 1.2}"};
+  for (const std::string& bad : bad_lines) {
+    const std::string b = dir.file("bad.jsonl", lines + "\n" + bad);
+    std::string whole, streamed;
+    try {
+      io::read_alpha_cache(b);
+    } catch (const Error& e) {
+      whole = e.what();
+    }
+    try {
+      io::read_alpha_cache(b, none);
+    } catch (const Error& e) {
+      streamed = e.what();
+    }
+    CHECK_THAT(whole, Catch::Contains("bad.jsonl:6"));
+    CHECK(streamed == whole);
+  }
+  CHECK_THROWS_WITH(io::read_alpha_cache(dir.name("missing.jsonl"), none), Catch::Contains("cannot open file"));
+}
+
 TEST_CASE("readers never crash on random garbage: they succeed or throw dea::Error", "[data][loaders][io]") {
   TempDir dir;
   Rng rng(2024);
@@ -911,6 +963,324 @@ TEST_CASE("readers never crash on random garbage: they succeed or throw dea::Err
     CHECK(kv.second.second > 0);
   }
   REQUIRE(outcomes.size() == 7);
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Files read by offset
+// ------------------------------------------------------------------------------------------------------------
+
+namespace {
+
+std::string error_text(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("ByteFile: reads by offset, fingerprints as the whole file does, refuses bad reads", "[data][byte_file]") {
+  TempDir dir;
+  std::string content;
+  for (int i = 0; i < 1000; ++i) content += static_cast<char>((i * 37 + 11) % 256);  // every byte value, NULs too
+  const std::string path = dir.file("corpus.bin", content);
+  const ByteFile f(path);
+  REQUIRE(f.size() == content.size());
+  for (std::size_t at : {std::size_t(0), std::size_t(1), std::size_t(499), std::size_t(990)})
+    CHECK(f.read(at, 10) == content.substr(at, 10));
+  CHECK(f.read(1000, 0).empty());
+  // the fingerprint streamed in blocks of any size is Fingerprint::add of the whole file
+  const std::string want = Fingerprint().add("lm-bytes").add(content).hex();
+  for (std::size_t block :
+       {std::size_t(1), std::size_t(7), std::size_t(999), std::size_t(1000), std::size_t(1) << 20}) {
+    Fingerprint fp;
+    fp.add("lm-bytes");
+    CHECK(f.fingerprint(fp, block).hex() == want);
+  }
+  const ByteFile empty(dir.file("empty.bin", ""));
+  Fingerprint fe;
+  CHECK(empty.fingerprint(fe).hex() == Fingerprint().add("").hex());
+  // beyond the end, a missing file, a directory
+  CHECK_THAT(error_text([&] { f.read(995, 6); }),
+             Catch::Contains("corpus.bin") && Catch::Contains("6 bytes at offset 995"));
+  CHECK_THAT(error_text([&] { f.read(std::uint64_t(1) << 63, 1); }), Catch::Contains("of a file of 1000 bytes"));
+  CHECK_THAT(error_text([&] { ByteFile(dir.name("missing.bin")); }),
+             Catch::Contains("cannot open file") && Catch::Contains("missing.bin"));
+  CHECK_THAT(error_text([&] { ByteFile(dir.path.string()); }), Catch::Contains("is a directory"));
+}
+
+TEST_CASE("ByteFile: a file changed between its fingerprint and a read is an error", "[data][byte_file]") {
+  TempDir dir;
+  const std::string content(4096, 'a');
+  SECTION("truncated") {
+    const std::string path = dir.file("c.txt", content);
+    const ByteFile f(path);
+    Fingerprint fp;
+    f.fingerprint(fp);
+    std::filesystem::resize_file(path, 1000);
+    CHECK_THAT(error_text([&] { f.read(10, 10); }),
+               Catch::Contains("c.txt") && Catch::Contains("changed while in use") && Catch::Contains("1000 now"));
+    CHECK_THAT(error_text([&] { f.read(2000, 10); }), Catch::Contains("changed while in use"));
+  }
+  SECTION("appended to") {
+    const std::string path = dir.file("c.txt", content);
+    const ByteFile f(path);
+    std::ofstream(path, std::ios::binary | std::ios::app) << "more";
+    CHECK_THAT(error_text([&] { f.read(0, 10); }), Catch::Contains("4096 bytes when opened, 4100 now"));
+  }
+  SECTION("rewritten in place with the same size") {
+    const std::string path = dir.file("c.txt", content);
+    const auto before = std::filesystem::last_write_time(path);
+    const ByteFile f(path);
+    std::ofstream(path, std::ios::binary | std::ios::in | std::ios::out) << "b";  // one byte changed, same size
+    std::filesystem::last_write_time(path, before + std::chrono::seconds(1));   // (a coarse clock may not tick)
+    CHECK_THAT(error_text([&] { f.read(0, 1); }), Catch::Contains("changed while in use"));
+  }
+  SECTION("replaced by rename: the open file is read as it was") {
+    const std::string path = dir.file("c.txt", content);
+    const ByteFile f(path);
+    const std::string other = dir.file("new.txt", std::string(10, 'z'));
+    std::filesystem::rename(other, path);
+    CHECK(f.read(4000, 5) == "aaaaa");
+    CHECK(ByteFile(path).read(0, 5) == "zzzzz");
+  }
+}
+
+TEST_CASE("LineIndex: line k read alone; a last line without newline; CRLF; bad input", "[data][byte_file]") {
+  TempDir dir;
+  SECTION("lines, with and without a final newline") {
+    for (const std::string& end : {std::string("\n"), std::string()}) {
+      const std::string path = dir.file("a.jsonl", "{\"a\": 1}\n\n{\"b\": 2}\r\nlast" + end);
+      const LineIndex ix(path);
+      REQUIRE(ix.size() == 4);
+      CHECK(ix.line(0) == "{\"a\": 1}");
+      CHECK(ix.line(1).empty());
+      CHECK(ix.line(2) == "{\"b\": 2}");
+      CHECK(ix.line(3) == "last");
+      std::vector<std::string> seen;
+      ix.for_each([&](const std::string& l, std::size_t k) {
+        CHECK(k == seen.size());
+        seen.push_back(l);
+      });
+      CHECK(seen == Strings{"{\"a\": 1}", "", "{\"b\": 2}", "last"});
+      CHECK_THAT(error_text([&] { ix.line(4); }), Catch::Contains("a.jsonl") && Catch::Contains("line 5 of 4"));
+    }
+  }
+  SECTION("an empty file has no line; a newline alone is one empty line") {
+    CHECK(LineIndex(dir.file("e.txt", "")).size() == 0);
+    const LineIndex one(dir.file("n.txt", "\n"));
+    REQUIRE(one.size() == 1);
+    CHECK(one.line(0).empty());
+  }
+  SECTION("a file truncated after it was indexed") {
+    const std::string path = dir.file("t.jsonl", "first line\nsecond line\nthird line\n");
+    const LineIndex ix(path);
+    std::filesystem::resize_file(path, 15);  // in the middle of the second line
+    CHECK_THAT(error_text([&] { ix.line(2); }), Catch::Contains("t.jsonl") && Catch::Contains("changed while in use"));
+  }
+  SECTION("a line longer than the limit") {
+    const std::string path = dir.file("l.txt", "short\n" + std::string(100, 'x') + "\nshort\n");
+    CHECK_THAT(error_text([&] { LineIndex(path, 50); }),
+               Catch::Contains("l.txt:2") && Catch::Contains("longer than 50"));
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Pieces shared by ranks
+// ------------------------------------------------------------------------------------------------------------
+
+namespace {
+
+/// R ranks as R threads of this process: the collectives copy through shared slots between two barriers.
+class ThreadRanks {
+public:
+  explicit ThreadRanks(int n) : n_(n), slots_(static_cast<std::size_t>(n)) {}
+  int size() const { return n_; }
+
+  void barrier() {
+    std::unique_lock<std::mutex> lock(m_);
+    const std::uint64_t gen = generation_;
+    if (++waiting_ == n_) {
+      waiting_ = 0;
+      ++generation_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return generation_ != gen; });
+  }
+  void allgather(int rank, const void* send, std::size_t bytes, void* recv) {
+    slots_[static_cast<std::size_t>(rank)] = send;
+    barrier();
+    for (int r = 0; r < n_; ++r)
+      std::memcpy(static_cast<char*>(recv) + static_cast<std::size_t>(r) * bytes, slots_[static_cast<std::size_t>(r)],
+                  bytes);
+    barrier();
+  }
+  void broadcast(int rank, void* buf, std::size_t bytes, int root) {
+    slots_[static_cast<std::size_t>(rank)] = buf;
+    barrier();
+    if (rank != root) std::memcpy(buf, slots_[static_cast<std::size_t>(root)], bytes);
+    barrier();
+  }
+
+private:
+  int n_;
+  std::vector<const void*> slots_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  int waiting_ = 0;
+  std::uint64_t generation_ = 0;
+};
+
+class ThreadComm final : public dist::Comm {
+public:
+  ThreadComm(ThreadRanks& all, int rank) : all_(all), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return all_.size(); }
+  std::string name() const override { return "threads"; }
+  void allgather_bytes(const void* send, std::size_t bytes, void* recv) override {
+    all_.allgather(rank_, send, bytes, recv);
+  }
+  void broadcast_bytes(void* buf, std::size_t bytes, int root) override { all_.broadcast(rank_, buf, bytes, root); }
+  [[noreturn]] void abort(int) override { std::terminate(); }
+
+private:
+  ThreadRanks& all_;
+  int rank_;
+};
+
+/// f(comm) on each of R thread ranks; what each returned (or the message it threw) in rank order.
+std::vector<std::string> on_ranks(int R, const std::function<std::string(dist::Comm&)>& f) {
+  ThreadRanks all(R);
+  std::vector<std::string> out(static_cast<std::size_t>(R));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < R; ++r)
+    threads.emplace_back([&, r] {
+      ThreadComm c(all, r);
+      try {
+        out[static_cast<std::size_t>(r)] = f(c);
+      } catch (const dist::RankFailed& e) {
+        out[static_cast<std::size_t>(r)] = std::string("RankFailed: ") + e.what();
+      } catch (const std::exception& e) {
+        out[static_cast<std::size_t>(r)] = std::string("error: ") + e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+/// Piece k of an evaluation: a loss that does not add up exactly in another order, a count, and k % 3 points.
+std::string piece_of(std::size_t k) {
+  dist::PieceWriter w;
+  w.f64(k == 0 ? 1e16 : 0.7 + 0.1 * static_cast<double>(k)).u64(k * k);  // (1e16: an ulp of 2, so order shows)
+  std::vector<double> pts;
+  for (std::size_t i = 0; i < k % 3; ++i) pts.push_back(1.0 / static_cast<double>(k + i + 1));
+  w.f64s(pts);
+  return w.take();
+}
+
+/// The pieces folded in piece order: "sum count points..." with every bit of the sum.
+std::string fold(const std::vector<std::string>& pieces) {
+  double sum = 0;
+  std::uint64_t count = 0;
+  std::vector<double> pts;
+  for (const std::string& p : pieces) {
+    dist::PieceReader rd(p);
+    sum += rd.f64();
+    count += rd.u64();
+    const std::vector<double> v = rd.f64s();
+    pts.insert(pts.end(), v.begin(), v.end());
+    CHECK(rd.done());
+  }
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &sum, sizeof bits);
+  std::string s = std::to_string(bits) + " " + std::to_string(count);
+  for (double x : pts) {
+    std::memcpy(&bits, &x, sizeof bits);
+    s += " " + std::to_string(bits);
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("piece_range: contiguous shares of 0..n-1, in rank order, for any rank count", "[dist][pieces]") {
+  for (std::size_t n = 0; n <= 13; ++n)
+    for (int R = 1; R <= 6; ++R) {
+      std::size_t next = 0;
+      for (int r = 0; r < R; ++r) {
+        const dist::PieceRange p = dist::piece_range(n, r, R);
+        CHECK(p.first == next);
+        CHECK(p.last >= p.first);
+        CHECK(p.last - p.first <= n / static_cast<std::size_t>(R) + 1);
+        next = p.last;
+      }
+      CHECK(next == n);
+    }
+  CHECK_THROWS_AS(dist::piece_range(4, 2, 2), Error);
+}
+
+TEST_CASE("gather_pieces: every rank gets the pieces in piece order, the fold is one process's bits",
+          "[dist][pieces]") {
+  for (std::size_t n : {std::size_t(0), std::size_t(1), std::size_t(3), std::size_t(7), std::size_t(16)}) {
+    dist::SingleProcessComm one;
+    const std::string want = fold(dist::gather_pieces(one, n, piece_of));
+    for (int R : {1, 2, 3, 4, 5}) {
+      const std::vector<std::string> got =
+          on_ranks(R, [&](dist::Comm& c) { return fold(dist::gather_pieces(c, n, piece_of)); });
+      for (int r = 0; r < R; ++r) CHECK(got[static_cast<std::size_t>(r)] == want);
+    }
+  }
+  // a different order of the same sums would not give these bits: the check above can fail
+  std::vector<std::string> reversed;
+  for (std::size_t k = 16; k-- > 0;) reversed.push_back(piece_of(k));
+  std::vector<std::string> ordered;
+  for (std::size_t k = 0; k < 16; ++k) ordered.push_back(piece_of(k));
+  const auto sum_bits = [](const std::string& folded) { return folded.substr(0, folded.find(' ')); };
+  CHECK(sum_bits(fold(reversed)) != sum_bits(fold(ordered)));
+}
+
+TEST_CASE("gather_pieces: a piece that throws on one rank stops every rank with its message", "[dist][pieces]") {
+  const std::vector<std::string> got = on_ranks(3, [](dist::Comm& c) {
+    const auto pieces = dist::gather_pieces(c, 9, [](std::size_t k) -> std::string {
+      if (k == 4) throw Error("dea: batch 4: the data file changed");  // piece 4 is on rank 1 of 3
+      return piece_of(k);
+    });
+    return fold(pieces);
+  });
+  for (const std::string& g : got) CHECK(g == "RankFailed: rank 1 of 3: batch 4: the data file changed");
+  dist::SingleProcessComm one;
+  CHECK_THROWS_WITH(dist::gather_pieces(one, 9, [](std::size_t k) -> std::string {
+                      if (k == 4) throw Error("dea: batch 4");
+                      return piece_of(k);
+                    }),
+                    "dea: batch 4");
+}
+
+TEST_CASE("allgather_strings and PieceReader: sizes that differ, reads past the end", "[dist][pieces]") {
+  const std::vector<std::string> got = on_ranks(4, [](dist::Comm& c) {
+    const std::string mine(static_cast<std::size_t>(c.rank()) * 3, static_cast<char>('a' + c.rank()));
+    const std::vector<std::string> all = dist::allgather_strings(c, mine);
+    std::string s;
+    for (const auto& x : all) s += x + "|";
+    return s;
+  });
+  for (const std::string& g : got) CHECK(g == "|bbb|cccccc|ddddddddd|");
+  dist::PieceWriter w;
+  w.u64(5).f64s({1.0, 2.0});
+  const std::string b = w.take();
+  dist::PieceReader rd(b);
+  CHECK(rd.u64() == 5);
+  CHECK(rd.f64s() == std::vector<double>{1.0, 2.0});
+  CHECK(rd.done());
+  CHECK_THROWS_AS(rd.f64(), Error);
+  const std::string cut = b.substr(0, b.size() - 4);
+  dist::PieceReader rc(cut);
+  rc.u64();
+  CHECK_THROWS_AS(rc.f64s(), Error);
 }
 
 }  // namespace test_data

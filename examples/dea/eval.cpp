@@ -10,24 +10,35 @@
 // Stdout carries the results (the JSON, then the Paris probe); where the files went goes to stderr. With --json,
 // stdout is the JSON document alone and the probe goes to stderr too.
 // Exit status: 0 done, 1 error (missing or corrupt files), 2 bad command line.
+//
+// Under mpirun (docs/scale.md) every rank loads the run and evaluates its share of the split's batches; the
+// batches' sums are gathered and added in batch order, so the JSON is one process's, bit for bit, for any rank
+// count. Rank 0 alone prints and writes; a failure on one rank stops every rank with one message naming it.
 #include "commands.hpp"
 #include "paris_probe.hpp"
 
 #include <dea/core/files.hpp>
 #include <dea/core/parallel.hpp>
+#include <dea/dist/comm.hpp>
+#include <dea/dist/reducer.hpp>
 #include <dea/plot/figures.hpp>
 #include <dea/train/config.hpp>
 #include <dea/train/dea_bert.hpp>
 #include <dea/train/encoder.hpp>
 #include <dea/cli/flags.hpp>
 #include <dea/train/lm.hpp>
+#if defined(DEA_WITH_MPI)
+#include <dea/dist/mpi_comm.hpp>
+#endif
 
 #include <fmt/core.h>
 
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <memory>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +55,34 @@ std::string run_directory(const std::string& ckpt) {
   check(p.filename() == "checkpoint.safetensors", "--ckpt '", ckpt,
         "': expected a run directory or the checkpoint.safetensors in one, got another file");
   return p.has_parent_path() ? p.parent_path().string() : std::string(".");
+}
+
+/// The ranks of the evaluation (MPI when started by mpirun in a program built with it; else none: one process).
+std::unique_ptr<dist::Comm> make_comm() {
+#if defined(DEA_WITH_MPI)
+  if (dist::launched_by_mpirun()) return std::make_unique<dist::MpiComm>();
+#endif
+  return nullptr;
+}
+
+/// The evaluation failed with `e` (message `err`): one process prints it; with several ranks an error that came
+/// through the ranks' exchange (every rank has it) is printed by rank 0, one of this rank's alone is printed with
+/// its rank and the job is ended, so that no rank waits for this one.
+int failed(dist::Comm* comm, int status, const std::exception& e, const std::string& err) {
+  if (!comm || comm->size() == 1) {
+    fmt::print(stderr, "{}", err);
+    return status;
+  }
+  if (dynamic_cast<const dist::RankFailed*>(&e) != nullptr) {
+    if (comm->rank() == 0) fmt::print(stderr, "{}", err);
+    return status;
+  }
+  const std::string head = "dea eval: ";
+  const bool headed = err.compare(0, head.size(), head) == 0;
+  fmt::print(stderr, "{}{}", head, dist::rank_message(*comm, headed ? err.substr(head.size()) : err));
+  std::fflush(stderr);
+  comm->abort(status);
+  return status;  // (abort does not return)
 }
 
 }  // namespace
@@ -86,60 +125,81 @@ int dea_eval(int argc, char** argv) {
     fmt::print(stderr, "{}(dea eval --help lists the flags)\n", dea::cli::message("dea eval", e));
     return 2;
   }
+  const std::unique_ptr<dist::Comm> comm = make_comm();
+  dist::SingleProcessComm single;
+  dist::Comm& ranks = comm ? *comm : single;
+  const bool root = ranks.rank() == 0;
   try {
     if (threads > 0) set_num_threads(threads);
     dea_cli::ParisProbe probe;
-    const std::string model = train::read_config(train::config_path(dir))->model;
+    std::string model;
+    dist::together(ranks, [&] { model = train::read_config(train::config_path(dir))->model; });
     if (model == "lm") {  // the language model: NLL and perplexity on its validation split (train/lm.hpp)
       if (split_given && split != enc::Split::val) {
-        fmt::print(stderr, "dea eval: --split {}: a --model lm run has a validation split only (--split val)\n",
-                   enc::split_name(split));
+        if (root)
+          fmt::print(stderr, "dea eval: --split {}: a --model lm run has a validation split only (--split val)\n",
+                     enc::split_name(split));
         return 2;
       }
-      train::lm_run::LoadedRun<S> run = train::lm_run::load_run<S>(dir);
-      const train::lm_run::LmData data = train::detail::with_context(
-          train::config_path(dir) + ": ", [&] { return train::lm_run::build_data(*run.cfg); });
+      std::optional<train::lm_run::LoadedRun<S>> run;
+      std::optional<train::lm_run::LmData> data;
+      dist::together(ranks, [&] {
+        run.emplace(train::lm_run::load_run<S>(dir));
+        data.emplace(train::detail::with_context(train::config_path(dir) + ": ",
+                                                 [&] { return train::lm_run::build_data(*run->cfg); }));
+      });
       const train::lm_run::EvalResult r =
-          train::lm_run::evaluate(*run.model, data, (*run.cfg)->batch_size, (*run.cfg)->max_len);
+          train::lm_run::evaluate(*run->model, *data, (*run->cfg)->batch_size, (*run->cfg)->max_len, 0, &ranks);
       nlohmann::json j = train::lm_run::to_json(r);
-      j["step"] = run.step;
+      j["step"] = run->step;
       const std::string out = (std::filesystem::path(dir) / "eval_val.json").string();
-      write_file_atomic(out, j.dump(2) + "\n");
-      fmt::print("{}\n", j.dump(2));
-      std::fflush(stdout);
-      fmt::print(stderr, "written to {}\n", out);
+      dist::together(ranks, [&] {
+        if (!root) return;
+        write_file_atomic(out, j.dump(2) + "\n");
+        fmt::print("{}\n", j.dump(2));
+        std::fflush(stdout);
+        fmt::print(stderr, "written to {}\n", out);
+      });
       return 0;
     }
     const enc::EvalResult r =
         model == "dea_bert"
             ? train::dea_bert::evaluate_checkpoint<S>(
-                  dir, split, [&](bert::DualExpertBert<S>& m, const train::dea_bert::LoadedRun<S>& run) {
+                  dir, split,
+                  [&](bert::DualExpertBert<S>& m, const train::dea_bert::LoadedRun<S>& run) {
                     probe = dea_cli::paris_probe(m, run.tok);
-                  })
-            : enc::evaluate_checkpoint<S>(dir, split, [&](nn::TransformerModel<S>& m, const enc::LoadedRun<S>& run) {
-                probe = dea_cli::paris_probe(m, run.tok);
-              });
-    const std::string name = enc::split_name(split);
-    const std::string out = (std::filesystem::path(dir) / ("eval_" + name + ".json")).string();
-    const nlohmann::json j = enc::to_json(r);
-    write_file_atomic(out, j.dump(2) + "\n");
-    fmt::print("{}\n", j.dump(2));
-    std::fflush(stdout);
-    fmt::print(stderr, "written to {}\n", out);
-    if (!no_plots) {
-      const std::string pdir = plot_dir.empty() ? dir : plot_dir;
-      std::filesystem::create_directories(pdir);
-      const std::string path = (std::filesystem::path(pdir) / ("alpha_hist_" + name + ".svg")).string();
-      plots::alpha_histogram(r.alpha_hat_points, r.alpha_oracle_points, name + ": alpha_hat vs oracle").save(path);
-      fmt::print(stderr, "plot: {}\n", path);
-    }
-    dea_cli::print_paris_probe(probe, json_only ? stderr : stdout);
-  } catch (const std::bad_alloc&) {
-    fmt::print(stderr, "dea eval: out of memory evaluating the run in '{}' (see its config.json for the sizes)\n", dir);
-    return 1;
+                  },
+                  comm.get())
+            : enc::evaluate_checkpoint<S>(
+                  dir, split,
+                  [&](nn::TransformerModel<S>& m, const enc::LoadedRun<S>& run) {
+                    probe = dea_cli::paris_probe(m, run.tok);
+                  },
+                  comm.get());
+    dist::together(ranks, [&] {
+      if (!root) return;
+      const std::string name = enc::split_name(split);
+      const std::string out = (std::filesystem::path(dir) / ("eval_" + name + ".json")).string();
+      const nlohmann::json j = enc::to_json(r);
+      write_file_atomic(out, j.dump(2) + "\n");
+      fmt::print("{}\n", j.dump(2));
+      std::fflush(stdout);
+      fmt::print(stderr, "written to {}\n", out);
+      if (!no_plots) {
+        const std::string pdir = plot_dir.empty() ? dir : plot_dir;
+        std::filesystem::create_directories(pdir);
+        const std::string path = (std::filesystem::path(pdir) / ("alpha_hist_" + name + ".svg")).string();
+        plots::alpha_histogram(r.alpha_hat_points, r.alpha_oracle_points, name + ": alpha_hat vs oracle").save(path);
+        fmt::print(stderr, "plot: {}\n", path);
+      }
+      dea_cli::print_paris_probe(probe, json_only ? stderr : stdout);
+    });
+  } catch (const std::bad_alloc& e) {
+    return failed(comm.get(), 1, e,
+                  fmt::format("dea eval: out of memory evaluating the run in '{}' (see its config.json for the "
+                              "sizes)\n", dir));
   } catch (const std::exception& e) {
-    fmt::print(stderr, "{}", dea::cli::message("dea eval", e));
-    return 1;
+    return failed(comm.get(), 1, e, dea::cli::message("dea eval", e));
   }
   return 0;
 }

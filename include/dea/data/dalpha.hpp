@@ -202,6 +202,12 @@ public:
     for (char c : s) byte(static_cast<unsigned char>(c));
     return *this;
   }
+  /// Bytes of a field whose length was added first (add_u64): add(s) is add_u64(s.size()) then add_bytes of s, in
+  /// as many calls as wanted, so a long field can be added as it is read.
+  Fingerprint& add_bytes(const char* p, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) byte(static_cast<unsigned char>(p[i]));
+    return *this;
+  }
   Fingerprint& add_u64(std::uint64_t v) {
     for (int k = 0; k < 8; ++k) byte(static_cast<unsigned char>(v >> (8 * k)));
     return *this;

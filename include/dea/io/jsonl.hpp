@@ -10,6 +10,7 @@
 #pragma once
 
 #include "../core/error.hpp"
+#include "../data/byte_file.hpp"
 #include "../data/dalpha.hpp"
 #include "../core/files.hpp"
 #include "../core/utf8.hpp"
@@ -27,19 +28,39 @@
 
 namespace dea::io {
 
+namespace detail {
+
+/// Line `no` of a JSONL file as its object (dea::Error naming the file and the line otherwise).
+inline nlohmann::json jsonl_object(const std::string& line, const std::string& path, std::size_t no) {
+  check(json_nesting_depth(line) <= kMaxJsonDepth, path, ":", no, ": JSON nested deeper than ", kMaxJsonDepth,
+        " levels");
+  nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  check(!j.is_discarded(), path, ":", no, ": invalid JSON");
+  check(j.is_object(), path, ":", no, ": expected a JSON object, got ", j.type_name());
+  return j;
+}
+
+}  // namespace detail
+
 /// Calls f(object, line_number) for each non-blank line of a JSONL file.
 template <class F>
 void read_jsonl(const std::string& path, F&& f) {
   const std::vector<std::string> lines = dea::read_lines(path);
   for (std::size_t i = 0; i < lines.size(); ++i) {
     if (dea::trim(lines[i]).empty()) continue;
-    check(detail::json_nesting_depth(lines[i]) <= kMaxJsonDepth, path, ":", i + 1, ": JSON nested deeper than ",
-          kMaxJsonDepth, " levels");
-    nlohmann::json j = nlohmann::json::parse(lines[i], nullptr, /*allow_exceptions=*/false);
-    check(!j.is_discarded(), path, ":", i + 1, ": invalid JSON");
-    check(j.is_object(), path, ":", i + 1, ": expected a JSON object, got ", j.type_name());
-    f(j, i + 1);
+    f(detail::jsonl_object(lines[i], path, i + 1), i + 1);
   }
+}
+
+/// read_jsonl reading the file line by line through its index of line offsets (data/byte_file.hpp): one line held
+/// at a time, whatever the file's size; the same lines, checks and messages (and a file changed while it is read is
+/// an error).
+template <class F>
+void read_jsonl_streamed(const std::string& path, F&& f) {
+  const data::LineIndex lines(path);
+  lines.for_each([&](const std::string& line, std::size_t k) {
+    if (!dea::trim(line).empty()) f(detail::jsonl_object(line, path, k + 1), k + 1);
+  });
 }
 
 /// Writes one compact JSON value per line (atomic write).
@@ -90,19 +111,37 @@ inline std::optional<double> get_optional_number(const nlohmann::json& j, const 
 
 }  // namespace detail
 
+namespace detail {
+
+inline data::OracleEntry alpha_entry(const nlohmann::json& j, const std::string& path, std::size_t line) {
+  data::OracleEntry e;
+  e.premise = get_string(j, path, line, "premise", "q_text");
+  e.hypothesis = get_string(j, path, line, "hypothesis", "k_text");
+  e.alpha = get_number(j, path, line, "alpha");
+  check(e.alpha >= 0 && e.alpha <= data::kAlphaMax, path, ":", line, ": alpha ", e.alpha, " outside [0, 0.95]");
+  e.phi = get_optional_number(j, path, line, "phi");
+  e.sim = get_optional_number(j, path, line, "sim");
+  return e;
+}
+
+}  // namespace detail
+
 /// Reads an alpha cache (format in the file comment). alpha must lie in [0, 0.95].
 inline data::AlphaCache read_alpha_cache(const std::string& path) {
   data::AlphaCache cache;
-  read_jsonl(path, [&](const nlohmann::json& j, std::size_t line) {
-    data::OracleEntry e;
-    e.premise = detail::get_string(j, path, line, "premise", "q_text");
-    e.hypothesis = detail::get_string(j, path, line, "hypothesis", "k_text");
-    e.alpha = detail::get_number(j, path, line, "alpha");
-    check(e.alpha >= 0 && e.alpha <= data::kAlphaMax, path, ":", line, ": alpha ", e.alpha,
-          " outside [0, 0.95]");
-    e.phi = detail::get_optional_number(j, path, line, "phi");
-    e.sim = detail::get_optional_number(j, path, line, "sim");
-    cache.add(std::move(e));
+  read_jsonl(path, [&](const nlohmann::json& j, std::size_t line) { cache.add(detail::alpha_entry(j, path, line)); });
+  return cache;
+}
+
+/// The entries of the alpha cache `path` whose pair keep(premise, hypothesis) accepts, the file read line by line
+/// (read_jsonl_streamed): it holds the kept entries, never the file. Every line is checked as read_alpha_cache
+/// checks it, kept or not, so the same file gives the same errors.
+template <class Keep>
+data::AlphaCache read_alpha_cache(const std::string& path, Keep&& keep) {
+  data::AlphaCache cache;
+  read_jsonl_streamed(path, [&](const nlohmann::json& j, std::size_t line) {
+    data::OracleEntry e = detail::alpha_entry(j, path, line);
+    if (keep(e.premise, e.hypothesis)) cache.add(std::move(e));
   });
   return cache;
 }

@@ -198,13 +198,16 @@ LoadedRun<S> load_run(const std::string& dir) {
 }
 
 /// eval.py on the dea_bert run in `dir`: `split` at gamma = 0 (all batches); `after` sees the model and the run.
+/// With `comm`, every rank loads the run and evaluates its share of the batches, and `after` runs on rank 0 alone
+/// (encoder::evaluate_checkpoint).
 template <class S>
 encoder::EvalResult evaluate_checkpoint(
     const std::string& dir, encoder::Split split,
-    const std::function<void(bert::DualExpertBert<S>&, const LoadedRun<S>&)>& after = {}) {
-  LoadedRun<S> run = load_run<S>(dir);
-  encoder::EvalResult r = encoder::evaluate_run(run, split);
-  if (after) after(*run.model, run);
+    const std::function<void(bert::DualExpertBert<S>&, const LoadedRun<S>&)>& after = {},
+    dist::Comm* comm = nullptr) {
+  LoadedRun<S> run = encoder::load_on_every_rank<LoadedRun<S>>(comm, [&] { return load_run<S>(dir); });
+  encoder::EvalResult r = encoder::evaluate_run(run, split, comm);
+  if (after && (!comm || comm->rank() == 0)) after(*run.model, run);
   return r;
 }
 

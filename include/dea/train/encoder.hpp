@@ -29,6 +29,7 @@
 #include "../text/run_tokenizer.hpp"
 #include "../text/simple_tokenizer.hpp"
 #include "../dist/comm.hpp"
+#include "../dist/pieces.hpp"
 #include "../dist/reducer.hpp"
 #include "../eval/metrics.hpp"
 #include "../io/jsonl.hpp"
@@ -163,9 +164,14 @@ std::vector<std::int64_t> predictions(const Mat<Scalar>& logits) {
 
 /// eval.py's evaluate: eval mode, gamma = 0, batches in order (at most max_batches, 0 = all). The alpha metrics
 /// pool the last layer's labelled cells. The MLM masking of batch k is drawn from stream kEvalMaskStream.
+///
+/// Shared by the ranks of `comm` (nullptr: this process alone; every rank calls it): the batches are the pieces
+/// (dist/pieces.hpp), each rank evaluates its share, and each batch's sums (its mean task loss, correct and counted
+/// labels, decision-side accuracy and pairs, labelled cells) are folded in batch order on every rank, the
+/// operations one process does: the same bits for any rank count. A failure on one rank stops every rank.
 template <class Model>
 EvalResult evaluate(Model& model, const RunData& d, Split s, Index batch_size, Index max_len, std::uint64_t seed,
-                    std::size_t max_batches = 0) {
+                    std::size_t max_batches = 0, dist::Comm* comm = nullptr) {
   using Scalar = typename Model::Scalar;
   EvalResult r;
   r.split = split_name(s);
@@ -173,26 +179,45 @@ EvalResult evaluate(Model& model, const RunData& d, Split s, Index batch_size, I
   if (n == 0) return r;
   auto batches = data::make_batches(n, static_cast<std::size_t>(batch_size), false);
   if (max_batches && batches.size() > max_batches) batches.resize(max_batches);
+  typename Model::Cache cache;
+  dist::SingleProcessComm single;
+  const std::vector<std::string> pieces =
+      dist::gather_pieces(comm ? *comm : single, batches.size(), [&](std::size_t k) {
+        Rng mrng(stream_seed(seed, kEvalMaskStream, k));
+        const nn::ModelBatch<Scalar> b = make_batch<Scalar>(d, s, batches[k], max_len, &mrng);
+        const auto out = model.forward(b, Scalar(0), false, nullptr, cache);
+        eval::AccuracyCounter acc;
+        const std::vector<std::int64_t> lab(b.labels.ptr(), b.labels.ptr() + b.labels.numel());
+        acc.add(predictions(out.logits), lab);
+        double side_acc = 0;
+        std::size_t side_pairs = 0;
+        if (!out.layer_stats.empty() && out.layer_supervised.back()) {
+          side_acc = out.layer_stats.back().decision_side_acc;
+          side_pairs = static_cast<std::size_t>(out.layer_stats.back().n_decision_pairs);
+        }
+        std::vector<double> ah, ao;
+        collect_last_layer<Model>(cache, b, ah, ao);
+        dist::PieceWriter w;
+        w.f64(static_cast<double>(out.task_loss)).u64(acc.correct).u64(acc.total).f64(side_acc).u64(side_pairs);
+        w.f64s(ah).f64s(ao);
+        return w.take();
+      });
   eval::AccuracyCounter acc;
   eval::DecisionSideAccumulator side;
   std::vector<double> ah, ao;
   double loss_sum = 0;
-  evaluation_pass(
-      model, batches.size(),
-      [&](std::size_t k) {
-        Rng mrng(stream_seed(seed, kEvalMaskStream, k));
-        return make_batch<Scalar>(d, s, batches[k], max_len, &mrng);
-      },
-      [&](std::size_t k, const nn::ModelBatch<Scalar>& b, const auto& out, const typename Model::Cache& cache) {
-        loss_sum += static_cast<double>(out.task_loss);
-        const std::vector<std::int64_t> lab(b.labels.ptr(), b.labels.ptr() + b.labels.numel());
-        acc.add(predictions(out.logits), lab);
-        if (!out.layer_stats.empty() && out.layer_supervised.back())
-          side.add(out.layer_stats.back().decision_side_acc,
-                   static_cast<std::size_t>(out.layer_stats.back().n_decision_pairs));
-        collect_last_layer<Model>(cache, b, ah, ao);
-        r.n_examples += batches[k].size();
-      });
+  for (std::size_t k = 0; k < pieces.size(); ++k) {  // in batch order
+    dist::PieceReader rd(pieces[k]);
+    loss_sum += rd.f64();
+    acc.correct += static_cast<std::size_t>(rd.u64());
+    acc.total += static_cast<std::size_t>(rd.u64());
+    const double side_acc = rd.f64();
+    side.add(side_acc, static_cast<std::size_t>(rd.u64()));
+    const std::vector<double> h = rd.f64s(), o = rd.f64s();
+    ah.insert(ah.end(), h.begin(), h.end());
+    ao.insert(ao.end(), o.begin(), o.end());
+    r.n_examples += batches[k].size();
+  }
   r.n_batches = batches.size();
   r.accuracy = acc.value();
   r.task_loss = loss_sum / static_cast<double>(batches.size());
@@ -294,7 +319,8 @@ struct BasicTrainOptions {
   /// Called at the end of the run with the trained model and the run's data (e.g. a probe the program prints).
   std::function<void(Model&, const RunData&)> on_finish;
   /// The ranks of a data-parallel run (dist/comm.hpp; nullptr: one process). Every rank runs the run with the same
-  /// configuration; rank 0 alone prints, logs, evaluates, plots and writes the run directory, and calls on_finish.
+  /// configuration; the evaluations are shared by the ranks (evaluate); rank 0 alone prints, logs, plots and writes
+  /// the run directory, and calls on_finish.
   dist::Comm* comm = nullptr;
   /// The run's data, built beforehand by build_run_data for this configuration (a program that reports bad data
   /// files apart from failures of the run does so); nullptr: run_training builds it, its notices on stdout when
@@ -483,22 +509,39 @@ void plot(const std::string& dir, const std::string& name, const Draw& draw) {
   }
 }
 
-/// What rank 0 does at an evaluation step before the checkpoint: the validation pass (its console and log lines,
-/// its histograms), the training curves.
+/// The validation pass of an evaluation step, on every rank (each its share of the batches; evaluate): into `now`.
 template <class Model>
-struct Evaluation {
+struct SharedEvaluation {
   const TrainConfig& cfg;
   const BasicTrainOptions<Model>& o;
   const RunData& d;
   Model& model;
+  dist::Comm& comm;
+  std::optional<EvalResult>& now;
+
+  void operator()(std::int64_t) {
+    now.reset();
+    if (o.evaluate && d.size(Split::val) > 0)
+      now = evaluate(model, d, Split::val, cfg.batch_size, cfg.max_len, cfg.seed,
+                     static_cast<std::size_t>(cfg.eval_batches), &comm);
+  }
+};
+
+/// What rank 0 does at an evaluation step before the checkpoint: the validation pass's console and log lines and
+/// histograms (of SharedEvaluation's result `now`), the training curves.
+template <class Model>
+struct Evaluation {
+  const TrainConfig& cfg;
+  const BasicTrainOptions<Model>& o;
   TrainLog& log;
   ProgressLine& progress;
   AlphaSample& sample;
   TrainResult& res;
   bool verbose;
+  std::optional<EvalResult>& now;
 
   void operator()(std::int64_t step) {
-    if (o.evaluate && d.size(Split::val) > 0) validate(step);
+    if (now) validate(step);
     if (!o.plot_dir.empty() && o.write_log)
       plot(o.plot_dir, "training_curves.svg", [&] {
         return plots::training_curves(read_file(log_path(cfg.out_dir)), "training: " + cfg.out_dir);
@@ -506,8 +549,8 @@ struct Evaluation {
   }
 
   void validate(std::int64_t step) {
-    EvalResult er = evaluate(model, d, Split::val, cfg.batch_size, cfg.max_len, cfg.seed,
-                             static_cast<std::size_t>(cfg.eval_batches));
+    EvalResult er = std::move(*now);
+    now.reset();
     if (verbose) {
       progress.finish_line();
       fmt::print("[eval step {}] val: acc {:.4f}  task_loss {:.4f}  alpha_mae {:.4f}  pearson {:.4f}  side_acc {:.4f} "
@@ -624,7 +667,9 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
     detail::log_fields(steps, st, b, j);
   };
   h.progress_fields = [&](const auto& st) { return detail::progress_fields(steps, st); };
-  h.evaluate = detail::Evaluation<Model>{cfg, o, d, model, log, progress, sample, res, verbose};
+  std::optional<EvalResult> eval_now;  // the evaluation at hand, the same on every rank
+  h.evaluate_shared = detail::SharedEvaluation<Model>{cfg, o, d, model, comm, eval_now};
+  h.evaluate = detail::Evaluation<Model>{cfg, o, log, progress, sample, res, verbose, eval_now};
   if (o.checkpoint)
     h.checkpoint = [&](std::int64_t step) { save_run(cfg.out_dir, saved_cfg, family, d, model, &opt, step); };
 
@@ -681,11 +726,22 @@ BasicLoadedRun<Model> load_run_with(const std::string& dir, FamilyOf&& family_of
   return BasicLoadedRun<Model>{std::move(cfg), std::move(tok), std::move(d), std::move(model), step};
 }
 
-/// eval.py on a loaded run: `split` at gamma = 0, all batches, with the products of the run's --precision.
+/// eval.py on a loaded run: `split` at gamma = 0, all batches, with the products of the run's --precision; shared by
+/// the ranks of `comm` when given (every rank calls it; the result is one process's on every rank).
 template <class Model>
-EvalResult evaluate_run(BasicLoadedRun<Model>& run, Split split) {
+EvalResult evaluate_run(BasicLoadedRun<Model>& run, Split split, dist::Comm* comm = nullptr) {
   const ScopedPrecision precision(run_precision(run.cfg));
-  return evaluate(*run.model, run.data, split, run.cfg->batch_size, run.cfg->max_len, run.cfg->seed, 0);
+  return evaluate(*run.model, run.data, split, run.cfg->batch_size, run.cfg->max_len, run.cfg->seed, 0, comm);
+}
+
+/// load(dir) on every rank of `comm` (nullptr: this process): a failure on one rank stops every rank with its
+/// message (dist::RankFailed); one process sees the error itself.
+template <class Run, class Load>
+Run load_on_every_rank(dist::Comm* comm, Load&& load) {
+  std::optional<Run> run;
+  dist::SingleProcessComm single;
+  dist::together(comm ? *comm : single, [&] { run.emplace(load()); });
+  return std::move(*run);
 }
 
 /// Loads the run in `dir` (every file validated; dea::Error naming the file). A config.json whose seed is not the
@@ -702,13 +758,15 @@ LoadedRun<S> load_run(const std::string& dir) {
 }
 
 /// eval.py: the run in `dir` evaluated on `split` at gamma = 0 (all batches). `after` (when given) sees the model
-/// and the run afterwards (e.g. a probe).
+/// and the run afterwards (e.g. a probe). With `comm`, every rank loads the run and evaluates its share of the
+/// batches (evaluate), and `after` runs on rank 0 alone.
 template <class S>
 EvalResult evaluate_checkpoint(const std::string& dir, Split split,
-                               const std::function<void(nn::TransformerModel<S>&, const LoadedRun<S>&)>& after = {}) {
-  LoadedRun<S> run = load_run<S>(dir);
-  EvalResult r = evaluate_run(run, split);
-  if (after) after(*run.model, run);
+                               const std::function<void(nn::TransformerModel<S>&, const LoadedRun<S>&)>& after = {},
+                               dist::Comm* comm = nullptr) {
+  LoadedRun<S> run = load_on_every_rank<LoadedRun<S>>(comm, [&] { return load_run<S>(dir); });
+  EvalResult r = evaluate_run(run, split, comm);
+  if (after && (!comm || comm->rank() == 0)) after(*run.model, run);
   return r;
 }
 

@@ -175,7 +175,12 @@ inline std::vector<std::pair<std::string, std::string>> record_pairs(const std::
 inline void attach_oracle(std::vector<data::Record>& all, const TrainConfig& c, std::ostream* log = nullptr) {
   if (c.oracle == "mock") return data::attach_mock_oracle(all, c.seed);
   with_context("--oracle '" + c.oracle + "': ", [&] {
-    const data::AlphaCache cache = io::read_alpha_cache(c.oracle);
+    // the cache read line by line, holding only the entries of the run's pairs (a cache may score far more)
+    std::set<std::pair<std::string, std::string>> wanted;
+    for (const data::Record& r : all) wanted.emplace(r.q_text, r.k_text);
+    const data::AlphaCache cache = io::read_alpha_cache(c.oracle, [&](const std::string& q, const std::string& k) {
+      return wanted.count(std::make_pair(q, k)) > 0;
+    });
     if (c.oracle_fallback == "mock") data::attach_mock_oracle(all, c.seed);
     const std::size_t missing = all.size() - cache.attach(all, false);
     if (missing == 0) return;

@@ -5,13 +5,16 @@
 //
 // Data. The corpus file is read as bytes and encoded one id per byte (vocabulary 256). The byte stream is split
 // at floor(0.95 n): the first part trains, the last 5% is the validation split (the reference's 95/5 tail split).
+// The file is fingerprinted by streaming it once and then read by offset (data/byte_file.hpp): a batch reads only
+// its windows' bytes, so a process never holds the corpus, and a file edited in place during the run is an error.
 // With T = max_len, a training window is T + 1 consecutive bytes w; the model sees input_ids = w[:-1] and the
 // PRE-SHIFTED labels = w[1:] (lm/loss.hpp drops the last position, so each window scores T - 1 predictions).
 // Row b of the batch of step s starts at the b-th draw Rng(stream_seed(seed, kOrderStream, s)).below(n_train - T),
 // so a step's batch depends on (seed, step) alone. Validation uses fixed windows starting at 0, T - 1, 2(T - 1),
 // ... (every validation byte after the first is scored exactly once); NLL is the mean cross-entropy in nats per
 // scored byte over the windows evaluated, perplexity exp(NLL). Periodic evaluations take the first eval_batches
-// batches of batch_size windows; the last evaluation of the run also.
+// batches of batch_size windows; the last evaluation of the run also. The batches are the pieces the ranks of a
+// data-parallel run (or of `mpirun dea eval`) share; their sums are added in batch order, whatever the rank count.
 //
 // Model. DecoderConfig from the flags: hidden_size d_model, num_attention_heads n_heads, num_hidden_layers n_layers,
 // intermediate_size d_ff, vocab_size 256, attention_type --attention (gqa with --kv_heads, 0 = H / 4), mlp_type
@@ -41,9 +44,11 @@
 #include "../core/rng.hpp"
 #include "../core/tensor.hpp"
 #include "../text/byte_tokenizer.hpp"
+#include "../data/byte_file.hpp"
 #include "../data/dalpha.hpp"
 #include "../dist/comm.hpp"
 #include "../dist/grad_buffer.hpp"
+#include "../dist/pieces.hpp"
 #include "../dist/reducer.hpp"
 #include "../io/safetensors.hpp"
 #include "../lm/config.hpp"
@@ -96,30 +101,56 @@ inline ::dea::lm::DecoderConfig decoder_config(const TrainConfig& c) {
   return m;
 }
 
-/// The byte streams of a run: training and validation split, and the fingerprint of the corpus.
+/// A stretch of the corpus file, one id per byte, read by offset (data/byte_file.hpp): a batch reads only its own
+/// windows, so a process holds the file's descriptor and the bytes of the batch at hand, never the corpus.
+class ByteStream {
+public:
+  ByteStream() = default;
+  ByteStream(std::shared_ptr<const data::ByteFile> file, std::uint64_t offset, std::uint64_t n)
+      : file_(std::move(file)), offset_(offset), n_(n) {}
+  std::size_t size() const { return static_cast<std::size_t>(n_); }
+  /// Bytes [pos, pos + n) of the stretch as ids (dea::Error beyond its end, or when the file changed since it was
+  /// fingerprinted).
+  void read_ids(std::uint64_t pos, std::size_t n, std::int64_t* out) const {
+    check(pos <= n_ && n <= n_ - pos, "lm_run::ByteStream: bytes [", pos, ", ", pos + n, ") outside a split of ", n_);
+    buf_.resize(n);
+    if (n) file_->read(offset_ + pos, n, buf_.data());
+    for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<unsigned char>(buf_[i]);
+  }
+
+private:
+  std::shared_ptr<const data::ByteFile> file_;
+  std::uint64_t offset_ = 0, n_ = 0;
+  mutable std::vector<char> buf_;
+};
+
+/// The byte streams of a run: training and validation split (both read from the corpus file by offset), and the
+/// fingerprint of the corpus.
 struct LmData {
-  std::vector<std::int64_t> train, val;
+  ByteStream train, val;
   std::string hash;
 };
 
-/// Reads and splits the corpus of `vc` (dea::Error naming --text on a missing file, a split too short for one
-/// window of max_len + 1 bytes, or data other than the run's data_hash).
+/// Opens and splits the corpus of `vc` (dea::Error naming --text on a missing file, a split too short for one
+/// window of max_len + 1 bytes, or data other than the run's data_hash). The fingerprint is taken by streaming the
+/// file once; the bytes are then read by offset as batches need them.
 inline LmData build_data(const ValidConfig& vc) {
   const TrainConfig& c = vc;
   check(c.model == "lm", "lm_run::build_data: --model is '", c.model, "'");
-  const std::string raw = ::dea::train::detail::with_context("--text '" + c.text + "': ", [&] { return read_file(c.text); });
-  const std::vector<std::int64_t> ids = data::ByteTokenizer::encode(raw);
-  const std::size_t n = ids.size(), n_val = n * kValPercent / 100, n_train = n - n_val;
+  const auto file = ::dea::train::detail::with_context("--text '" + c.text + "': ", [&] {
+    return std::make_shared<const data::ByteFile>(c.text);
+  });
+  const std::size_t n = static_cast<std::size_t>(file->size()), n_val = n * kValPercent / 100, n_train = n - n_val;
   const std::size_t need = static_cast<std::size_t>(c.max_len) + 1;
   check(n_train >= need && n_val >= need, "--text '", c.text, "': ", n, " bytes give a training split of ", n_train,
         " and a validation split (the last 5%) of ", n_val, " bytes; each needs at least --max_len + 1 = ", need,
         " bytes (a longer corpus, or a smaller --max_len)");
   LmData d;
-  d.train.assign(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n_train));
-  d.val.assign(ids.begin() + static_cast<std::ptrdiff_t>(n_train), ids.end());
+  d.train = ByteStream(file, 0, n_train);
+  d.val = ByteStream(file, n_train, n_val);
   data::Fingerprint fp;
   fp.add("lm-bytes");
-  fp.add(raw);
+  ::dea::train::detail::with_context("--text '" + c.text + "': ", [&] { return &file->fingerprint(fp); });
   d.hash = fp.hex();
   check(c.data_hash.empty() || c.data_hash == d.hash, "--text '", c.text, "': the corpus (fingerprint ", d.hash,
         ") is not the run's (data_hash ", c.data_hash, "): the file has changed since the run started");
@@ -141,6 +172,21 @@ inline LmBatch windows(const std::vector<std::int64_t>& stream, const std::vecto
       b.ids[r * T + t] = stream[p];
       b.labels[r * T + t] = stream[p + 1];
     }
+  return b;
+}
+
+/// The same windows read from the corpus file: only their T + 1 bytes each.
+inline LmBatch windows(const ByteStream& stream, const std::vector<std::size_t>& starts, Index T) {
+  const Index B = static_cast<Index>(starts.size());
+  LmBatch b{Tensor<std::int64_t>({B, T}), Tensor<std::int64_t>({B, T})};
+  std::vector<std::int64_t> w(static_cast<std::size_t>(T) + 1);
+  for (Index r = 0; r < B; ++r) {
+    stream.read_ids(starts[static_cast<std::size_t>(r)], w.size(), w.data());
+    for (Index t = 0; t < T; ++t) {
+      b.ids[r * T + t] = w[static_cast<std::size_t>(t)];
+      b.labels[r * T + t] = w[static_cast<std::size_t>(t) + 1];
+    }
+  }
   return b;
 }
 
@@ -185,23 +231,37 @@ inline nlohmann::json to_json(const EvalResult& r) {
   return j;
 }
 
-/// NLL and perplexity of `model` on the validation windows, at most `max_batches` batches (0 = all).
+/// NLL and perplexity of `model` on the validation windows, at most `max_batches` batches (0 = all), shared by the
+/// ranks of `comm` (nullptr: this process alone). The pieces are the batches of batch_size windows; each gives its
+/// sum of cross-entropies (nats) and its count of scored bytes, and the sums are added in batch order on every rank
+/// (dist/pieces.hpp), so every rank count gives one process's bits. Every rank of `comm` calls it; a failure on one
+/// stops every rank (dist::RankFailed).
 template <class S>
-EvalResult evaluate(Model<S>& model, const LmData& d, Index batch_size, Index T, std::size_t max_batches = 0) {
+EvalResult evaluate(Model<S>& model, const LmData& d, Index batch_size, Index T, std::size_t max_batches = 0,
+                    dist::Comm* comm = nullptr) {
   const std::vector<std::size_t> all = val_starts(d, T);
   std::size_t n = all.size();
   if (max_batches) n = std::min(n, max_batches * static_cast<std::size_t>(batch_size));
-  double sum = 0;
-  std::int64_t count = 0;
+  const std::size_t bs = static_cast<std::size_t>(batch_size), n_pieces = (n + bs - 1) / bs;
   typename Model<S>::Cache cache;
-  for (std::size_t i = 0; i < n; i += static_cast<std::size_t>(batch_size)) {
+  dist::SingleProcessComm single;
+  const std::vector<std::string> pieces = dist::gather_pieces(comm ? *comm : single, n_pieces, [&](std::size_t k) {
+    const std::size_t i = k * bs;
     const std::vector<std::size_t> starts(all.begin() + static_cast<std::ptrdiff_t>(i),
-                                          all.begin() + static_cast<std::ptrdiff_t>(std::min(n, i + static_cast<std::size_t>(batch_size))));
+                                          all.begin() + static_cast<std::ptrdiff_t>(std::min(n, i + bs)));
     const LmBatch b = windows(d.val, starts, T);
     const Mat<S> logits = model.forward(b.ids, cache);
     const auto r = Model<S>::loss(logits, b.labels, {}, false);
-    sum += static_cast<double>(r.ce) * static_cast<double>(r.count);
-    count += r.count;
+    dist::PieceWriter w;
+    w.f64(static_cast<double>(r.ce) * static_cast<double>(r.count)).u64(static_cast<std::uint64_t>(r.count));
+    return w.take();
+  });
+  double sum = 0;
+  std::int64_t count = 0;
+  for (const std::string& p : pieces) {  // in batch order
+    dist::PieceReader rd(p);
+    sum += rd.f64();
+    count += static_cast<std::int64_t>(rd.u64());
   }
   EvalResult e;
   e.n_windows = static_cast<std::int64_t>(n);
@@ -383,9 +443,10 @@ void print_data_line(const TrainConfig& cfg, const LmData& d, Model<S>& model, i
 /// makes the sum exactly the gradient of the global batch's mean) and summed in the fixed tree of dist/tree_sum.hpp;
 /// then clipping and AdamW as with M = 1 (trainer.hpp). The logged loss (and ce) is the mean of the micro-batches'
 /// losses added in micro-batch order, n_tokens their sum, the layer telemetry that of micro-batch 0. Rank r computes
-/// the micro-batches [r M/R, (r+1) M/R) and collates only their windows; every rank holds the same parameters, AdamW
-/// state and log values for any R dividing M, the bits of one process with the same M. Rank 0 alone prints, logs,
-/// evaluates and writes the run directory. A failure on one rank (bad input, a non-finite loss) stops every rank
+/// the micro-batches [r M/R, (r+1) M/R) and reads and collates only their windows; every rank holds the same
+/// parameters, AdamW state and log values for any R dividing M, the bits of one process with the same M. The
+/// periodic evaluation is shared by the ranks, batch by batch, its sums added in batch order (evaluate), so its
+/// values are one process's for any R. Rank 0 alone prints, logs and writes the run directory. A failure on one rank (bad input, a non-finite loss) stops every rank
 /// with that rank's message (NonFiniteError or dist::RankFailed on every rank).
 template <class S>
 TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
@@ -468,8 +529,13 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
   h.progress_fields = [&](const auto& st) {
     return fmt::format("loss {:.4f}  |g| {:.3f}", st.losses.task, grad_norm(st.norms));
   };
+  std::optional<EvalResult> eval_now;  // of the evaluation at hand, the same on every rank
+  h.evaluate_shared = [&](std::int64_t) {
+    eval_now = evaluate(model, d, cfg.batch_size, T, static_cast<std::size_t>(cfg.eval_batches), &comm);
+    res.last_eval = eval_now;
+  };
   h.evaluate = [&](std::int64_t step) {
-    const EvalResult er = evaluate(model, d, cfg.batch_size, T, static_cast<std::size_t>(cfg.eval_batches));
+    const EvalResult er = *eval_now;
     if (verbose) {
       progress.finish_line();
       fmt::print("[eval step {}] val: nll {:.4f}  perplexity {:.3f}  ({} bytes scored, {} windows)\n", step, er.nll,
@@ -479,7 +545,6 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
     j["step"] = step;
     j["event"] = "eval";
     log.write(j);
-    res.last_eval = er;
   };
   h.checkpoint = [&](std::int64_t step) {
     write_config(config_path(cfg.out_dir), saved_cfg);

@@ -7,7 +7,8 @@
 //       hooks.on_step                                       // the family's bookkeeping (results, plot samples)
 //       the log line (every log_every steps, step 1, the last): "step", hooks.log_fields, "steps_per_s"
 //       the progress line: "step s/N  <hooks.progress_fields>  r it/s  ETA t"
-//       hooks.evaluate, hooks.checkpoint on rank 0 (every eval_every steps and after the last)
+//       hooks.evaluate_shared on every rank (the evaluation's pieces shared by the ranks), then hooks.evaluate and
+//       hooks.checkpoint on rank 0 (every eval_every steps and after the last)
 //     a non-finite loss or gradient norm stops every rank with one message naming the step (and micro-batch, rank)
 //     and the checkpoint it keeps
 //
@@ -24,7 +25,7 @@
 // a LossFault the caller installs sees every task loss before the checks (a program's rehearsal of the failure path;
 // the library installs none and reads no environment variable).
 //
-// Precision: set_precision(Precision::bf16) runs the family's forward/backward passes and hooks.evaluate under
+// Precision: set_precision(Precision::bf16) runs the family's forward/backward passes and the evaluation hooks under
 // ScopedPrecision (core/parallel.hpp): their float matrix products take bf16 operands and accumulate in fp32, as
 // PyTorch's CPU autocast does; what is not a product of ops/gemm.hpp (the Dual-Expert gate, normalisations, softmax,
 // losses), the gradients, clipping and AdamW's master weights and state stay fp32. The default is fp32.
@@ -287,6 +288,10 @@ public:
     std::function<void(const Step&, const Batch& first)> on_step;  ///< after every step, on every rank
     std::function<void(const Step&, const Batch& first, nlohmann::json& line)> log_fields;  ///< a log line's fields
     std::function<std::string(const Step&)> progress_fields;  ///< the family's part of the progress line
+    /// On every rank, before evaluate: the evaluation's computation, each rank its share of the pieces and the
+    /// metric sums exchanged in a fixed order (dist/pieces.hpp), so that it may use the ranks' collectives (every rank
+    /// calls it at the same steps); a failure on one rank stops every rank with its message (dist::RankFailed).
+    std::function<void(std::int64_t step)> evaluate_shared;
     std::function<void(std::int64_t step)> evaluate;          ///< on rank 0: evaluation, its log line, plots
     std::function<void(std::int64_t step)> checkpoint;        ///< on rank 0 after evaluate: the run directory
   };
@@ -493,8 +498,13 @@ private:
     return j;
   }
 
-  /// hooks.evaluate and hooks.checkpoint on rank 0; a failure there stops every rank.
+  /// hooks.evaluate_shared on every rank, then hooks.evaluate and hooks.checkpoint on rank 0; a failure stops every
+  /// rank.
   void evaluate(const Hooks& h, std::int64_t step) {
+    if (h.evaluate_shared) {
+      const ScopedPrecision products(precision_);
+      h.evaluate_shared(step);
+    }
     auto on_root = [&] {
       if (comm_ && comm_->rank() != 0) return;
       if (h.evaluate) {
