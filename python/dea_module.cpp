@@ -222,7 +222,8 @@ struct DeaLayer {
 template <class S>
 py::dict dea_forward(DeaLayer<S>& w, const py::object& x_obj, const py::object& key_mask,
                      const py::object& alpha_oracle, const py::object& target_idx, double gamma_mix, bool training,
-                     bool causal, bool return_alpha_hat, const py::object& cache, const py::object& seed) {
+                     bool causal, bool return_alpha_hat, const py::object& cache, const py::object& seed,
+                     const py::object& frozen_alpha_hat) {
   const Index D = w.layer->d_model(), H = w.layer->n_heads();
   const py::array x = checked<S>(x_obj, "x", {{{-1, "B"}, {-1, "T"}, {D}}});
   const Index B = x.shape(0), T = x.shape(1);
@@ -237,6 +238,8 @@ py::dict dea_forward(DeaLayer<S>& w, const py::object& x_obj, const py::object& 
     targets = checked<std::int64_t>(target_idx, "target_idx", {{{B}, {T}}, {{B}, {H}, {T}}});
     check_target_values(*targets, T);
   }
+  std::optional<py::array> frozen;
+  if (!frozen_alpha_hat.is_none()) frozen = checked<S>(frozen_alpha_hat, "frozen_alpha_hat", {{{B}, {H}, {T}, {T}}});
   if (!(gamma_mix >= 0 && gamma_mix <= 1))
     throw py::value_error("gamma_mix: expected a value in [0, 1], got " + std::to_string(gamma_mix));
   const std::optional<std::uint64_t> reseed =
@@ -251,6 +254,7 @@ py::dict dea_forward(DeaLayer<S>& w, const py::object& x_obj, const py::object& 
     if (oracle) in.set_oracle(tensor_copy<S>(*oracle));
     if (targets) in.set_targets(tensor_copy<std::int64_t>(*targets));
     in.set_gamma_mix(S(gamma_mix)).set_training(training, &w.rng).set_causal(causal);
+    if (frozen) in.set_frozen_alpha_hat(tensor_copy<S>(*frozen));
     if (return_alpha_hat) in.set_keep_alpha_hat(true);
     auto& c = box->c;
     // x goes straight into the cache's copy (which the layer keeps for backward): forward then copies nothing
@@ -341,7 +345,7 @@ void bind_dea(py::module_& m, const char* name) {
       .def("forward", &dea_forward<S>, py::arg("x"), py::arg("key_mask") = py::none(),
            py::arg("alpha_oracle") = py::none(), py::arg("target_idx") = py::none(), py::arg("gamma_mix") = 0.0,
            py::kw_only(), py::arg("training") = false, py::arg("causal") = false, py::arg("return_alpha_hat") = true,
-           py::arg("cache") = py::none(), py::arg("seed") = py::none(),
+           py::arg("cache") = py::none(), py::arg("seed") = py::none(), py::arg("frozen_alpha_hat") = py::none(),
            "x [B, T, D] -> dict(output [B, T, D], alpha_hat [B, H, T, T], alpha_oracle, loss_gate, stats)")
       .def("backward", &dea_backward<S>, py::arg("dy"), py::kw_only(), py::arg("cache") = py::none(),
            "Task backward: adds into every gradient but W_gate / c_gate; returns dx [B, T, D]")
@@ -625,7 +629,7 @@ void bind_tr(py::module_& m, const char* name) {
 // Golden cases
 
 template <class S>
-py::dict run_case(const std::string& path) {
+py::dict run_case(const std::string& path, const std::string& pe_path) {
   const bool single = std::is_same_v<S, float>;
   py::dict out;
   out["path"] = path;
@@ -655,8 +659,17 @@ py::dict run_case(const std::string& path) {
         worst = r.worst_ratio;
         tolerance = "error / tolerance, tolerance 2e-6 x max(1, max|ref|) (route indices exact)";
       } else if (kind == "dea_layer" || kind == "dea_model") {
-        const dea::io::SafeTensors got =
-            kind == "dea_layer" ? dea::interop::run_dea_layer_case<S>(cs) : dea::interop::run_dea_model_case<S>(cs);
+        if (!pe_path.empty() && kind != "dea_model")
+          throw dea::Error("pe: applies to dea_model cases only (" + path + " is '" + kind + "')");
+        Mat<double> pe;
+        if (!pe_path.empty()) {
+          const dea::Tensor<double> t = dea::io::SafeTensors::load(pe_path).get<double>("pe");
+          dea::check(t.dim() == 2, pe_path, ": tensor 'pe' must be [max_len, d_model], got ", dea::shape_str(t.shape));
+          pe = t.matrix(t.size(1));
+        }
+        const dea::io::SafeTensors got = kind == "dea_layer"
+                                             ? dea::interop::run_dea_layer_case<S>(cs)
+                                             : dea::interop::run_dea_model_case<S>(cs, pe_path.empty() ? nullptr : &pe);
         const double tol = single ? 1e-4 : 1e-9;
         for (const auto& c : dea::interop::compare_case(cs, got, tol)) {
           rows.push_back({c.name, c.missing ? INFINITY : c.rel_error, c.ok && !c.missing});
@@ -706,12 +719,14 @@ PYBIND11_MODULE(_core, m) {
   }, py::arg("n"), "Threads of the library's parallel loops (OpenMP); results are the same bits for any count");
   m.def("num_threads", &dea::num_threads, "Threads the library's parallel loops use");
   m.def("run_golden_case",
-        [](const std::string& path, const std::string& dtype) {
-          if (dtype == "float64" || dtype == "double") return run_case<double>(path);
-          if (dtype == "float32" || dtype == "float") return run_case<float>(path);
+        [](const std::string& path, const std::string& dtype, const py::object& pe) {
+          const std::string pe_path = pe.is_none() ? "" : py::str(pe).cast<std::string>();
+          if (dtype == "float64" || dtype == "double") return run_case<double>(path, pe_path);
+          if (dtype == "float32" || dtype == "float") return run_case<float>(path, pe_path);
           throw py::value_error("dtype: expected 'float64' or 'float32', got '" + dtype + "'");
         },
-        py::arg("path"), py::arg("dtype") = "float64",
+        py::arg("path"), py::arg("dtype") = "float64", py::arg("pe") = py::none(),
         "Runs a reference case file (kind dea_layer, dea_model or tr_mha_layer) as the dea program's interop command "
-        "does; returns dict(kind, ok, worst, tolerance, tensors=[dict(name, error, ok)])");
+        "does (pe: a dea_model case's positional table, like its --pe); returns dict(kind, ok, worst, tolerance, "
+        "tensors=[dict(name, error, ok)])");
 }
