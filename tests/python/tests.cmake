@@ -11,8 +11,8 @@ if(DEA_PYTHON_ENABLED)
   foreach(t module torch)
     add_test(NAME python_${t} COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/test_${t}.py)
   endforeach()
-  add_test(NAME python_example
-           COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/examples/python/train_torch.py --steps 3 --check)
+  # the example: the reference's golden model case through its TransformerModel, then a few training steps
+  add_test(NAME python_example COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/run_example.py --steps 3 --check)
   set_tests_properties(python_module python_torch python_example PROPERTIES
                        ENVIRONMENT "${dea_python_test_env}" SKIP_RETURN_CODE 77 LABELS python)
 endif()
