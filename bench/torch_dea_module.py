@@ -37,6 +37,7 @@ def child(impl, config, threads, steps, warmup, seed):
     import torch_train  # noqa: E402  (sets OPENBLAS_CORETYPE if unset, before torch is imported)
     import torch  # noqa: E402
     import dea  # noqa: E402
+    import dea.torch  # noqa: E402
     import train_torch  # noqa: E402  (the model with dea's layer)
 
     torch.set_num_threads(threads)
@@ -47,8 +48,10 @@ def child(impl, config, threads, steps, warmup, seed):
     if impl == "torch":
         model = torch_train.TransformerModel(vocab, D, H, L, F, 512, dropout)
         run = lambda ids, tt, am, oracle, labels: model(ids, tt, am, oracle, 0.5, labels)  # noqa: E731
-    else:
-        model = train_torch.TransformerModel(vocab, D, H, L, F, 512, dropout)
+    else:  # "dea" or "dea-tiled" (the layer's tiled kernel: row statistics instead of the [T, T] maps)
+        kernel = "tiled" if impl == "dea-tiled" else "reference"
+        attention = lambda d, h, dropout: dea.torch.DualExpertAttention(d, h, dropout=dropout, kernel=kernel)  # noqa
+        model = train_torch.TransformerModel(vocab, D, H, L, F, 512, dropout, attention=attention)
         run = lambda ids, tt, am, oracle, labels: model(ids, tt, am, oracle, 0.5, labels)[1:3]  # noqa: E731
     is_gate = lambda n: n.split(".")[-1] in ("W_gate", "w_gate", "c_gate")  # noqa: E731
     groups = [{"params": [p for n, p in model.named_parameters() if not is_gate(n)], "lr": 3e-4, "weight_decay": 0.01},
@@ -95,6 +98,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--configs", default="quick,mid")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--impls", default="torch,dea", help="torch (the reference layer), dea, dea-tiled")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
@@ -107,11 +111,13 @@ def main():
         impl, config, threads = args.child
         return child(impl, config, int(threads), args.steps, args.warmup, args.seed)
     results = {}
+    impls = args.impls.split(",")
+    assert impls[0] == "torch" and set(impls) <= {"torch", "dea", "dea-tiled"}, "--impls: torch first, then dea[-tiled]"
     print("# load average at start: %s" % load(), flush=True)
     for config in args.configs.split(","):
         for rep in range(args.reps):
             for threads in [int(t) for t in args.threads.split(",")]:
-                for impl in ("torch", "dea"):  # alternating, one process each
+                for impl in impls:  # alternating, one process each
                     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
                                OMP_WAIT_POLICY=os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
                                OPENBLAS_CORETYPE=args.openblas_coretype,
@@ -126,18 +132,18 @@ def main():
                     print(json.dumps(line), flush=True)
                     results.setdefault((config, threads, impl), []).append(line)
     print("# load average at end: %s" % load())
-    print("\n| configuration | threads | reference layer s/step | dea.torch s/step | speed-up | "
-          "reference peak RSS MB | dea.torch peak RSS MB |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| configuration | threads | layer | s/step | speed-up over the reference layer | peak RSS MB |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for config in args.configs.split(","):
         for threads in [int(t) for t in args.threads.split(",")]:
-            t = results[(config, threads, "torch")]
-            d = results[(config, threads, "dea")]
-            ts = statistics.median(x["s_per_step"] for x in t)
-            ds = statistics.median(x["s_per_step"] for x in d)
-            print("| %s (%s) | %d | %.3f | %.3f | %.2fx | %d | %d |" % (
-                config, t[0]["shape"], threads, ts, ds, ts / ds, statistics.median(x["peak_rss_mb"] for x in t),
-                statistics.median(x["peak_rss_mb"] for x in d)))
+            ts = statistics.median(x["s_per_step"] for x in results[(config, threads, "torch")])
+            for impl in impls:
+                r = results[(config, threads, impl)]
+                s = statistics.median(x["s_per_step"] for x in r)
+                print("| %s (%s) | %d | %s | %.3f | %.2fx | %d |" % (
+                    config, r[0]["shape"], threads, {"torch": "reference (PyTorch)", "dea": "dea.torch",
+                                                     "dea-tiled": "dea.torch, tiled"}[impl],
+                    s, ts / s, statistics.median(x["peak_rss_mb"] for x in r)))
 
 
 if __name__ == "__main__":

@@ -172,8 +172,17 @@ class DualExpertAttention(_torch.nn.Module):
         out, alpha_hat, loss_gate = DualExpertAttentionFunction.apply(
             layer, info, x, km, oracle, targets, float(gamma_mix), training, seed, len(self._gate_names), *params)
         a_ref = info["alpha_oracle"]
+        if a_ref is not None:
+            a_ref = _torch.from_numpy(a_ref)
+        elif oracle is not None:  # the tiled kernel keeps no map of it: the same values from the inputs
+            a_ref = _torch.from_numpy(oracle).clamp(0.0, _ALPHA_MAX)
+            if a_ref.dim() == 3:
+                a_ref = a_ref.unsqueeze(1).expand(-1, self.n_heads, -1, -1)
+            if km is not None:
+                a_ref = a_ref.masked_fill(~_torch.from_numpy(km).view(km.shape[0], 1, 1, -1), float("nan"))
+            a_ref = a_ref.contiguous()
         return {"output": out, "alpha_hat": alpha_hat,
-                "alpha_oracle": None if a_ref is None else _torch.from_numpy(a_ref),
+                "alpha_oracle": a_ref,
                 "loss_gate": loss_gate, "stats": info["stats"]}
 
     def extra_repr(self):

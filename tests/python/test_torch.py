@@ -317,6 +317,20 @@ def test_parameters_share_the_layer_storage():
     assert not torch.equal(c(x, km, a)["output"], m(x, km, a)["output"])
 
 
+def test_tiled_kernel_gives_the_reference_kernels_results():
+    x, a, km = inputs(b=3, t=7, seed=2)
+    got = {}
+    for kernel in ("reference", "tiled"):
+        m = module(kernel=kernel)
+        xr = x.clone().requires_grad_(True)
+        r = m(xr, km, a, gamma_mix=0.5)
+        ((r["output"] * 0.3).sum() + r["loss_gate"]).backward()
+        got[kernel] = [r["output"], r["alpha_hat"], r["alpha_oracle"], r["loss_gate"], xr.grad] + \
+            [p.grad for p in m.parameters()]
+    for p, q in zip(got["reference"], got["tiled"]):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-13, equal_nan=True)
+
+
 def test_dropout_in_training_mode():
     torch.manual_seed(0)
     m = dea.torch.DualExpertAttention(D, H, dropout=0.3, dtype=torch.float64)
