@@ -5,7 +5,8 @@ bench/torch_train.py's model and bench/torch_dea.py's layer) against the same mo
 Each measurement runs in a process of its own (so its peak RSS is its own), the two sides alternating, configuration
 by configuration, --reps times; the table gives the median of the reps. A step is what the reference's train.py does:
 forward with an oracle block per sequence and gamma_mix 0.5, loss = task_loss + loss_gate, backward, clipping of
-each group to norm 1, AdamW. The batches are D_alpha-shaped: [CLS] A [SEP] B [SEP] with the oracle on the A x B
+each group to norm 1, AdamW. The table gives wall time and the process's CPU time per step (the sum over its
+threads: on one thread the less load-sensitive figure). The batches are D_alpha-shaped: [CLS] A [SEP] B [SEP] with the oracle on the A x B
 block, every sequence T tokens. Threads: OMP_NUM_THREADS, OPENBLAS_NUM_THREADS, torch.set_num_threads and
 dea.set_num_threads; OMP_WAIT_POLICY=PASSIVE (unless set) and OPENBLAS_CORETYPE=SkylakeX (--openblas-coretype).
 
@@ -62,7 +63,7 @@ def child(impl, config, threads, steps, warmup, seed):
     rss_model = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     g = torch.Generator().manual_seed(seed + 1)
     model.train()
-    times = []
+    times, cpu = [], []
     for step in range(warmup + steps):
         ids = torch.randint(5, vocab, (B, T), generator=g)
         a = T // 2 - 1  # [CLS] A [SEP] B [SEP]: A = tokens 1..a, B = tokens a+2..T-2
@@ -73,7 +74,7 @@ def child(impl, config, threads, steps, warmup, seed):
         oracle = torch.full((B, T, T), float("nan"))
         oracle[:, 1:a + 1, a + 2:T - 1] = torch.rand(B, 1, 1, generator=g) * 0.95
         labels = torch.randint(0, 2, (B,), generator=g)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         task, loss_gate = run(ids, tt, am, oracle, labels)
         opt.zero_grad()
         (task + loss_gate).backward()
@@ -82,8 +83,9 @@ def child(impl, config, threads, steps, warmup, seed):
         opt.step()
         if step >= warmup:
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
     print(json.dumps({"impl": impl, "config": config, "threads": threads, "shape": "D%d H%d L%d F%d B%d T%d" % (
-        D, H, L, F, B, T), "s_per_step": statistics.median(times), "steps": steps,
+        D, H, L, F, B, T), "s_per_step": statistics.median(times), "cpu_s_per_step": statistics.median(cpu), "steps": steps,
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "rss_after_model_mb": round(rss_model), "blas": torch_train.blas_info().get("core"),
         "task_loss_last": float(task)}))
@@ -132,18 +134,19 @@ def main():
                     print(json.dumps(line), flush=True)
                     results.setdefault((config, threads, impl), []).append(line)
     print("# load average at end: %s" % load())
-    print("\n| configuration | threads | layer | s/step | speed-up over the reference layer | peak RSS MB |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n| configuration | threads | layer | s/step | speed-up over the reference layer | CPU s/step | peak RSS MB |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for config in args.configs.split(","):
         for threads in [int(t) for t in args.threads.split(",")]:
             ts = statistics.median(x["s_per_step"] for x in results[(config, threads, "torch")])
             for impl in impls:
                 r = results[(config, threads, impl)]
                 s = statistics.median(x["s_per_step"] for x in r)
-                print("| %s (%s) | %d | %s | %.3f | %.2fx | %d |" % (
+                print("| %s (%s) | %d | %s | %.3f | %.2fx | %.3f | %d |" % (
                     config, r[0]["shape"], threads, {"torch": "reference (PyTorch)", "dea": "dea.torch",
                                                      "dea-tiled": "dea.torch, tiled"}[impl],
-                    s, ts / s, statistics.median(x["peak_rss_mb"] for x in r)))
+                    s, ts / s, statistics.median(x["cpu_s_per_step"] for x in r),
+                    statistics.median(x["peak_rss_mb"] for x in r)))
 
 
 if __name__ == "__main__":
