@@ -138,11 +138,13 @@ class DualExpertAttention(_torch.nn.Module):
         layer = self._layer(dtype)
         for name, view in layer.parameters().items():
             p = getattr(*self._parameter_owner(name))
-            if p.dtype == dtype and p.device.type == "cpu" and p.data_ptr() == view.ctypes.data:
+            if p.device.type != "cpu":
+                raise ValueError("%s: dea runs on the CPU, the parameter is on %s" % (name, p.device))
+            if p.dtype == dtype and p.data_ptr() == view.ctypes.data:
                 continue
             if tuple(p.shape) != view.shape:
                 raise ValueError("%s: expected shape %s, got %s" % (name, list(view.shape), list(p.shape)))
-            view[...] = p.detach().to("cpu", dtype).numpy()
+            view[...] = p.detach().to(dtype).numpy()
             p.data = _torch.from_numpy(view)
         return layer
 
