@@ -25,14 +25,16 @@ __all__ = ["DualExpertAttention", "DotProductAttention", "LaplacianAttention", "
 
 
 def _suffix(dtype):
-    """'F32' or 'F64' for a dtype given as a numpy dtype, a type, a name or a torch dtype."""
-    name = str(dtype).replace("torch.", "")
-    if name in ("float", "double"):
-        name = "float32" if name == "float" else "float64"
-    try:
-        d = _np.dtype(name)
-    except TypeError:
-        d = None
+    """'F32' or 'F64' for float32 or float64 given as a numpy dtype, a type, a name or a torch dtype."""
+    d = None
+    if dtype is not None:
+        try:
+            d = _np.dtype(dtype)
+        except TypeError:  # a torch dtype: torch.float32 -> "float32"
+            try:
+                d = _np.dtype(str(dtype).replace("torch.", ""))
+            except TypeError:
+                d = None
     if d == _np.float32:
         return "F32"
     if d == _np.float64:

@@ -259,6 +259,10 @@ def test_argument_errors_name_the_argument():
     raises(ValueError, ["backward", "no forward"], dea.DualExpertAttention(D, H).backward, x)
     raises(TypeError, ["cache:", "new_cache"], layer.forward, x, cache=dea.DotProductAttention(D, H).new_cache())
     raises(TypeError, ["dtype:"], dea.DualExpertAttention, D, H, dtype="float16")
+    raises(TypeError, ["dtype:"], dea.DualExpertAttention, D, H, dtype=None)
+    for dt in ("float64", np.float64, np.dtype("float64")):
+        assert dea.DualExpertAttention(D, H, dtype=dt).dtype == np.float64
+    assert dea.DualExpertAttention(D, H, dtype=np.float32).dtype == np.float32
     raises(ValueError, ["kernel:"], dea.DualExpertAttention, D, H, kernel="fast")
     raises(ValueError, ["n_heads"], dea.DualExpertAttention, 10, 3)
     tr = dea.TokenRoutedAttention(D, H)

@@ -331,6 +331,21 @@ def test_tiled_kernel_gives_the_reference_kernels_results():
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-13, equal_nan=True)
 
 
+def test_inference_save_and_load():
+    import io
+    m = module()
+    x, a, km = inputs()
+    with torch.no_grad():
+        r = m(x, km, a, gamma_mix=0.5)
+    assert not r["output"].requires_grad and not r["loss_gate"].requires_grad
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    m2 = torch.load(buf)
+    assert torch.equal(m2(x, km, a, gamma_mix=0.5)["output"], r["output"])
+    assert dea.DualExpertAttention(D, H, dtype=torch.float64).dtype == np.float64  # a torch dtype names it too
+
+
 def test_dropout_in_training_mode():
     torch.manual_seed(0)
     m = dea.torch.DualExpertAttention(D, H, dropout=0.3, dtype=torch.float64)
