@@ -29,19 +29,35 @@ def _numpy_in(t, dtype, name):
     return t.detach().to(dtype).contiguous().numpy()
 
 
+class _CacheLease:
+    """A dea forward cache lent to one autograd node; back to its pool when the node (its graph) is freed, so the
+    next forwards reuse its buffers instead of allocating (and page-faulting) new ones."""
+
+    __slots__ = ("pool", "cache")
+
+    def __init__(self, pool, cache):
+        self.pool, self.cache = pool, cache
+
+    def __del__(self):
+        self.pool.append(self.cache)
+
+
 class DualExpertAttentionFunction(_torch.autograd.Function):
     """One Dual-Expert forward of a dea layer as an autograd node.
 
     apply(layer, info, x, key_mask, alpha_oracle, target_idx, gamma_mix, training, seed, n_gate, *params): `layer` is
     a dea DualExpertAttention of x's dtype whose parameters hold the values of `params` (its parameter order, the gate
-    parameters last, `n_gate` of them); `info` is a dict that receives alpha_oracle and stats. Returns output,
+    parameters last, `n_gate` of them); `info` is a dict that receives alpha_oracle and stats, and may hold "lease", a
+    _CacheLease of the cache to use (else the node makes a cache of its own). Returns output,
     alpha_hat (no gradient) and loss_gate. Backward: the output's gradient reaches x and the main parameters (the
     library's task backward); loss_gate's gradient reaches only the gate parameters (its gate backward)."""
 
     @staticmethod
     def forward(ctx, layer, info, x, key_mask, alpha_oracle, target_idx, gamma_mix, training, seed, n_gate, *params):
         ctx.set_materialize_grads(False)
-        cache = layer.new_cache()
+        lease = info.pop("lease", None)
+        cache = lease.cache if lease is not None else layer.new_cache()
+        ctx.lease = lease  # the cache goes back to its pool with this node
         r = layer.forward(x.detach().contiguous().numpy(), key_mask, alpha_oracle, target_idx, gamma_mix,
                           training=training, cache=cache, seed=seed)
         ctx.layer, ctx.cache, ctx.n_gate = layer, cache, n_gate
@@ -104,6 +120,7 @@ class DualExpertAttention(_torch.nn.Module):
                              tau_s=tau_s, tau_d=tau_d, lambda_d=lambda_d, kernel=kernel)
         self._seed = seed
         self._layers = {}  # torch dtype -> dea layer (parameters shared with this module's while the dtype holds)
+        self._pools = {}   # torch dtype -> forward caches of that layer no graph holds any more
         layer = self._layer(dtype)
         # the reference's modules: W_q, W_k, W_v, W_o (Linear, or Identity without out_proj), then W_rel, W_gate,
         # c_gate; each parameter is a tensor over the dea layer's own storage (no copy at forward)
@@ -170,7 +187,8 @@ class DualExpertAttention(_torch.nn.Module):
         seed = int(_torch.randint(0, 2 ** 62, (1,)).item()) if training else None
         names = list(layer.parameter_groups())
         params = [getattr(*self._parameter_owner(n)) for n in names]
-        info = {}
+        pool = self._pools.setdefault(dtype, [])
+        info = {"lease": _CacheLease(pool, pool.pop() if pool else layer.new_cache())}
         out, alpha_hat, loss_gate = DualExpertAttentionFunction.apply(
             layer, info, x, km, oracle, targets, float(gamma_mix), training, seed, len(self._gate_names), *params)
         a_ref = info["alpha_oracle"]
@@ -194,7 +212,7 @@ class DualExpertAttention(_torch.nn.Module):
     # the dea layers are rebuilt from the parameters after copying or unpickling
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_layers"] = {}
+        state["_layers"], state["_pools"] = {}, {}
         return state
 
     def __setstate__(self, state):

@@ -331,6 +331,27 @@ def test_tiled_kernel_gives_the_reference_kernels_results():
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-13, equal_nan=True)
 
 
+def test_forward_caches_are_reused_once_their_graph_is_freed():
+    m = module()
+    x, a, km = inputs()
+    pool = m._pools.setdefault(torch.float64, [])
+    r1 = m(x.requires_grad_(True), km, a, gamma_mix=0.5)
+    r2 = m(x, km, a, gamma_mix=0.5)  # r1's graph is alive: a second cache
+    assert len(pool) == 0
+    want = r2["output"].detach().clone()
+    r2["output"].sum().backward()
+    del r2
+    assert len(pool) == 1  # r2's graph freed
+    r3 = m(x, km, a, gamma_mix=0.5)  # reuses it
+    assert len(pool) == 0 and torch.equal(r3["output"], want)
+    r1["output"].sum().backward()  # r1's cache was never taken by another forward
+    del r1, r3
+    assert len(pool) == 2
+    with torch.no_grad():
+        m(x, km, a)
+    assert len(pool) == 2
+
+
 def test_inference_save_and_load():
     import io
     m = module()
