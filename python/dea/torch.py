@@ -122,8 +122,8 @@ class DualExpertAttention(_torch.nn.Module):
         self._layers = {}  # torch dtype -> dea layer (parameters shared with this module's while the dtype holds)
         self._pools = {}   # torch dtype -> forward caches of that layer no graph holds any more
         layer = self._layer(dtype)
-        # the reference's modules: W_q, W_k, W_v, W_o (Linear, or Identity without out_proj), then W_rel, W_gate,
-        # c_gate; each parameter is a tensor over the dea layer's own storage (no copy at forward)
+        # the reference's names: submodules W_q, W_k, W_v, W_o holding weight and bias (W_o an Identity without
+        # out_proj), then W_rel, W_gate, c_gate; each parameter is a tensor over the dea layer's own storage
         for p in ("W_q", "W_k", "W_v") + (("W_o",) if out_proj else ()):
             self.add_module(p, _torch.nn.Module())
         if not out_proj:
