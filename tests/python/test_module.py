@@ -309,6 +309,37 @@ def test_separate_caches():
     assert np.array_equal(layer.backward(np.ones((1, 3, D))), dx2)
 
 
+def test_calls_from_several_threads():
+    """Layers used from two Python threads at once (each its own layer, and both one layer with caches of their
+    own) give the results of the same calls one after the other."""
+    x = [RNG.standard_normal((2, 16, 32)) for _ in range(2)]
+
+    def run(layer, xi, cache=None):
+        r = layer.forward(xi, cache=cache)
+        return r["output"], layer.backward(np.ones_like(xi), cache=cache)
+
+    layers = [dea.DualExpertAttention(32, 4, dtype="float64", seed=s) for s in (1, 2)]
+    want = [run(layers[i], x[i]) for i in range(2)]
+    shared = dea.DualExpertAttention(32, 4, dtype="float64", seed=1)
+    caches = [shared.new_cache(), shared.new_cache()]
+    want_shared = [run(shared, x[i], caches[i]) for i in range(2)]
+    got, got_shared = [None, None], [None, None]
+
+    def work(i):
+        for _ in range(5):
+            got[i] = run(layers[i], x[i])
+            got_shared[i] = run(shared, x[i], caches[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(2):
+        assert all(np.array_equal(a, b) for a, b in zip(got[i], want[i]))
+        assert all(np.array_equal(a, b) for a, b in zip(got_shared[i], want_shared[i]))
+
+
 def test_gil_is_released():
     """While another thread is inside a long forward, this Python thread keeps running. Holding the GIL, the call
     would let it run at most once or twice per forward (at a bytecode boundary just before the call)."""
