@@ -14,6 +14,8 @@ if(NOT DEA_PYTHON STREQUAL "OFF")
   if(DEA_SANITIZE)
     # an extension built with the sanitizers only loads into an interpreter started with their runtime preloaded
     set(dea_python_why "not built under DEA_SANITIZE")
+  elseif(DEA_BUILD_FUZZ)
+    set(dea_python_why "not built with the fuzz targets")
   else()
     if(NOT DEFINED Python3_EXECUTABLE AND EXISTS /usr/bin/python3)
       set(Python3_EXECUTABLE /usr/bin/python3 CACHE FILEPATH "The Python 3 interpreter the module is built for")
