@@ -161,8 +161,8 @@ def compare_with_reference(dtype, rtol, atol, gamma=0.5, with_oracle=True):
         assert set(r["stats"]) == {"loss_reg", "loss_spot", "loss_decision", "decision_side_acc", "n_decision_pairs"}
     else:
         assert r["alpha_oracle"] is None and r["stats"] == {}
-    print("  %s%s: max |difference| %.1e (%s), every gradient compared" % (
-        dtype, "" if with_oracle else " without an oracle", max(worst.values()), max(worst, key=worst.get)))
+    print("  %s, %s: max |difference| %.1e (%s), every gradient compared" % (
+        dtype, "gamma_mix %g" % gamma if with_oracle else "no oracle", max(worst.values()), max(worst, key=worst.get)))
 
 
 def test_assert_close_with_the_reference_layer_double():
