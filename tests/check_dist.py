@@ -21,7 +21,7 @@ Checks (each prints one line ending in "ok" and exits 0, or names what differs a
             micro-batch; under -np 2 and -np 4 every rank stops with status 1 and one message naming the rank that
             holds it, the last checkpoint is the one before the fault, and --resume (without the fault) ends with
             the uninterrupted run's bytes
-  bench     bench_dist (--bench_dist) under -np 2: one step line and comm lines, their fields consistent
+  bench     bench_dist (--bench_dist) under -np 2: a step line per exchange and comm lines, their fields and bytes consistent
 """
 import argparse
 import json
@@ -280,20 +280,27 @@ def check_bench(r, bench_dist):
         lines += got
     step = [j for j in lines if j.get("bench") == "step"]
     comm = [j for j in lines if j.get("bench") == "comm"]
-    if len(step) != 1 or len(comm) != 2:
-        fail("expected one step line and two comm lines, got %s" % lines)
-    s = step[0]
-    # each phase is the maximum over the ranks, step by step, so each is at most the step (their sum need not be:
-    # the ranks' maxima can come from different ranks)
-    phases = [s[k] for k in ("compute_s", "wait_s", "transfer_s", "tree_s", "optim_s")]
-    if not (s["ranks"] == 2 and s["micro_batches"] == 4 and s["s_per_step"] > 0 and 0 <= s["comm_share"] <= 1
-            and s["grad_bytes"] == 4 * s["parameters"] and all(0 <= t <= s["s_per_step"] for t in phases)):
-        fail("inconsistent step line: %s" % s)
+    if [j.get("exchange") for j in step] != ["allgather", "reduce_scatter"] or len(comm) != 2:
+        fail("expected an allgather and a reduce_scatter step line and two comm lines, got %s" % lines)
+    # each phase is the rank with the longest compute's, so each is at most the step (the step the maximum over ranks)
+    for s in step:
+        phases = [s[k] for k in ("compute_s", "exposed_s", "hidden_s", "status_s", "finish_s", "optim_s")]
+        if not (s["ranks"] == 2 and s["micro_batches"] == 4 and s["s_per_step"] > 0 and 0 <= s["exposed_share"] <= 1
+                and s["grad_bytes"] == 4 * s["parameters"] and all(0 <= t <= s["s_per_step"] for t in phases)):
+            fail("inconsistent step line: %s" % s)
+    ag, rs = step
+    # the allgather sends its whole buffer to the other rank; the reduce-scatter half of it twice (slices padded)
+    if not (ag["bytes_sent"] == ag["bytes_received"] == ag["grad_bytes"] and ag["hidden_s"] == 0
+            and ag["grad_bytes"] <= rs["bytes_sent"] < ag["grad_bytes"] + 8 * rs["buckets"]):
+        fail("inconsistent bytes or overlap: %s" % step)
     for c, n in zip(comm, (1024, 65536)):
-        if not (c["ranks"] == 2 and c["floats"] == n and c["bytes_received_per_rank"] == 4 * n and c["allgather_s"] > 0):
+        if not (c["ranks"] == 2 and c["floats"] == n and c["bytes_received_per_rank"] == 4 * n and c["allgather_s"] > 0
+                and c["rs_bytes_sent_per_rank"] == 4 * n and c["alltoall_s"] > 0 and c["slice_allgather_s"] > 0):
             fail("inconsistent comm line: %s" % c)
-    print("dist bench: bench_dist -np 2: step %.3f s (comm share %.3f), allgather of 256 KiB %.2f ms: ok"
-          % (s["s_per_step"], s["comm_share"], 1e3 * comm[1]["allgather_s"]))
+    print("dist bench: bench_dist -np 2: step %.3f s (allgather, exposed %.3f) and %.3f s (reduce_scatter, exposed "
+          "%.3f), allgather of 256 KiB %.2f ms, alltoall %.2f ms: ok"
+          % (ag["s_per_step"], ag["exposed_share"], rs["s_per_step"], rs["exposed_share"], 1e3 * comm[1]["allgather_s"],
+             1e3 * comm[1]["alltoall_s"]))
 
 
 def main():
