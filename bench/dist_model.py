@@ -52,7 +52,8 @@ MODELS = [
 ]
 SIZES = [8, 32, 128]
 # bench_dist's configurations (for --fit): layers and the share of the embeddings (vocabulary x D of P)
-BENCH_CONFIGS = {"quick": dict(layers=2, tail=0.2), "mid": dict(layers=4, tail=0.11), "paper": dict(layers=6, tail=0.05)}
+BENCH_CONFIGS = {"quick": dict(layers=2, tail=0.2), "mid": dict(layers=4, tail=0.11),
+                 "paper": dict(layers=6, tail=0.05)}
 
 
 def t_allgather(N, P, alpha, beta, tau):

@@ -21,7 +21,7 @@ Checks (each prints one line ending in "ok" and exits 0, or names what differs a
             micro-batch; under -np 2 and -np 4 every rank stops with status 1 and one message naming the rank that
             holds it, the last checkpoint is the one before the fault, and --resume (without the fault) ends with
             the uninterrupted run's bytes
-  bench     bench_dist (--bench_dist) under -np 2: a step line per exchange and comm lines, their fields and bytes consistent
+  bench     bench_dist (--bench_dist) under -np 2: a step line per exchange and comm lines, fields and bytes consistent
 """
 import argparse
 import json
