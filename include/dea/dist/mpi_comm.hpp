@@ -3,15 +3,18 @@
 // The one header of the library that needs MPI (<mpi.h>; Open MPI from Debian: openmpi-bin, libopenmpi-dev). Nothing
 // else includes it: the library stays Eigen-only, and a program that uses it is built with MPI (CMake's dea_mpi
 // target: find_package(MPI), DEA_WITH_MPI). The transport only moves bytes (MPI_Allgather, MPI_Alltoall and
-// MPI_Bcast of MPI_BYTE); every sum is the caller's, in its fixed order, never MPI_Allreduce's, whose order is MPI's choice.
+// MPI_Bcast of MPI_BYTE); every sum is the caller's, in its fixed order, never MPI_Allreduce's, whose order is MPI's
+// choice.
 //
 //   if (dist::launched_by_mpirun()) comm = std::make_unique<dist::MpiComm>();   // MPI_Init .. MPI_Finalize
 //
 // MPI is initialised with MPI_THREAD_SERIALIZED: the calls come from one thread at a time, outside parallel regions,
 // either the thread that built the MpiComm or the gradient exchange's communication thread (dist/reducer.hpp), never
 // both at once. When the library gives less (`provided` below SERIALIZED), any_thread() is false and the exchange
-// runs on the building thread after the backward pass. A rank that dies ends the job through mpirun (its other
-// ranks are killed); abort() is MPI_Abort.
+// runs on the building thread after the backward pass. Under Open MPI a rank waiting in MPI yields its core
+// (OMPI_MCA_mpi_yield_when_idle=1 unless set): the exchange thread then waits beside the backward pass without
+// taking a core from it. A rank that dies ends the job through mpirun (its other ranks are killed); abort() is
+// MPI_Abort.
 #pragma once
 
 #ifndef OMPI_SKIP_MPICXX
@@ -39,6 +42,9 @@ public:
     int inited = 0;
     MPI_Initialized(&inited);
     if (!inited) {
+      // Open MPI: a rank waiting in MPI (the exchange thread waiting for a slower rank) yields its core to the
+      // computing threads instead of spinning on it (unless the user chose otherwise)
+      setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
       check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided_) == MPI_SUCCESS,
             "MPI_Init_thread failed");
       owner_ = true;

@@ -793,7 +793,8 @@ inline ValidConfig read_config(const std::string& path) {
 }
 
 /// The flags a resumed run may change (declared so in config_flags()): how long it runs, how often it logs and
-/// evaluates, its threads, and whether the isolation check runs (it changes no result). Every other field comes from
+/// evaluates, its threads, whether the isolation check runs and how the ranks exchange gradients (these change no
+/// result). Every other field comes from
 /// the run's config.json.
 inline const std::set<std::string>& resumable_flags() {
   static const std::set<std::string> k = config_flags().resumable_names();
