@@ -32,7 +32,7 @@ import math
 import sys
 
 # --- measured on this machine (bench_dist comm, 2 ranks on loopback; --fit recomputes them) -------------------
-LOOPBACK = dict(alpha=1.0e-6, beta=1.15e9, tau=4.5e-9)
+LOOPBACK = dict(alpha=1.2e-6, beta=1.0e9, tau=3.0e-9)
 
 # --- the machines of the predictions (assumptions) --------------------------------------------------------------
 CORES = 16                 # cores per machine; compute at this machine's per-core rate / CORES (optimistic)
