@@ -3,13 +3,16 @@
 // running sum, so the comparison can fail), the accumulator in either leaf order, the single-process Comm, and the
 // gradient reducer on R ranks run as threads of this process (an in-process Comm): both exchanges, buckets of any
 // size (smaller than R elements, cut inside parameters), the exchange during backward, a NaN on one rank, a rank
-// that fails before its last micro-batch.
+// that fails before its last micro-batch; and the trainer's step on R such ranks (the same bits as one process; a
+// NaN gradient on one rank stops every rank with the same message).
 #include <catch2/catch.hpp>
 #include <dea/core/rng.hpp>
 #include <dea/dist/comm.hpp>
 #include <dea/dist/grad_buffer.hpp>
 #include <dea/dist/reducer.hpp>
 #include <dea/dist/tree_sum.hpp>
+#include <dea/optim/adamw.hpp>
+#include <dea/train/trainer.hpp>
 
 #include <cmath>
 #include <condition_variable>
@@ -441,6 +444,113 @@ TEST_CASE("dist: a push split into element ranges adds what push adds", "[dist]"
         acc.end_push();
       }
       CHECK(same_bits(acc.result(), whole.data(), n));
+    }
+  }
+}
+
+namespace {
+
+/// A family whose micro-batch k's gradient is a fixed function of k, the step and the parameters' values, written
+/// parameter by parameter from the last one and reported final as a model's backward does; `poison` = (step, k) gets
+/// a NaN gradient element with a finite loss.
+class ToyFamily {
+public:
+  using Scalar = float;
+  using Batch = std::int64_t;  // the micro-batch index
+
+  std::int64_t poison_step = -1, poison_micro = -1;
+  Params ps;
+  std::function<void(std::size_t)> hook;
+  int reports = 0;
+
+  ToyFamily() {
+    for (Param<float>* p : ps.list)
+      for (Index j = 0; j < p->value.size(); ++j) p->value[j] = 0.1f * static_cast<float>(j % 5) - 0.2f;
+  }
+  ParamList<float> parameters() { return ps.list; }
+  void set_grads_final(std::function<void(std::size_t)> f) { hook = std::move(f); }
+  train::Losses forward_backward(const std::int64_t& k, std::int64_t step, Rng&) {
+    for (std::size_t i = ps.list.size(); i-- > 0;) {
+      Param<float>& p = *ps.list[i];
+      for (Index j = 0; j < p.grad.size(); ++j)
+        p.grad[j] += grad_value(k + 8 * step, i, j) * (1.0f + p.value[j]);
+      if (step == poison_step && k == poison_micro && i == 3) p.grad[2] = std::numeric_limits<float>::quiet_NaN();
+      if (hook) {
+        hook(i);
+        ++reports;
+      }
+    }
+    train::Losses l;
+    l.task = 0.5 + 0.01 * static_cast<double>(k);
+    l.count = 1;
+    return l;
+  }
+  std::string describe(const train::Losses& l) const { return fmt::format("loss {}", l.task); }
+  std::string describe(const optim::GradNorms& n) const { return fmt::format(" (main {})", n.norm.at("main")); }
+};
+
+struct TrainerRun {
+  std::vector<float> values;
+  std::string error;
+  int reports = 0;
+};
+
+/// Three steps of M micro-batches on this rank of `comm`.
+TrainerRun train_steps(dist::Comm& comm, std::int64_t M, dist::ExchangeOptions opt, std::int64_t poison_step = -1,
+                       std::int64_t poison_micro = -1) {
+  ToyFamily f;
+  f.poison_step = poison_step;
+  f.poison_micro = poison_micro;
+  optim::AdamW<float> adam = optim::make_adam(f.parameters(), 0.01);
+  train::Trainer<ToyFamily> t(f, adam, 5);
+  t.set_micro_batches(comm, M, opt);
+  TrainerRun out;
+  try {
+    for (std::int64_t s = 1; s <= 3; ++s)
+      t.step_micro(
+          s, [](std::int64_t) { return Index(1); }, [](std::int64_t k) { return k; });
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  }
+  for (Param<float>* p : f.ps.list)
+    for (Index j = 0; j < p->value.size(); ++j) out.values.push_back(p->value[j]);
+  out.reports = f.reports;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("dist: the trainer's step on R ranks gives the bits of one process; a NaN on one rank stops all", "[dist]") {
+  dist::SingleProcessComm one;
+  const TrainerRun expected = train_steps(one, 4, {});
+  REQUIRE(expected.error.empty());
+  CHECK(expected.reports == 0);  // one rank: no report asked for
+  for (int ranks : {1, 2, 4})
+    for (double mb : {8e-6, 4.0})
+      for (auto ex : {dist::Exchange::reduce_scatter, dist::Exchange::allgather}) {
+        dist::ExchangeOptions opt;
+        opt.exchange = ex;
+        opt.bucket_mb = mb;
+        std::vector<TrainerRun> got(static_cast<std::size_t>(ranks));
+        on_ranks(ranks, [&](dist::Comm& c) { got[static_cast<std::size_t>(c.rank())] = train_steps(c, 4, opt); });
+        INFO("ranks " << ranks << ", bucket_mb " << mb << ", " << dist::exchange_name(ex));
+        for (const TrainerRun& g : got) {
+          CHECK(g.error.empty());
+          CHECK(same_bits(g.values.data(), expected.values.data(), expected.values.size()));
+          // the family reports final gradients only when the exchange can use them
+          CHECK((g.reports > 0) == (ranks > 1 && ex == dist::Exchange::reduce_scatter));
+        }
+      }
+  // a NaN in the gradient of micro-batch 2 at step 2 (rank 1 of 2, rank 2 of 4): every rank stops with one message
+  for (int ranks : {2, 4}) {
+    std::vector<TrainerRun> got(static_cast<std::size_t>(ranks));
+    dist::ExchangeOptions opt;
+    opt.bucket_mb = 8e-6;
+    on_ranks(ranks, [&](dist::Comm& c) { got[static_cast<std::size_t>(c.rank())] = train_steps(c, 4, opt, 2, 2); });
+    for (const TrainerRun& g : got) {
+      CHECK_THAT(g.error, Catch::Contains("non-finite gradient norm at step 2"));
+      CHECK(g.error == got[0].error);
+      CHECK(same_bits(g.values.data(), got[0].values.data(), g.values.size()));  // step 1's parameters, kept
     }
   }
 }

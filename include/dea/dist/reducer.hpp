@@ -109,9 +109,9 @@ public:
         range_(leaf_range(micro_batches, comm.size(), comm.rank())),
         opts_(opts),
         n_(grad_size(params_)),
-        acc_(n_),
-        out_(n_) {
+        acc_(n_) {
     check(opts_.bucket_mb > 0, "GradientReducer: bucket_mb must be positive, got ", opts_.bucket_mb);
+    if (bucketed()) out_.resize(n_);
     off_.assign(params_.size() + 1, 0);
     for (std::size_t i = 0; i < params_.size(); ++i)
       off_[i + 1] = off_[i] + static_cast<std::size_t>(params_[i]->grad.size());
