@@ -4,6 +4,8 @@
     python3 bench/dist_model.py                          the prediction tables (Markdown) from the constants below
     python3 bench/dist_model.py --fit comm.jsonl ...     alpha, beta, tau refitted from bench_dist comm lines, and the
                                                          model's exchange against bench_dist step lines given too
+    python3 bench/dist_model.py --check docs/scale.md    every table row of the predictions is in that page (exit 1
+                                                         naming the rows that are not)
 
 Python 3 standard library only. Every figure it prints is predicted, from the constants below; the constants marked
 "measured" come from bench_dist on this machine (docs/scale.md has the runs), the others are assumptions stated
@@ -27,6 +29,8 @@ plays that queue: the rank's last micro-batch's backward (a share BACKWARD of it
 even intervals, each bucket takes its share of T, and what is left after the backward ends is exposed.
 """
 import argparse
+import contextlib
+import io
 import json
 import math
 import sys
@@ -261,14 +265,34 @@ def fit(paths):
                   1e3 * model_exposed))
 
 
+def check(doc):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        tables()
+    rows = [l.strip() for l in out.getvalue().splitlines() if l.startswith("|")]
+    with open(doc) as f:
+        have = {l.strip() for l in f}
+    missing = [r for r in rows if r not in have]
+    if missing:
+        print("dist model: %d of the %d table rows of the predictions are not in %s:\n%s" % (
+            len(missing), len(rows), doc, "\n".join(missing)))
+        return 1
+    print("dist model: the %d table rows of the predictions are in %s: ok" % (len(rows), doc))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fit", nargs="+", metavar="JSONL", help="bench_dist output: refit the loopback constants")
+    ap.add_argument("--check", metavar="MARKDOWN", help="the page whose tables must be this model's output")
     a = ap.parse_args()
+    if a.check:
+        return check(a.check)
     if a.fit:
         fit(a.fit)
     else:
         tables()
+    return 0
 
 
 if __name__ == "__main__":
