@@ -1,22 +1,41 @@
-// bench_dist: the data-parallel training step (docs/scale.md), printed as one JSON line per measurement. Run it as
-// one process or under mpirun (one rank per process; rank 0 prints):
+// bench_dist: the data-parallel training step and its gradient exchange (docs/scale.md), printed as one JSON line
+// per measurement. Run it as one process or under mpirun (one rank per process; rank 0 prints):
 //
-//   bench_dist step [--config mid,paper] [--micro_batches 2] [--threads 1] [--steps 6] [--warmup 1] [--seed 42]
-//   mpirun -np 2 --bind-to core bench_dist step --threads 1 --micro_batches 2
+//   bench_dist step [--config mid,paper] [--exchange allgather,reduce_scatter] [--bucket_mb 4] [--micro_batches M]
+//                   [--threads 1] [--steps 6] [--warmup 1] [--seed 42]
+//   mpirun -np 2 --bind-to core bench_dist step --threads 1
+//   mpirun -np 4 --bind-to none --oversubscribe bench_dist step --threads 1     (more ranks than cores)
 //   mpirun -np 2 --bind-to core bench_dist comm [--sizes 16384,...] [--reps 5]
 //
 // step: the Dual-Expert encoder's training step as `dea train --micro_batches M` runs it (train::Trainer::step_micro;
 // the configurations of bench_train: mid D=256 H=8 L=4 d_ff=1024 batch 64, paper D=512 H=8 L=6 d_ff=2048 batch 128,
-// max_len 64, dropout 0.1, D_alpha with the mock oracle), its phases timed on every rank: compute (collation,
-// forward and backward of the rank's M/R micro-batches, each gradient flattened into its subtree), wait (the status
-// exchange: the time a rank waits for the slowest), transfer (the allgathers of the losses and of the subtree sums),
-// tree (finishing the tree and writing the gradients back), optim (clipping and AdamW). Each line: configuration,
-// ranks, threads per rank, M, parameters, gradient bytes, the median s/step and steps/s, the median of each phase
-// (the maximum over the ranks), and comm_share = (wait + transfer + tree) / step. With M = 1 on one rank the step is
-// the plain one (no micro-batches, nothing exchanged).
+// max_len 64, dropout 0.1, D_alpha with the mock oracle; M the rank count unless given). Each exchange of --exchange
+// has its own dist::GradientReducer over the same model, and the steps alternate between them (step 1 the first
+// exchange, step 2 the second, ...), so that whatever else runs on the machine slows both alike; both give the same
+// bits, so the training run is the same whichever exchange a step used. The reduce_scatter steps install the
+// model's grads_final report, so their buckets are exchanged during the backward of the rank's last micro-batch;
+// the allgather steps do not (as the trainer). The phases of a step, every rank's, from the reducer's ExchangeStats
+// and clocks around the calls:
+//   compute   begin() .. complete(): collation, forward and backward of the rank's M/R micro-batches, their tree
+//   exposed   the exchange the main thread waited for after its backward: reduce_scatter, complete() (the buckets
+//             not yet done; the per-slice trees are in it); allgather, the allgather and the whole tree in finish()
+//   hidden    exchange time that ran on the communication thread while the main thread computed
+//   status    the status exchange after complete() and the gather of the per-micro-batch losses
+//   finish    finish() less its exchange: writing the summed gradient into the parameters
+//   optim     clipping and AdamW
+// A step's line takes, step by step, the phases of the rank whose compute was the longest (the one every other rank
+// waits for, so its exposed time is exchange, not waiting), and the step time as the maximum over the ranks; then
+// the median over the steps. imbalance_s is the median of (longest - shortest compute): what the faster ranks wait.
+// exposed_share = exposed / step; hidden_share = hidden / (hidden + exposed exchange). bytes_sent/bytes_received:
+// the gradient bytes one rank sends and receives per step (what the exchange moves). comm_share = (status + exposed
+// + finish) / step. With M = 1 on one rank the step is the plain one (no micro-batches, nothing exchanged).
 //
-// comm: allgather + tree over the ranks for gradient buffers of each size (floats), as finish() runs it: the median
-// over --reps of the allgather and of the tree, and the bytes each rank receives.
+// comm: the pieces of both exchanges for a gradient of each size (floats), the median over --reps of the maximum
+// over the ranks: allgather (of every rank's whole buffer) and tree (over the R buffers), as the allgather exchange
+// runs them; alltoall (slice j of every rank's buffer to rank j), slice_tree (over the R copies of one slice) and
+// slice_allgather (the summed slices), as the reduce-scatter runs one bucket; and each exchange whole through
+// dist::GradientReducer (reducer_*_s: its ExchangeStats, the reduce-scatter in buckets of --bucket_mb, without a
+// backward to overlap with). With the bytes each rank sends and receives for each.
 //
 // Progress goes to stderr.
 #include <dea/core/allocator.hpp>
@@ -64,6 +83,8 @@ const std::vector<BenchConfig> kConfigs = {
 struct Options {
   std::string mode;
   std::vector<std::string> configs = {"mid", "paper"};
+  std::vector<dist::Exchange> exchanges = {dist::Exchange::allgather, dist::Exchange::reduce_scatter};
+  double bucket_mb = dist::ExchangeOptions{}.bucket_mb;
   std::int64_t micro_batches = 0;  // 0: the rank count
   int threads = 1, steps = 6, warmup = 1, reps = 5;
   std::uint64_t seed = 42;
@@ -72,8 +93,9 @@ struct Options {
 
 [[noreturn]] void usage(const std::string& why) {
   fmt::print(stderr,
-             "bench_dist: {}\nusage: bench_dist step [--config mid,paper] [--micro_batches M] [--threads N] "
-             "[--steps 6] [--warmup 1] [--seed 42]\n       bench_dist comm [--sizes 16384,65536,...] [--reps 5]\n"
+             "bench_dist: {}\nusage: bench_dist step [--config mid,paper] [--exchange allgather,reduce_scatter] "
+             "[--bucket_mb 4] [--micro_batches M] [--threads N] [--steps 6] [--warmup 1] [--seed 42]\n"
+             "       bench_dist comm [--sizes 16384,65536,...] [--reps 5] [--bucket_mb 4]\n"
              "(under mpirun -np R for R ranks; rank 0 prints one JSON line per measurement)\n",
              why);
   std::exit(2);
@@ -88,6 +110,40 @@ std::vector<double> max_over_ranks(dist::Comm& comm, const std::vector<double>& 
     for (std::size_t i = 0; i < v.size(); ++i) m[i] = std::max(m[i], all[static_cast<std::size_t>(r) * v.size() + i]);
   return m;
 }
+
+/// One step's phases on one rank (the order of the values exchanged between the ranks).
+enum Phase { kStep, kCompute, kExposed, kHidden, kStatus, kFinish, kOptim, kPhases };
+
+/// The phases of the rank with the longest compute, with the step the maximum over the ranks and, last, the
+/// imbalance (longest - shortest compute).
+std::vector<double> critical_rank(dist::Comm& comm, const std::vector<double>& v) {
+  const std::size_t n = v.size(), R = static_cast<std::size_t>(comm.size());
+  std::vector<double> all(n * R);
+  comm.allgather(v.data(), n, all.data());
+  std::size_t slow = 0;
+  double lo = all[kCompute], hi = all[kCompute], step = 0;
+  for (std::size_t r = 0; r < R; ++r) {
+    const double c = all[r * n + kCompute];
+    if (c > hi) {
+      hi = c;
+      slow = r;
+    }
+    lo = std::min(lo, c);
+    step = std::max(step, all[r * n + kStep]);
+  }
+  std::vector<double> out(all.begin() + static_cast<std::ptrdiff_t>(slow * n),
+                          all.begin() + static_cast<std::ptrdiff_t>((slow + 1) * n));
+  out[kStep] = step;
+  out.push_back(hi - lo);
+  return out;
+}
+
+struct StepSeries {
+  dist::Exchange exchange;
+  std::unique_ptr<dist::GradientReducer<float>> red;
+  std::vector<std::vector<double>> phases;  // per measured step: kPhases values and the imbalance
+  dist::ExchangeStats last;
+};
 
 void run_step(dist::Comm& comm, const BenchConfig& bc, const Options& opt) {
   using S = float;
@@ -114,28 +170,40 @@ void run_step(dist::Comm& comm, const BenchConfig& bc, const Options& opt) {
   train::encoder::BatchOrder order(d.size(train::encoder::Split::train), static_cast<std::size_t>(cfg.batch_size),
                                    cfg.seed);
   const std::size_t n_grad = dist::grad_size(model->parameters());
+  const bool plain = M == 1 && comm.size() == 1;
   if (root)
     fmt::print(stderr, "[{}] {} ranks x {} threads, M = {}: {} parameters\n", bc.name, comm.size(), opt.threads, M,
                n_grad);
 
-  dist::GradientReducer<S> red(model->parameters(), comm, M);
+  std::vector<StepSeries> series;
+  for (const dist::Exchange e : plain ? std::vector<dist::Exchange>{opt.exchanges.front()} : opt.exchanges) {
+    dist::ExchangeOptions eo;
+    eo.exchange = e;
+    eo.bucket_mb = opt.bucket_mb;
+    series.push_back({e, std::make_unique<dist::GradientReducer<S>>(model->parameters(), comm, M, eo), {}, {}});
+  }
+  const std::size_t E = series.size();
   const Index rows = cfg.batch_size / static_cast<Index>(M);
-  std::vector<double> t_step, t_compute, t_wait, t_transfer, t_tree, t_optim;
   Model::Cache cache;
-  for (int s = 1; s <= opt.warmup + opt.steps; ++s) {
-    const auto c0 = Clock::now();
+  const int total = static_cast<int>(E) * (opt.warmup + opt.steps);
+  for (int s = 1; s <= total; ++s) {
+    StepSeries& ser = series[static_cast<std::size_t>(s - 1) % E];
+    dist::GradientReducer<S>& red = *ser.red;
     const std::vector<std::size_t>& all = order.at(s);
     const S gamma = optim::gamma_mix<S>(s - 1, cfg.gamma_steps);
-    double compute = 0, wait = 0, transfer = 0, tree = 0;
-    if (M == 1 && comm.size() == 1) {
+    std::vector<double> ph(kPhases, 0.0);
+    const auto c0 = Clock::now();
+    if (plain) {
       Rng mrng(train::stream_seed(cfg.seed, train::kMaskStream, static_cast<std::uint64_t>(s)));
       const auto b = train::encoder::make_batch<S>(d, train::encoder::Split::train, all, cfg.max_len, &mrng);
       Rng drng(train::stream_seed(cfg.seed, train::kDropoutStream, static_cast<std::uint64_t>(s)));
       model->forward(b, gamma, true, &drng, cache);
       opt_.zero_grad();
       model->backward(cache);
-      compute = secs(c0, Clock::now());
+      ph[kCompute] = secs(c0, Clock::now());
     } else {
+      if (red.uses_grads_final()) model->set_grads_final([&red](std::size_t i) { red.grads_final(i); });
+      else model->set_grads_final(nullptr);
       red.begin();
       for (const std::int64_t k : red.local_order()) {
         const std::vector<std::size_t> idx(all.begin() + k * rows, all.begin() + (k + 1) * rows);
@@ -144,90 +212,156 @@ void run_step(dist::Comm& comm, const BenchConfig& bc, const Options& opt) {
         const auto b = train::encoder::make_batch<S>(d, train::encoder::Split::train, idx, cfg.max_len, &mrng);
         Rng drng(train::micro_stream_seed(cfg.seed, train::kDropoutStream, static_cast<std::uint64_t>(s),
                                           static_cast<std::uint64_t>(k)));
-        model->forward(b, gamma, true, &drng, cache);
         opt_.zero_grad();
+        red.start(k, S(1) / static_cast<S>(M));
+        model->forward(b, gamma, true, &drng, cache);
         model->backward(cache);
         red.add(k, S(1) / static_cast<S>(M));
       }
+      red.complete();
       const auto c1 = Clock::now();
-      compute = secs(c0, c1);
       dist::agree_or_throw(comm, 0);
-      const auto c2 = Clock::now();
-      wait = secs(c1, c2);
       red.gather(std::vector<double>(static_cast<std::size_t>(red.local().size()) * 2, 0.0), 2);
+      const auto c2 = Clock::now();
+      const double exposed_before = red.stats().exposed_seconds;
       red.finish();
-      transfer = red.comm_seconds();
-      tree = secs(c2, Clock::now()) - transfer;
+      const double fin = secs(c2, Clock::now());
+      const dist::ExchangeStats& st = red.stats();
+      ph[kCompute] = st.compute_seconds;
+      ph[kExposed] = st.exposed_seconds;
+      ph[kHidden] = st.hidden_seconds;
+      ph[kStatus] = secs(c1, c2);
+      ph[kFinish] = std::max(0.0, fin - (st.exposed_seconds - exposed_before));
+      ser.last = st;
     }
     const auto o0 = Clock::now();
     opt_.clip_grad_norms();
     opt_.step();
-    const double optim_s = secs(o0, Clock::now()), step_s = secs(c0, Clock::now());
-    if (s > opt.warmup) {
-      const std::vector<double> m = max_over_ranks(comm, {step_s, compute, wait, transfer, tree, optim_s});
-      t_step.push_back(m[0]);
-      t_compute.push_back(m[1]);
-      t_wait.push_back(m[2]);
-      t_transfer.push_back(m[3]);
-      t_tree.push_back(m[4]);
-      t_optim.push_back(m[5]);
-    }
-    if (root) fmt::print(stderr, "[{}] step {}: {:.3f} s\n", bc.name, s, step_s);
+    ph[kOptim] = secs(o0, Clock::now());
+    ph[kStep] = secs(c0, Clock::now());
+    const std::vector<double> crit = critical_rank(comm, ph);
+    if (s > static_cast<int>(E) * opt.warmup) ser.phases.push_back(crit);
+    if (root)
+      fmt::print(stderr, "[{}] step {} ({}): {:.3f} s, exposed {:.4f} s, hidden {:.4f} s\n", bc.name, s,
+                 plain ? "plain" : dist::exchange_name(ser.exchange), crit[kStep], crit[kExposed], crit[kHidden]);
   }
+  model->set_grads_final(nullptr);
   if (!root) return;
-  const double st = median(t_step);
-  nlohmann::json j;
-  j["bench"] = "step";
-  j["config"] = bc.name;
-  j["ranks"] = comm.size();
-  j["threads_per_rank"] = opt.threads;
-  j["micro_batches"] = M;
-  j["batch"] = bc.batch;
-  j["parameters"] = n_grad;
-  j["grad_bytes"] = n_grad * sizeof(S);
-  j["s_per_step"] = st;
-  j["steps_per_s"] = 1.0 / st;
-  j["compute_s"] = median(t_compute);
-  j["wait_s"] = median(t_wait);
-  j["transfer_s"] = median(t_transfer);
-  j["tree_s"] = median(t_tree);
-  j["optim_s"] = median(t_optim);
-  j["comm_share"] = (median(t_wait) + median(t_transfer) + median(t_tree)) / st;
-  j["steps"] = opt.steps;
-  fmt::print("{}\n", j.dump());
+  for (const StepSeries& ser : series) {
+    auto med = [&](std::size_t i) {
+      std::vector<double> v;
+      for (const auto& p : ser.phases) v.push_back(p[i]);
+      return median(v);
+    };
+    const double st = med(kStep), exposed = med(kExposed), hidden = med(kHidden);
+    nlohmann::json j;
+    j["bench"] = "step";
+    j["config"] = bc.name;
+    j["exchange"] = plain ? "none" : dist::exchange_name(ser.exchange);
+    j["ranks"] = comm.size();
+    j["threads_per_rank"] = opt.threads;
+    j["micro_batches"] = M;
+    j["batch"] = bc.batch;
+    j["parameters"] = n_grad;
+    j["grad_bytes"] = n_grad * sizeof(S);
+    j["bucket_mb"] = opt.bucket_mb;
+    j["buckets"] = ser.last.buckets;
+    j["overlapped"] = ser.last.overlapped;
+    j["s_per_step"] = st;
+    j["steps_per_s"] = 1.0 / st;
+    j["compute_s"] = med(kCompute);
+    j["exposed_s"] = exposed;
+    j["hidden_s"] = hidden;
+    j["status_s"] = med(kStatus);
+    j["finish_s"] = med(kFinish);
+    j["optim_s"] = med(kOptim);
+    j["imbalance_s"] = med(kPhases);
+    j["exposed_share"] = exposed / st;
+    j["hidden_share"] = hidden + exposed > 0 ? hidden / (hidden + exposed) : 0.0;
+    j["comm_share"] = (med(kStatus) + exposed + med(kFinish)) / st;
+    j["bytes_sent"] = ser.last.bytes_sent;
+    j["bytes_received"] = ser.last.bytes_received;
+    j["steps"] = opt.steps;
+    fmt::print("{}\n", j.dump());
+  }
+  std::fflush(stdout);
 }
 
 void run_comm(dist::Comm& comm, const Options& opt) {
   using S = float;
   const bool root = comm.rank() == 0;
-  for (const std::int64_t n : opt.sizes) {
-    Param<S> p("g", "main", {n});
-    for (Index i = 0; i < n; ++i) p.grad[i] = static_cast<S>((i * 7 + comm.rank()) % 13) * 0.125f;
-    dist::GradientReducer<S> red({&p}, comm, comm.size());
-    std::vector<double> t_transfer, t_tree;
-    for (int rep = 0; rep < opt.reps + 1; ++rep) {
-      red.begin();
-      red.add(comm.rank(), S(1));
-      dist::agree_or_throw(comm, 0);  // start together
-      const auto t0 = Clock::now();
-      red.finish();
-      const double total = secs(t0, Clock::now());
-      if (rep == 0) continue;  // warm-up (first touch of the buffers)
-      const std::vector<double> m = max_over_ranks(comm, {red.comm_seconds(), total - red.comm_seconds()});
-      t_transfer.push_back(m[0]);
-      t_tree.push_back(m[1]);
+  const std::size_t R = static_cast<std::size_t>(comm.size());
+  for (const std::int64_t n64 : opt.sizes) {
+    const std::size_t n = static_cast<std::size_t>(n64), sl = (n + R - 1) / R;
+    Param<S> p("g", "main", {n64});
+    for (Index i = 0; i < n64; ++i) p.grad[i] = static_cast<S>((i * 7 + comm.rank()) % 13) * 0.125f;
+    std::vector<S> mine(R * sl, S(0)), gathered(R * n), recv(R * sl), slice(sl), out(R * sl);
+    std::copy(p.grad.data(), p.grad.data() + n64, mine.begin());
+    std::vector<const S*> sums(R), slices(R);
+    for (std::size_t r = 0; r < R; ++r) {
+      sums[r] = gathered.data() + r * n;
+      slices[r] = recv.data() + r * sl;
+    }
+    std::vector<std::unique_ptr<dist::GradientReducer<S>>> reds;
+    for (const dist::Exchange e : {dist::Exchange::allgather, dist::Exchange::reduce_scatter}) {
+      dist::ExchangeOptions eo;
+      eo.exchange = e;
+      eo.bucket_mb = opt.bucket_mb;
+      reds.push_back(std::make_unique<dist::GradientReducer<S>>(ParamList<S>{&p}, comm, comm.size(), eo));
+    }
+    enum { kAg, kTree, kA2a, kSliceTree, kSliceAg, kRedAg, kRedRs, kN };
+    std::vector<std::vector<double>> t(kN);
+    std::size_t buckets = 0;
+    for (int rep = 0; rep < opt.reps + 1; ++rep) {  // rep 0: warm-up (first touch of the buffers)
+      std::vector<double> v(kN, 0.0);
+      auto timed = [&](int i, auto&& f) {
+        dist::agree_or_throw(comm, 0);  // start together
+        const auto t0 = Clock::now();
+        f();
+        v[static_cast<std::size_t>(i)] = secs(t0, Clock::now());
+      };
+      timed(kAg, [&] { comm.allgather_bytes(mine.data(), n * sizeof(S), gathered.data()); });
+      timed(kTree, [&] { dist::tree_sum(sums, n, gathered.data()); });
+      timed(kA2a, [&] { comm.alltoall_bytes(mine.data(), sl * sizeof(S), recv.data()); });
+      timed(kSliceTree, [&] { dist::tree_sum(slices, sl, slice.data(), false); });
+      timed(kSliceAg, [&] { comm.allgather_bytes(slice.data(), sl * sizeof(S), out.data()); });
+      for (std::size_t e = 0; e < reds.size(); ++e) {
+        dist::GradientReducer<S>& red = *reds[e];
+        red.begin();
+        red.add(comm.rank(), S(1));
+        dist::agree_or_throw(comm, 0);
+        red.complete();
+        red.finish();
+        v[kRedAg + e] = red.stats().exchange_seconds;
+        if (e == 1) buckets = red.stats().buckets;
+      }
+      if (rep == 0) continue;
+      const std::vector<double> m = max_over_ranks(comm, v);
+      for (std::size_t i = 0; i < kN; ++i) t[i].push_back(m[i]);
     }
     if (!root) continue;
+    const double ag = median(t[kAg]), a2a = median(t[kA2a]), sag = median(t[kSliceAg]);
+    const std::uint64_t ag_bytes = static_cast<std::uint64_t>(n * sizeof(S) * (R - 1));
+    const std::uint64_t piece = static_cast<std::uint64_t>(sl * sizeof(S) * (R - 1));
     nlohmann::json j;
     j["bench"] = "comm";
     j["ranks"] = comm.size();
     j["floats"] = n;
     j["bytes_per_rank"] = static_cast<std::uint64_t>(n) * sizeof(S);
-    j["bytes_received_per_rank"] = static_cast<std::uint64_t>(n) * sizeof(S) * static_cast<std::uint64_t>(comm.size() - 1);
-    j["allgather_s"] = median(t_transfer);
-    j["tree_s"] = median(t_tree);
-    j["allgather_GB_per_s"] =
-        median(t_transfer) > 0 ? double(n) * sizeof(S) * double(comm.size() - 1) / median(t_transfer) / 1e9 : 0.0;
+    j["bytes_received_per_rank"] = ag_bytes;  // the allgather exchange
+    j["allgather_s"] = ag;
+    j["tree_s"] = median(t[kTree]);
+    j["allgather_GB_per_s"] = ag > 0 ? double(ag_bytes) / ag / 1e9 : 0.0;
+    j["rs_bytes_sent_per_rank"] = 2 * piece;  // the reduce-scatter exchange, sent and received alike
+    j["alltoall_s"] = a2a;
+    j["slice_tree_s"] = median(t[kSliceTree]);
+    j["slice_allgather_s"] = sag;
+    j["alltoall_GB_per_s"] = a2a > 0 ? double(piece) / a2a / 1e9 : 0.0;
+    j["slice_allgather_GB_per_s"] = sag > 0 ? double(piece) / sag / 1e9 : 0.0;
+    j["reducer_allgather_s"] = median(t[kRedAg]);
+    j["reducer_reduce_scatter_s"] = median(t[kRedRs]);
+    j["bucket_mb"] = opt.bucket_mb;
+    j["buckets"] = buckets;
     j["reps"] = opt.reps;
     fmt::print("{}\n", j.dump());
     std::fflush(stdout);
@@ -247,6 +381,12 @@ int main(int argc, char** argv) {
     while (args.next()) {
       if (args.is("--config")) {
         opt.configs = cli::split(args.value(), ',');
+      } else if (args.is("--exchange")) {
+        opt.exchanges.clear();
+        for (const std::string& e : cli::split(args.value(), ',')) opt.exchanges.push_back(dist::parse_exchange(e));
+        check(!opt.exchanges.empty(), "--exchange: expected allgather, reduce_scatter or both");
+      } else if (args.is("--bucket_mb")) {
+        opt.bucket_mb = args.double_value(cli::Range::open_closed(0, 1e6));
       } else if (args.is("--micro_batches")) {
         opt.micro_batches = args.int_value(1, 1 << 20);
       } else if (args.is("--threads")) {

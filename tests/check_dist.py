@@ -7,11 +7,12 @@ Checks (each prints one line ending in "ok" and exits 0, or names what differs a
   bitwise lm|encoder|encoder_text|dea_bert
             the same run with --micro_batches 4 as one process (no mpirun) and under mpirun -np 1, 2 and 4 (one
             thread per rank): checkpoint.safetensors byte for byte and train_log.jsonl line for line (apart from the
-            measured steps_per_s) identical
-  resume    a run checkpointed under -np 2 and resumed under -np 4 ends with the bytes of one process's
-            uninterrupted run
-  kill      rank 1 of -np 2 is SIGKILLed in the middle of the run: the job ends with a non-zero status within a
-            bounded time, the last checkpoint is intact, and --resume ends with the uninterrupted run's bytes
+            measured steps_per_s) identical, with the reduce_scatter exchange in buckets of BUCKET_MB (-np 1, 2,
+            4) and in one bucket (the default size), and with the allgather exchange (-np 2, 4)
+  resume    a run checkpointed under -np 2 and resumed under -np 4 (small buckets) ends with the bytes of one
+            process's uninterrupted run
+  kill      rank 1 of -np 2 is SIGKILLed in the middle of the run (its steps exchange many small buckets, so the
+            kill lands in a step's exchange or backward): the job ends with a non-zero status within a bounded time, the last checkpoint is intact, and --resume ends with the uninterrupted run's bytes
   missing   the corpus missing on rank 1 only (each rank in its own working directory): every rank stops, exit
             status 2, one message naming rank 1 and the file, nothing written
   nonfinite a learning rate that makes the loss non-finite: every rank stops, exit status 1, one message
@@ -20,7 +21,7 @@ Checks (each prints one line ending in "ok" and exits 0, or names what differs a
             micro-batch; under -np 2 and -np 4 every rank stops with status 1 and one message naming the rank that
             holds it, the last checkpoint is the one before the fault, and --resume (without the fault) ends with
             the uninterrupted run's bytes
-  bench     bench_dist (--bench_dist) under -np 2: one step line and comm lines, their fields consistent
+  bench     bench_dist (--bench_dist) under -np 2: a step line per exchange and comm lines, fields and bytes consistent
   eval lm|encoder|encoder_text|dea_bert
             the evaluation shared by the ranks: a run whose periodic evaluation has more batches than ranks, under one
             process and -np 2 and 4, logs the same evaluation lines (and checkpoints); then `dea eval --json` of its
@@ -47,6 +48,9 @@ KILL_BOUND_S = 30.0  # the job must end this soon after a rank is killed
 # long enough that the kill (just after the first checkpoint) lands mid-run on an idle machine too (200 tiny steps
 # once finished before it)
 KILL_STEPS = 1000
+# a bucket of the reduce_scatter exchange: 500 floats, so that the tiny models' gradients make several buckets and
+# a bucket boundary falls inside parameters
+BUCKET_MB = "0.002"
 
 
 def fail(msg):
@@ -131,20 +135,29 @@ def check_bitwise(r, family):
     args = family_args(r, family) + ["--steps", "6", "--micro_batches", "4"]
     base = os.path.join(r.work, family)
     r.train(args, base + "_single")
+    runs = []
+    # the default exchange (reduce_scatter) with buckets of BUCKET_MB (many per step), with one bucket per step
+    # (the default size), and the allgather exchange
     for ranks in (1, 2, 4):
-        r.train(args, "%s_np%d" % (base, ranks), ranks)
-        same_run(base + "_single", "%s_np%d" % (base, ranks), "%s, mpirun -np %d" % (family, ranks))
+        runs.append(("np%d" % ranks, ranks, ["--bucket_mb", BUCKET_MB]))
+    for ranks in (2, 4):
+        runs.append(("np%d_one_bucket" % ranks, ranks, []))
+        runs.append(("np%d_allgather" % ranks, ranks, ["--exchange", "allgather"]))
+    for name, ranks, extra in runs:
+        r.train(args + extra, "%s_%s" % (base, name), ranks)
+        same_run(base + "_single", "%s_%s" % (base, name), "%s, mpirun -np %d %s" % (family, ranks, " ".join(extra)))
     steps = len([l for l in log_lines(base + "_single") if '"event"' not in l])
-    print("dist bitwise %s: --micro_batches 4, one process and mpirun -np 1, 2, 4: checkpoints and logs identical "
-          "(%d logged steps): ok" % (family, steps))
+    print("dist bitwise %s: --micro_batches 4, one process and mpirun -np 1, 2, 4 (reduce_scatter with --bucket_mb "
+          "%s and with one bucket, allgather): checkpoints and logs identical (%d logged steps): ok"
+          % (family, BUCKET_MB, steps))
 
 
 def check_resume(r):
     args = family_args(r, "lm") + ["--micro_batches", "4"]
     straight, resumed = os.path.join(r.work, "straight"), os.path.join(r.work, "resumed")
     r.train(args + ["--steps", "12"], straight)
-    r.train(args + ["--steps", "6"], resumed, 2)
-    r.run(r.mpi(4) + [r.dea, "train", "--resume", "--steps", "12", "--out_dir", resumed])
+    r.train(args + ["--steps", "6", "--bucket_mb", BUCKET_MB], resumed, 2)
+    r.run(r.mpi(4) + [r.dea, "train", "--resume", "--steps", "12", "--bucket_mb", BUCKET_MB, "--out_dir", resumed])
     same_run(straight, resumed, "6 steps on -np 2 resumed to 12 on -np 4")
     print("dist resume: 6 steps under -np 2 resumed to 12 under -np 4 = 12 steps in one process, bit for bit: ok")
 
@@ -164,7 +177,8 @@ def rank_pids(mpirun_pid):
 
 
 def check_kill(r):
-    args = family_args(r, "lm") + ["--micro_batches", "4", "--steps", str(KILL_STEPS), "--eval_every", "20", "--log_every", "10"]
+    args = family_args(r, "lm") + ["--micro_batches", "4", "--steps", str(KILL_STEPS), "--eval_every", "20", "--log_every", "10",
+                                   "--bucket_mb", BUCKET_MB]
     straight, killed = os.path.join(r.work, "straight"), os.path.join(r.work, "killed")
     r.train(args, straight)
     ckpt = os.path.join(killed, "checkpoint.safetensors")
@@ -224,7 +238,8 @@ def check_missing(r):
 
 
 def check_nonfinite(r):
-    args = family_args(r, "lm") + ["--micro_batches", "4", "--steps", "40", "--lr_main", "1e6", "--eval_every", "100"]
+    args = family_args(r, "lm") + ["--micro_batches", "4", "--steps", "40", "--lr_main", "1e6", "--eval_every", "100",
+                                   "--bucket_mb", BUCKET_MB]
     p = r.train(args, os.path.join(r.work, "run"), 2, expect=1)
     lines = error_lines(p.stderr)
     if len(lines) != 1 or "non-finite" not in lines[0]:
@@ -234,7 +249,7 @@ def check_nonfinite(r):
 
 def check_nonfinite_rank(r, family):
     fault_step = 5  # after the checkpoint of step 4
-    args = family_args(r, family) + ["--micro_batches", "4", "--steps", "8", "--eval_every", "2"]
+    args = family_args(r, family) + ["--micro_batches", "4", "--steps", "8", "--eval_every", "2", "--bucket_mb", BUCKET_MB]
     straight = os.path.join(r.work, "straight")
     r.train(args, straight)
     seen = []
@@ -276,20 +291,27 @@ def check_bench(r, bench_dist):
         lines += got
     step = [j for j in lines if j.get("bench") == "step"]
     comm = [j for j in lines if j.get("bench") == "comm"]
-    if len(step) != 1 or len(comm) != 2:
-        fail("expected one step line and two comm lines, got %s" % lines)
-    s = step[0]
-    # each phase is the maximum over the ranks, step by step, so each is at most the step (their sum need not be:
-    # the ranks' maxima can come from different ranks)
-    phases = [s[k] for k in ("compute_s", "wait_s", "transfer_s", "tree_s", "optim_s")]
-    if not (s["ranks"] == 2 and s["micro_batches"] == 4 and s["s_per_step"] > 0 and 0 <= s["comm_share"] <= 1
-            and s["grad_bytes"] == 4 * s["parameters"] and all(0 <= t <= s["s_per_step"] for t in phases)):
-        fail("inconsistent step line: %s" % s)
+    if [j.get("exchange") for j in step] != ["allgather", "reduce_scatter"] or len(comm) != 2:
+        fail("expected an allgather and a reduce_scatter step line and two comm lines, got %s" % lines)
+    # each phase is the rank with the longest compute's, so each is at most the step (the step the maximum over ranks)
+    for s in step:
+        phases = [s[k] for k in ("compute_s", "exposed_s", "hidden_s", "status_s", "finish_s", "optim_s")]
+        if not (s["ranks"] == 2 and s["micro_batches"] == 4 and s["s_per_step"] > 0 and 0 <= s["exposed_share"] <= 1
+                and s["grad_bytes"] == 4 * s["parameters"] and all(0 <= t <= s["s_per_step"] for t in phases)):
+            fail("inconsistent step line: %s" % s)
+    ag, rs = step
+    # the allgather sends its whole buffer to the other rank; the reduce-scatter half of it twice (slices padded)
+    if not (ag["bytes_sent"] == ag["bytes_received"] == ag["grad_bytes"] and ag["hidden_s"] == 0
+            and ag["grad_bytes"] <= rs["bytes_sent"] < ag["grad_bytes"] + 8 * rs["buckets"]):
+        fail("inconsistent bytes or overlap: %s" % step)
     for c, n in zip(comm, (1024, 65536)):
-        if not (c["ranks"] == 2 and c["floats"] == n and c["bytes_received_per_rank"] == 4 * n and c["allgather_s"] > 0):
+        if not (c["ranks"] == 2 and c["floats"] == n and c["bytes_received_per_rank"] == 4 * n and c["allgather_s"] > 0
+                and c["rs_bytes_sent_per_rank"] == 4 * n and c["alltoall_s"] > 0 and c["slice_allgather_s"] > 0):
             fail("inconsistent comm line: %s" % c)
-    print("dist bench: bench_dist -np 2: step %.3f s (comm share %.3f), allgather of 256 KiB %.2f ms: ok"
-          % (s["s_per_step"], s["comm_share"], 1e3 * comm[1]["allgather_s"]))
+    print("dist bench: bench_dist -np 2: step %.3f s (allgather, exposed %.3f) and %.3f s (reduce_scatter, exposed "
+          "%.3f), allgather of 256 KiB %.2f ms, alltoall %.2f ms: ok"
+          % (ag["s_per_step"], ag["exposed_share"], rs["s_per_step"], rs["exposed_share"], 1e3 * comm[1]["allgather_s"],
+             1e3 * comm[1]["alltoall_s"]))
 
 
 def eval_args(r, family):

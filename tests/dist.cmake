@@ -1,9 +1,10 @@
 # Data-parallel training on localhost (cmake/mpi.cmake, docs/scale.md), registered only when the build has MPI: the
 # transport's own checks under mpiexec -np 4 (test_mpi_comm), and `mpirun -np R dea train` checked by
-# tests/check_dist.py: the bitwise identity of one process and -np 1, 2, 4 for each model family, a resume across a
-# change of the rank count, and the faults (a rank SIGKILLed, a data file missing on one rank, a non-finite loss,
-# a NaN loss on one rank's micro-batch); the evaluation shared by the ranks gives one process's numbers (`dea eval`
-# under mpirun too).
+# tests/check_dist.py: the bitwise identity of one process and -np 1, 2, 4 for each model family (the gradient
+# exchanged by buckets of 500 floats during backward, in one bucket, and by allgather), a resume across a change of
+# the rank count, and the faults (a rank SIGKILLed while its steps exchange many buckets, a data file missing on one
+# rank, a non-finite loss, a NaN loss on one rank's micro-batch); the evaluation shared by the ranks gives one
+# process's numbers (`dea eval` under mpirun too).
 # Tiny models and a few steps: a few seconds each. Each takes both cores (PROCESSORS 2), so that ctest -j2 runs it
 # alone: four ranks already share the two.
 if(DEA_MPI_ENABLED AND TARGET dea_cli AND Python3_Interpreter_FOUND AND MPIEXEC_EXECUTABLE)

@@ -196,12 +196,13 @@ TEST_CASE("flag table: the resume rule comes from the declaration", "[flags]") {
   CHECK(r.resume);
   CHECK_THROWS_WITH(train::resume_config(run, again, {"eval_every", "lr_main"}),
                     Contains("--lr_main: 0.5 differs from the checkpoint's 0.0003") &&
-                        Contains("it may change --eval_batches, --eval_every, --log_every, --no_isolation_check, "
-                                 "--steps, --threads"));
+                        Contains("it may change --bucket_mb, --eval_batches, --eval_every, --exchange, --log_every, "
+                                 "--no_isolation_check, --steps, --threads"));
   again.lr_main = run.lr_main;
   CHECK_NOTHROW(train::resume_config(run, again, {"eval_every", "lr_main"}));
   CHECK(train::resumable_flags() ==
-        std::set<std::string>{"eval_batches", "eval_every", "log_every", "no_isolation_check", "steps", "threads"});
+        std::set<std::string>{"bucket_mb", "eval_batches", "eval_every", "exchange", "log_every", "no_isolation_check",
+                              "steps", "threads"});
   train::TrainConfig c;
   cli::FlagSet train_fs("dea train");
   train::add_config_flags(train_fs, c);

@@ -62,6 +62,7 @@
 #include "layer.hpp"
 #include "model.hpp"
 
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -148,6 +149,14 @@ public:
   /// The parameters of group "main" or "gate", in parameters() order.
   ParamList<S> parameters(const std::string& group);
   void zero_grad() { dea::zero_grad(parameters()); }
+  /// An optional report from the backward pass: f(i) once the gradients of parameters [i, end) of parameters()
+  /// are final for this backward (after the classifier and the pooler, after each layer, last layer first), so that
+  /// a data-parallel exchange can start on them (dist/reducer.hpp). backward() then runs the gate part before the
+  /// task part (each writes gradients the other never touches, so the bits are the same). Empty by default.
+  void set_grads_final(std::function<void(std::size_t)> f) {
+    hooked_ = static_cast<bool>(f);
+    bert_.set_grads_final(std::move(f));  // the classifier comes after the encoder's parameters
+  }
 
   /// The reference's two AdamW groups over parameters() (optim::build_optimizer: gate = W_gate / c_gate with
   /// `gate`'s settings, main = the rest with `main`'s). The fine-tuning defaults of the reference's
@@ -178,6 +187,11 @@ public:
 
   /// Backward of task_loss + loss_gate. Without labels only the gate part runs; without an oracle only the task part.
   void backward(Cache& c) {
+    if (hooked_) {  // the gate gradients first: the task pass then reports final gradients layer by layer
+      backward_gate(c);
+      backward_task(c);
+      return;
+    }
     backward_task(c);
     backward_gate(c);
   }
@@ -237,6 +251,7 @@ private:
   nn::Linear<S> cls_;
   nn::Dropout drop_;
   std::vector<Tensor<S>> frozen_;
+  bool hooked_ = false;
   bool eval_maps_ = true, train_alpha_hat_ = true;
 };
 

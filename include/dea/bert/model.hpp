@@ -203,6 +203,10 @@ public:
     return out;
   }
   void zero_grad() { dea::zero_grad(parameters()); }
+  /// An optional report from the backward pass: f(i) once the gradients of parameters [i, end) of parameters()
+  /// are final for this backward (after the pooler, after each layer, last layer first), so that a data-parallel
+  /// exchange can start on them (dist/reducer.hpp). Empty (no report) by default.
+  void set_grads_final(std::function<void(std::size_t)> f) { grads_final_ = std::move(f); }
 
   /// Makes this a bf16 inference model (see the file comment): the product weights packed once as bf16, their float
   /// values and every gradient released. A self-attention class that cannot store its weights (Dual-Expert
@@ -265,6 +269,7 @@ private:
   std::vector<Layer> layers_;
   nn::Linear<S> pooler_;
   nn::Dropout drop_;
+  std::function<void(std::size_t)> grads_final_;
   std::shared_ptr<const ops::packed::Bf16Matrix> pooler16_;  ///< the pooler's weight as bf16 (store_bf16_weights)
 };
 
@@ -419,7 +424,13 @@ Mat<S> BertModel<S, SelfAttention>::backward(const Mat<S>* d_last, const Mat<S>*
     pooler_.backward(dt, c.first, &dfirst);                     // t = first W_p^T + b_p
     for (Index b = 0; b < B; ++b) dx.row(b * T) += dfirst.row(b);  // first = x_L[:, 0]
   }
-  for (std::size_t l = layers_.size(); l-- > 0;) dx = layers_[l].backward(dx, c.layers[l]);  // x_{l+1} = Layer_l(x_l)
+  std::vector<std::size_t> first(layers_.size() + 1, 5);  // parameters() index of layer l: after the embeddings
+  for (std::size_t l = 0; l < layers_.size(); ++l) first[l + 1] = first[l] + layers_[l].parameters().size();
+  if (grads_final_) grads_final_(first.back());                 // the pooler (and what a caller lists after it)
+  for (std::size_t l = layers_.size(); l-- > 0;) {
+    dx = layers_[l].backward(dx, c.layers[l]);                  // x_{l+1} = Layer_l(x_l)
+    if (grads_final_) grads_final_(first[l]);
+  }
   nn::Dropout::backward(dx, c.drop);                            // x0 = Dropout(.)
   Mat<S> de;
   emb_ln_.backward(dx, c.e, c.ln, de);                          // LN_emb(E)

@@ -57,6 +57,20 @@ public:
   virtual void allgather_bytes(const void* send, std::size_t bytes, void* recv) = 0;
   /// `bytes` bytes of rank `root`'s `buf` into every rank's `buf`.
   virtual void broadcast_bytes(void* buf, std::size_t bytes, int root) = 0;
+  /// Every rank sends block j of `send` to rank j: recv[r * bytes .. (r+1) * bytes) = rank r's
+  /// send[rank() * bytes .. (rank()+1) * bytes) (send and recv hold size() * bytes each). The default builds it
+  /// from allgather_bytes (size() times the bytes moved); a transport overrides it with its own.
+  virtual void alltoall_bytes(const void* send, std::size_t bytes, void* recv) {
+    const std::size_t r = static_cast<std::size_t>(size()), me = static_cast<std::size_t>(rank());
+    std::vector<unsigned char> all(r * r * bytes);
+    allgather_bytes(send, r * bytes, all.data());
+    for (std::size_t from = 0; from < r; ++from)
+      if (bytes) std::memcpy(static_cast<unsigned char*>(recv) + from * bytes, &all[(from * r + me) * bytes], bytes);
+  }
+  /// True when the collective calls may come from any one thread at a time (not only the thread that built the
+  /// Comm): the gradient exchange then runs on a communication thread beside the backward pass. False: every call
+  /// from the building thread (the exchange then waits for the end of the backward pass).
+  virtual bool any_thread() const { return true; }
   /// Ends every rank of the job with exit status `status` (after this rank's message is printed by the caller).
   [[noreturn]] virtual void abort(int status) = 0;
 
@@ -97,7 +111,7 @@ public:
   }
 };
 
-/// One rank: allgather and broadcast copy, abort exits.
+/// One rank: allgather, alltoall and broadcast copy, abort exits.
 class SingleProcessComm final : public Comm {
 public:
   int rank() const override { return 0; }
@@ -108,6 +122,9 @@ public:
   }
   void broadcast_bytes(void*, std::size_t, int root) override {
     check(root == 0, "SingleProcessComm::broadcast_bytes: root ", root, " outside [0, 1)");
+  }
+  void alltoall_bytes(const void* send, std::size_t bytes, void* recv) override {
+    if (bytes && send != recv) std::memmove(recv, send, bytes);
   }
   [[noreturn]] void abort(int status) override { std::exit(status); }
 };

@@ -37,9 +37,10 @@ namespace detail {
 /// Element blocks of the additions (a fixed split: each element is one addition, so any split gives the same bits).
 constexpr std::size_t kAddBlock = std::size_t(1) << 15;
 
-/// out[i] = left[i] + right[i] for i < n (out may alias left or right).
+/// out[i] = left[i] + right[i] for i < n (out may alias left or right); on the library's threads when `parallel`
+/// and n is large enough.
 template <class S>
-void add(const S* left, const S* right, S* out, std::size_t n) {
+void add(const S* left, const S* right, S* out, std::size_t n, bool parallel = true) {
   const Index blocks = static_cast<Index>((n + kAddBlock - 1) / kAddBlock);
   parallel_for(
       blocks,
@@ -47,15 +48,16 @@ void add(const S* left, const S* right, S* out, std::size_t n) {
         const std::size_t i0 = static_cast<std::size_t>(bi) * kAddBlock, i1 = std::min(n, i0 + kAddBlock);
         for (std::size_t i = i0; i < i1; ++i) out[i] = left[i] + right[i];
       },
-      n >= 2 * kAddBlock);
+      parallel && n >= 2 * kAddBlock);
 }
 
 }  // namespace detail
 
 /// The root of the tree over `leaves` (their count a power of two, each n elements), into `out` (n elements; may
-/// be one of the leaves). Level by level: leaves 2j and 2j+1 are added, then their sums, and so on.
+/// be one of the leaves). Level by level: leaves 2j and 2j+1 are added, then their sums, and so on. `parallel`
+/// false keeps the additions on the calling thread (the same bits: each element is the same additions).
 template <class S>
-void tree_sum(const std::vector<const S*>& leaves, std::size_t n, S* out) {
+void tree_sum(const std::vector<const S*>& leaves, std::size_t n, S* out, bool parallel = true) {
   const std::size_t m = leaves.size();
   check(is_power_of_two(static_cast<std::int64_t>(m)), "dist::tree_sum: expected a power of two of leaves, got ", m);
   if (m == 1) {
@@ -64,9 +66,11 @@ void tree_sum(const std::vector<const S*>& leaves, std::size_t n, S* out) {
   }
   // level 1 into m/2 buffers, then in place
   std::vector<std::vector<S>> level(m / 2, std::vector<S>(n));
-  for (std::size_t j = 0; j < m / 2; ++j) detail::add(leaves[2 * j], leaves[2 * j + 1], level[j].data(), n);
+  for (std::size_t j = 0; j < m / 2; ++j)
+    detail::add(leaves[2 * j], leaves[2 * j + 1], level[j].data(), n, parallel);
   for (std::size_t w = m / 2; w > 1; w /= 2)
-    for (std::size_t j = 0; j < w / 2; ++j) detail::add(level[2 * j].data(), level[2 * j + 1].data(), level[j].data(), n);
+    for (std::size_t j = 0; j < w / 2; ++j)
+      detail::add(level[2 * j].data(), level[2 * j + 1].data(), level[j].data(), n, parallel);
   std::copy(level[0].begin(), level[0].end(), out);
 }
 
@@ -95,8 +99,9 @@ public:
 
   std::size_t size() const { return n_; }
 
-  /// Forgets the leaves pushed so far (the buffers are kept).
+  /// Forgets the leaves pushed so far (the buffers are kept), and ends an open push.
   void clear() {
+    end_push();
     for (Node& nd : stack_) free_.push_back(std::move(nd.buf));
     stack_.clear();
     count_ = 0;
@@ -117,6 +122,19 @@ public:
 
   /// Takes the buffer of leaf() as leaf `index`. Leaves must come in a contiguous run, ascending or descending.
   void push(std::int64_t index) {
+    begin_push(index);
+    push_range(0, n_);
+    end_push();
+  }
+
+  /// push(index) in three parts, so that its additions can run range by range as the leaf's elements become
+  /// known: begin_push(index) takes leaf()'s buffer (whose elements may still be written until push_range covers
+  /// them) and fixes the additions the leaf makes; push_range(a, b) runs them on the elements [a, b) (each element
+  /// once, ranges in any order); end_push() ends the push. The additions are push's, element by element, so the
+  /// bits are push's. pending_result() is the buffer that holds the node over every leaf once the ranges are run
+  /// (when the leaves then form one aligned range).
+  void begin_push(std::int64_t index) {
+    check(ops_.empty() && held_.empty(), "dist::TreeAccumulator::begin_push: the push of a leaf is still open");
     leaf();
     if (count_ > 0)
       check(index == lo_ - 1 || index == hi_, "dist::TreeAccumulator::push: leaf ", index,
@@ -133,14 +151,24 @@ public:
       Node& left = a.lo < b.lo ? a : b;
       Node& right = a.lo < b.lo ? b : a;
       if (left.hi != right.lo || left.lo % (2 * w) != 0) break;
-      detail::add(left.buf.get(), right.buf.get(), b.buf.get(), n_);  // into the lower stack entry
+      ops_.push_back(Op{left.buf.get(), right.buf.get(), b.buf.get()});  // into the lower stack entry
       const std::int64_t lo = left.lo, hi = right.hi;
-      free_.push_back(std::move(a.buf));
+      held_.push_back(std::move(a.buf));  // read by the additions until end_push
       stack_.pop_back();
       stack_.back().lo = lo;
       stack_.back().hi = hi;
     }
   }
+  void push_range(std::size_t a, std::size_t b, bool parallel = true) {
+    check(a <= b && b <= n_, "dist::TreeAccumulator::push_range: [", a, ", ", b, ") outside [0, ", n_, ")");
+    for (const Op& op : ops_) detail::add(op.left + a, op.right + a, op.out + a, b - a, parallel);
+  }
+  void end_push() {
+    ops_.clear();
+    for (auto& buf : held_) free_.push_back(std::move(buf));
+    held_.clear();
+  }
+  const S* pending_result() const { return stack_.empty() ? nullptr : stack_.front().buf.get(); }
 
   /// The node over the leaves pushed (dea::Error unless they form one aligned power-of-two range).
   const S* result() const {
@@ -156,7 +184,14 @@ private:
     std::unique_ptr<S[]> buf;
   };
   std::size_t n_;
+  struct Op {
+    const S* left;
+    const S* right;
+    S* out;
+  };
   std::vector<Node> stack_;
+  std::vector<Op> ops_;                      // the additions of the open push
+  std::vector<std::unique_ptr<S[]>> held_;   // buffers they read, freed by end_push
   std::vector<std::unique_ptr<S[]>> free_;
   std::unique_ptr<S[]> next_;
   std::int64_t lo_ = 0, hi_ = 0, count_ = 0;

@@ -42,6 +42,7 @@
 #include "loss.hpp"
 #include "tr_moe.hpp"
 
+#include <functional>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -193,6 +194,10 @@ public:
     return l;
   }
   void zero_grad() { dea::zero_grad(parameters()); }
+  /// An optional report from the backward pass: f(i) once the gradients of parameters [i, end) of parameters()
+  /// are final for this backward (after the head and the final norm, after each layer, last layer first), so that a data-parallel
+  /// exchange can start on them (dist/reducer.hpp). Empty (no report) by default.
+  void set_grads_final(std::function<void(std::size_t)> f) { grads_final_ = std::move(f); }
 
   // ---------------------------------------------------------------------------------------------------------
   // Training graph
@@ -428,6 +433,7 @@ private:
   Index L_ = 0, D_ = 0, V_ = 0;
   Param<S> embed_, norm_, lm_head_;
   std::vector<Block> blocks_;
+  std::function<void(std::size_t)> grads_final_;
 };
 
 template <class S>
@@ -517,6 +523,13 @@ Mat<S> DecoderLM<S>::backward(const Mat<S>& dlogits, Cache& c) {
   ops::linear_backward<S>(dlogits, c.hf, head.mat(), head.grad_mat(), nullptr, &dhf);  // logits = h_f W^T
   Mat<S> dh(N, D_), tmp(N, D_);
   ops::rms_norm_backward<S>(dhf, c.hf_hat, c.hf_rstd.data(), norm_.value.data(), norm_.grad.data(), dh);  // h_f
+  std::vector<std::size_t> first(blocks_.size() + 1, 1);  // parameters() index of layer l: after embed_tokens
+  if (grads_final_) {
+    for (std::size_t l = 0; l < blocks_.size(); ++l)
+      first[l + 1] = first[l] + 2 + attn_params_(blocks_[l]).size() +
+                     std::visit([](auto& m) { return m.parameters().size(); }, blocks_[l].mlp);
+    grads_final_(first.back());  // norm (and the untied lm_head)
+  }
   for (Index l = L_ - 1; l >= 0; --l) {
     Block& blk = blocks_[static_cast<std::size_t>(l)];
     BlockCache& bc = c.blocks[static_cast<std::size_t>(l)];
@@ -530,6 +543,7 @@ Mat<S> DecoderLM<S>::backward(const Mat<S>& dlogits, Cache& c) {
                                : blk.dea->backward(dh, bc.dea);
     ops::rms_norm_backward<S>(da, bc.a_hat, bc.a_rstd.data(), blk.in_norm.value.data(), blk.in_norm.grad.data(), tmp);
     dh += tmp;                                                                // dh_in = dh_mid + d(norm) path
+    if (grads_final_) grads_final_(first[static_cast<std::size_t>(l)]);
   }
   if (c.from_ids) {  // h_0 = Emb[t] -> dEmb[t] += dh_0 rows, in row order
     auto dE = embed_.grad_mat();

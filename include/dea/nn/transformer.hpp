@@ -260,6 +260,11 @@ public:
     return out;
   }
   void zero_grad() { dea::zero_grad(parameters()); }
+  /// An optional report from the backward pass: f(i) once the gradients of parameters [i, end) of parameters()
+  /// are final for this backward (after the heads, after each layer, last layer first), so that a data-parallel
+  /// exchange can start on them (dist/reducer.hpp). backward() then runs the gate part before the task part (each
+  /// writes gradients the other never touches, so the bits are the same). Empty (no report) by default.
+  void set_grads_final(std::function<void(std::size_t)> f) { grads_final_ = std::move(f); }
 
   /// Forward pass on `batch` with mixing weight gamma_mix. Dropout is active when `training` (then `rng` is
   /// required when dropout > 0). Fills `cache` for the backward passes; the cache holds one copy of the oracle
@@ -278,6 +283,11 @@ public:
   /// Backward of task_loss + loss_gate (adds into the gradients). Without labels only the gate part runs;
   /// without an oracle only the task part.
   void backward(Cache& c) {
+    if (grads_final_) {  // the gate gradients first: the task pass then reports final gradients layer by layer
+      backward_gate(c);
+      backward_task(c);
+      return;
+    }
     backward_task(c);
     backward_gate(c);
   }
@@ -367,6 +377,7 @@ private:
   Dropout drop_;
   std::vector<std::uint8_t> supervised_;
   Index n_supervised_ = 0;
+  std::function<void(std::size_t)> grads_final_;
   std::vector<Tensor<S>> frozen_;
   bool eval_maps_ = true;        // set_map_policy
   bool train_alpha_hat_ = true;
@@ -515,7 +526,13 @@ void TransformerModel<S, Attention>::backward_logits(const Mat<S>& dlogits, Cach
   }
   Mat<S> dx;
   ln_f_.backward(dy, c.xf, c.lnf, dx);                              // y = ln_f(x_L)
-  for (std::size_t l = layers_.size(); l-- > 0;) dx = layers_[l].backward(dx, c.layers[l]);
+  std::vector<std::size_t> first(layers_.size() + 1, 2);  // parameters() index of layer l: after the two embeddings
+  for (std::size_t l = 0; l < layers_.size(); ++l) first[l + 1] = first[l] + layers_[l].parameters().size();
+  if (grads_final_) grads_final_(first.back());                     // ln_f and the heads
+  for (std::size_t l = layers_.size(); l-- > 0;) {
+    dx = layers_[l].backward(dx, c.layers[l]);
+    if (grads_final_) grads_final_(first[l]);                       // layer l
+  }
   Dropout::backward(dx, c.drop_emb);                                // x0 = Dropout(.)
   // x0 = tok_emb[ids] sqrt(D) + seg_emb[tt] + PE  (PE is a constant)
   if (present(c.token_type_ids)) seg_emb_.backward(dx, c.token_type_ids.ptr(), N, S(1));

@@ -13,6 +13,7 @@
 #include "../core/tensor.hpp"
 #include "../io/json_limits.hpp"
 #include "../cli/flags.hpp"
+#include "../dist/reducer.hpp"
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -64,6 +65,11 @@ struct RunOptions {
   /// gradients are summed in a fixed binary tree (dist/tree_sum.hpp), so that the step gives the same bits on any
   /// number of ranks dividing M (`mpirun -np R dea train`). 1 = the whole batch at once.
   std::int64_t micro_batches = 1;
+  /// allgather | reduce_scatter: how the ranks exchange their gradients (dist/reducer.hpp; the same bits either
+  /// way). reduce_scatter cuts the gradient into buckets of about bucket_mb MB (10^6 bytes), exchanged while
+  /// backward runs.
+  std::string exchange = "reduce_scatter";
+  double bucket_mb = 4;
   /// fp32 | bf16: the precision of the matrix products of training and of its evaluations (mixed precision: bf16
   /// operands with fp32 accumulation; the gate, normalisations, softmax, losses, gradients and AdamW's master
   /// weights and state stay fp32). Recorded in config.json and in the checkpoint; a resumed run keeps it.
@@ -322,6 +328,13 @@ inline const cli::FlagTable<TrainConfig>& config_flags() {
     f.integer("micro_batches", &C::micro_batches, IntRange::closed(1, ConfigLimits::max_batch),
               "micro-batches per step, a power of two dividing --batch_size: their gradients are summed in a fixed "
               "tree, so `mpirun -np R` gives the same bits for any R dividing it (docs/scale.md)");
+    f.choice("exchange", &C::exchange, {"reduce_scatter", "allgather"},
+             "how the ranks exchange their gradients: by bucket, each rank summing its slice, during backward; or "
+             "every rank's whole sum to every rank after backward (the same bits; docs/scale.md)")
+        .resumable();
+    f.real("bucket_mb", &C::bucket_mb, Range::closed(1e-6, 1024),
+           "--exchange reduce_scatter: the size of a bucket of the gradient exchange, in MB", "MB")
+        .resumable();
     f.integer("threads", &C::threads, IntRange::closed(0, ConfigLimits::max_threads),
               "OpenMP threads (0 = the library default)")
         .resumable();
@@ -514,6 +527,14 @@ inline ParsedArgs parse_args(const std::vector<std::string>& args, const TrainCo
   return p;
 }
 
+/// The gradient exchange of a data-parallel run (--exchange, --bucket_mb).
+inline dist::ExchangeOptions exchange_options(const TrainConfig& c) {
+  dist::ExchangeOptions o;
+  o.exchange = dist::parse_exchange(c.exchange);
+  o.bucket_mb = c.bucket_mb;
+  return o;
+}
+
 /// The flags that name files (--text, --oracle unless 'mock', --babi, --clutrr, --conceptnet, --capitals,
 /// --vocab, --hf_model) by absolute path, for a configuration not yet checked.
 inline TrainConfig with_absolute_paths(TrainConfig c) {
@@ -598,6 +619,8 @@ inline nlohmann::json to_json(const TrainConfig& c) {
   j["resume"] = c.resume;
   j["eval_batches"] = c.eval_batches;
   j["micro_batches"] = c.micro_batches;
+  j["exchange"] = c.exchange;
+  j["bucket_mb"] = c.bucket_mb;
   j["precision"] = c.precision;
   j["oracle_fallback"] = c.oracle_fallback;
   j["dalpha_source"] = c.dalpha_source;
@@ -704,6 +727,8 @@ inline ValidConfig config_from_json(const nlohmann::json& j, const std::string& 
   get("resume", c.resume);
   get("eval_batches", c.eval_batches);
   get("micro_batches", c.micro_batches);
+  get("exchange", c.exchange);    // absent (a run from before the bucketed exchange): reduce_scatter
+  get("bucket_mb", c.bucket_mb);
   get("precision", c.precision);  // absent (a run from before mixed precision, or the reference's): fp32
   get("oracle_fallback", c.oracle_fallback);
   get("dalpha_source", c.dalpha_source);
@@ -768,7 +793,8 @@ inline ValidConfig read_config(const std::string& path) {
 }
 
 /// The flags a resumed run may change (declared so in config_flags()): how long it runs, how often it logs and
-/// evaluates, its threads, and whether the isolation check runs (it changes no result). Every other field comes from
+/// evaluates, its threads, whether the isolation check runs and how the ranks exchange gradients (these change no
+/// result). Every other field comes from
 /// the run's config.json.
 inline const std::set<std::string>& resumable_flags() {
   static const std::set<std::string> k = config_flags().resumable_names();

@@ -18,6 +18,8 @@
 
 #include <fmt/core.h>
 
+#include <functional>
+
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -37,6 +39,8 @@ public:
   DualExpertFamily(Model& model, std::int64_t gamma_steps) : model_(model), gamma_steps_(gamma_steps) {}
 
   ParamList<Scalar> parameters() { return model_.parameters(); }
+  /// The model's report of final gradients during backward (the trainer's data-parallel exchange; empty: none).
+  void set_grads_final(std::function<void(std::size_t)> f) { model_.set_grads_final(std::move(f)); }
 
   /// The oracle's share in the mix of step `step` (1-based).
   Scalar gamma(std::int64_t step) const { return optim::gamma_mix<Scalar>(step - 1, gamma_steps_); }

@@ -646,7 +646,7 @@ TrainResult run_training_with(const ValidConfig& vcfg, const BasicTrainOptions<M
   Steps steps(model, cfg.gamma_steps);
   Trainer<Steps> trainer(steps, opt, cfg.seed, nullptr, o.fault);
   trainer.set_precision(run_precision(cfg));
-  if (!plain) trainer.set_micro_batches(comm, M);
+  if (!plain) trainer.set_micro_batches(comm, M, exchange_options(cfg));
   typename Trainer<Steps>::Hooks h;
   h.steps = cfg.steps;
   h.log_every = cfg.log_every;

@@ -370,6 +370,8 @@ public:
   LmFamily(Model<S>& model, double label_smoothing) : model_(model) { loss_opt_.label_smoothing = label_smoothing; }
 
   ParamList<S> parameters() { return model_.parameters(); }
+  /// The model's report of final gradients during backward (the trainer's data-parallel exchange; empty: none).
+  void set_grads_final(std::function<void(std::size_t)> f) { model_.set_grads_final(std::move(f)); }
   Losses forward_backward(const LmBatch& b, std::int64_t /*step*/, Rng& /*dropout*/) {
     const auto r = model_.forward_backward(b.ids, b.labels, cache_, loss_opt_);
     Losses l;
@@ -489,7 +491,7 @@ TrainResult run_training(const ValidConfig& vcfg, const TrainOptions& o = {}) {
   LmFamily<S> family(model, cfg.label_smoothing);
   Trainer<LmFamily<S>> trainer(family, opt, cfg.seed, [&cfg](std::int64_t s) { return lr_at(cfg, s); }, o.fault);
   trainer.set_precision(run_precision(cfg));
-  if (M > 1 || comm.size() > 1) trainer.set_micro_batches(comm, M);
+  if (M > 1 || comm.size() > 1) trainer.set_micro_batches(comm, M, exchange_options(cfg));
   typename Trainer<LmFamily<S>>::Batches batches;
   batches.whole = [&](std::int64_t s) { return train_batch(d, cfg.batch_size, T, cfg.seed, s); };
   batches.rows = [rows](std::int64_t, std::int64_t) { return rows; };

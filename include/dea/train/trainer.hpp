@@ -251,6 +251,15 @@ inline std::string format_duration(double s) {
   return fmt::format("{}s", t);
 }
 
+namespace detail {
+/// Whether a family reports final gradients during backward: void set_grads_final(std::function<void(size_t)>).
+template <class F, class = void>
+struct has_grads_final : std::false_type {};
+template <class F>
+struct has_grads_final<F, std::void_t<decltype(std::declval<F&>().set_grads_final(
+                              std::function<void(std::size_t)>()))>> : std::true_type {};
+}  // namespace detail
+
 template <class Family>
 class Trainer {
 public:
@@ -265,6 +274,8 @@ public:
     double lr = 0;            ///< the main group's learning rate of the schedule (0 without one)
     double seconds = 0;       ///< wall time: batch, forward/backward, reduction, optimiser
     double comm_seconds = 0;  ///< of which in the transport (allgathers of a data-parallel step)
+    /// A data-parallel step's gradient exchange: compute, exposed and hidden exchange seconds, bytes (per rank).
+    dist::ExchangeStats exchange;
   };
 
   /// Where run() takes a step's batch: the whole batch of step s, or (micro-batched) micro-batch k's example count
@@ -302,10 +313,21 @@ public:
           std::function<double(std::int64_t step)> lr_main = nullptr, LossFault fault = nullptr)
       : family_(family), opt_(opt), seed_(seed), lr_main_(std::move(lr_main)), fault_(std::move(fault)) {}
 
-  /// Steps run as `micro_batches` micro-batches on the ranks of `comm` (see the file comment).
-  void set_micro_batches(dist::Comm& comm, std::int64_t micro_batches) {
+  /// Steps run as `micro_batches` micro-batches on the ranks of `comm` (see the file comment), their gradients
+  /// exchanged as `exchange` says (dist/reducer.hpp; the same bits either way). When the exchange can start during
+  /// backward and the family has a set_grads_final hook, the family's backward reports the parameters whose
+  /// gradients are final as it goes.
+  void set_micro_batches(dist::Comm& comm, std::int64_t micro_batches, dist::ExchangeOptions exchange = {}) {
     comm_ = &comm;
-    reducer_ = std::make_unique<dist::GradientReducer<Scalar>>(family_.parameters(), comm, micro_batches);
+    reducer_ = std::make_unique<dist::GradientReducer<Scalar>>(family_.parameters(), comm, micro_batches, exchange);
+    if constexpr (detail::has_grads_final<Family>::value) {
+      if (reducer_->uses_grads_final()) {
+        dist::GradientReducer<Scalar>* red = reducer_.get();
+        family_.set_grads_final([red](std::size_t first_param) { red->grads_final(first_param); });
+      } else {
+        family_.set_grads_final(nullptr);
+      }
+    }
   }
   bool micro_batched() const { return reducer_ != nullptr; }
 
@@ -393,6 +415,7 @@ public:
         Batch b = micro(k);
         Rng drng(micro_stream_seed(seed_, kDropoutStream, static_cast<std::uint64_t>(step),
                                    static_cast<std::uint64_t>(k)));
+        red.start(k, static_cast<Scalar>(w));
         const Losses l = forward_backward(b, step, k, drng);
         if (!l.finite())
           throw NonFiniteError(fmt::format("dea: non-finite loss at step {}, micro-batch {} of {}{} ({}); stopping.",
@@ -411,6 +434,7 @@ public:
       status = non_finite ? RankStatus::non_finite : RankStatus::failed;
       message = non_finite ? std::string(e.what()) : dist::rank_message(*comm_, e.what());
     }
+    if (comm_->size() > 1) red.complete();  // every rank takes part in the exchange, a failed one too
     agree(status, message);
     const std::vector<double> all = red.gather(mine, kGathered);
     red.finish();
@@ -425,6 +449,7 @@ public:
       s.losses.count += static_cast<std::int64_t>(v[3]);
     }
     s.comm_seconds = red.comm_seconds();
+    s.exchange = red.stats();
     update(s);
     return s;
   }
