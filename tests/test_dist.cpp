@@ -327,7 +327,8 @@ TEST_CASE("dist: the bucketed exchange gives the bits of one process for any ran
             opt.bucket_mb = mb;
             opt.overlap = overlap;
             std::vector<RankRun> got(static_cast<std::size_t>(ranks));
-            on_ranks(ranks, [&](dist::Comm& c) { got[static_cast<std::size_t>(c.rank())] = run_rank(c, M, opt, hooks); });
+            on_ranks(ranks,
+                     [&](dist::Comm& c) { got[static_cast<std::size_t>(c.rank())] = run_rank(c, M, opt, hooks); });
             INFO("ranks " << ranks << ", bucket_mb " << mb << ", hooks " << hooks << ", overlap " << overlap << ", "
                           << dist::exchange_name(ex));
             for (const RankRun& g : got) CHECK(same_bits(g.grad.data(), expected.data(), expected.size()));
