@@ -12,7 +12,8 @@ Checks (each prints one line ending in "ok" and exits 0, or names what differs a
   resume    a run checkpointed under -np 2 and resumed under -np 4 (small buckets) ends with the bytes of one
             process's uninterrupted run
   kill      rank 1 of -np 2 is SIGKILLed in the middle of the run (its steps exchange many small buckets, so the
-            kill lands in a step's exchange or backward): the job ends with a non-zero status within a bounded time, the last checkpoint is intact, and --resume ends with the uninterrupted run's bytes
+            kill lands in a step's exchange or backward): the job ends with a non-zero status within a bounded
+            time, the last checkpoint is intact, and --resume ends with the uninterrupted run's bytes
   missing   the corpus missing on rank 1 only (each rank in its own working directory): every rank stops, exit
             status 2, one message naming rank 1 and the file, nothing written
   nonfinite a learning rate that makes the loss non-finite: every rank stops, exit status 1, one message
@@ -177,8 +178,8 @@ def rank_pids(mpirun_pid):
 
 
 def check_kill(r):
-    args = family_args(r, "lm") + ["--micro_batches", "4", "--steps", str(KILL_STEPS), "--eval_every", "20", "--log_every", "10",
-                                   "--bucket_mb", BUCKET_MB]
+    args = family_args(r, "lm") + ["--micro_batches", "4", "--steps", str(KILL_STEPS), "--eval_every", "20",
+                                   "--log_every", "10", "--bucket_mb", BUCKET_MB]
     straight, killed = os.path.join(r.work, "straight"), os.path.join(r.work, "killed")
     r.train(args, straight)
     ckpt = os.path.join(killed, "checkpoint.safetensors")
@@ -249,7 +250,8 @@ def check_nonfinite(r):
 
 def check_nonfinite_rank(r, family):
     fault_step = 5  # after the checkpoint of step 4
-    args = family_args(r, family) + ["--micro_batches", "4", "--steps", "8", "--eval_every", "2", "--bucket_mb", BUCKET_MB]
+    args = family_args(r, family) + ["--micro_batches", "4", "--steps", "8", "--eval_every", "2",
+                                     "--bucket_mb", BUCKET_MB]
     straight = os.path.join(r.work, "straight")
     r.train(args, straight)
     seen = []

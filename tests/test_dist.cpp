@@ -327,7 +327,8 @@ TEST_CASE("dist: the bucketed exchange gives the bits of one process for any ran
             opt.bucket_mb = mb;
             opt.overlap = overlap;
             std::vector<RankRun> got(static_cast<std::size_t>(ranks));
-            on_ranks(ranks, [&](dist::Comm& c) { got[static_cast<std::size_t>(c.rank())] = run_rank(c, M, opt, hooks); });
+            on_ranks(ranks,
+                     [&](dist::Comm& c) { got[static_cast<std::size_t>(c.rank())] = run_rank(c, M, opt, hooks); });
             INFO("ranks " << ranks << ", bucket_mb " << mb << ", hooks " << hooks << ", overlap " << overlap << ", "
                           << dist::exchange_name(ex));
             for (const RankRun& g : got) CHECK(same_bits(g.grad.data(), expected.data(), expected.size()));
@@ -493,6 +494,7 @@ struct TrainerRun {
   std::vector<float> values;
   std::string error;
   int reports = 0;
+  bool hook_left = false;
 };
 
 /// Three steps of M micro-batches on this rank of `comm`.
@@ -502,16 +504,19 @@ TrainerRun train_steps(dist::Comm& comm, std::int64_t M, dist::ExchangeOptions o
   f.poison_step = poison_step;
   f.poison_micro = poison_micro;
   optim::AdamW<float> adam = optim::make_adam(f.parameters(), 0.01);
-  train::Trainer<ToyFamily> t(f, adam, 5);
-  t.set_micro_batches(comm, M, opt);
   TrainerRun out;
-  try {
-    for (std::int64_t s = 1; s <= 3; ++s)
-      t.step_micro(
-          s, [](std::int64_t) { return Index(1); }, [](std::int64_t k) { return k; });
-  } catch (const std::exception& e) {
-    out.error = e.what();
+  {
+    train::Trainer<ToyFamily> t(f, adam, 5);
+    t.set_micro_batches(comm, M, opt);
+    try {
+      for (std::int64_t s = 1; s <= 3; ++s)
+        t.step_micro(
+            s, [](std::int64_t) { return Index(1); }, [](std::int64_t k) { return k; });
+    } catch (const std::exception& e) {
+      out.error = e.what();
+    }
   }
+  out.hook_left = static_cast<bool>(f.hook);  // the trainer took its report back
   for (Param<float>* p : f.ps.list)
     for (Index j = 0; j < p->value.size(); ++j) out.values.push_back(p->value[j]);
   out.reports = f.reports;
@@ -536,6 +541,7 @@ TEST_CASE("dist: the trainer's step on R ranks gives the bits of one process; a 
         INFO("ranks " << ranks << ", bucket_mb " << mb << ", " << dist::exchange_name(ex));
         for (const TrainerRun& g : got) {
           CHECK(g.error.empty());
+          CHECK_FALSE(g.hook_left);
           CHECK(same_bits(g.values.data(), expected.values.data(), expected.values.size()));
           // the family reports final gradients only when the exchange can use them
           CHECK((g.reports > 0) == (ranks > 1 && ex == dist::Exchange::reduce_scatter));

@@ -1,8 +1,9 @@
 // The MPI transport of data-parallel training (dist/mpi_comm.hpp), run by ctest under `mpiexec -np 4`: allgather,
-// alltoall and broadcast move every rank's bytes, the library gives the thread level the exchange thread needs, agree() gives every rank the lowest failing rank's status and message,
-// check_same() names the rank that differs, together() turns one rank's exception into the same error on every rank,
-// and GradientReducer over the ranks gives the bits of the tree one process computes over the same micro-batches,
-// with either exchange, buckets of several sizes and the exchange on its thread during a (simulated) backward.
+// alltoall and broadcast move every rank's bytes, the library gives the thread level the exchange thread needs,
+// agree() gives every rank the lowest failing rank's status and message, check_same() names the rank that differs,
+// together() turns one rank's exception into the same error on every rank, and GradientReducer over the ranks
+// gives the bits of the tree one process computes over the same micro-batches, with either exchange, buckets of
+// several sizes and the exchange on its thread during a (simulated) backward.
 // Rank 0 prints "mpi comm: all checks passed"; any failed check exits non-zero (mpiexec then fails).
 #include <dea/core/rng.hpp>
 #include <dea/dist/mpi_comm.hpp>
@@ -53,7 +54,8 @@ int main() {
   // alltoall: block q of rank p's buffer lands in block p of rank q's
   std::vector<std::int32_t> out(3 * static_cast<std::size_t>(n)), in(3 * static_cast<std::size_t>(n), -1);
   for (int q = 0; q < n; ++q)
-    for (int i = 0; i < 3; ++i) out[3 * static_cast<std::size_t>(q) + static_cast<std::size_t>(i)] = 100 * r + 10 * q + i;
+    for (int i = 0; i < 3; ++i)
+      out[3 * static_cast<std::size_t>(q) + static_cast<std::size_t>(i)] = 100 * r + 10 * q + i;
   comm.alltoall_bytes(out.data(), 3 * sizeof(std::int32_t), in.data());
   for (int p = 0; p < n; ++p)
     for (int i = 0; i < 3; ++i)
@@ -107,42 +109,43 @@ int main() {
                               {dist::Exchange::reduce_scatter, 4e-6, true},   // one float a bucket
                               {dist::Exchange::reduce_scatter, 24e-6, true},  // 6 floats: cut inside w
                               {dist::Exchange::reduce_scatter, 24e-6, false}};
-  for (const Variant& v : variants)
-  for (std::int64_t M : {static_cast<std::int64_t>(n), static_cast<std::int64_t>(4 * n)}) {
-    Param<float> w("w", "main", {7, 5}), b("b", "main", {3});
-    ParamList<float> ps = {&w, &b};
-    dist::ExchangeOptions opt;
-    opt.exchange = v.ex;
-    opt.bucket_mb = v.mb;
-    dist::GradientReducer<float> red(ps, comm, M, opt);
-    red.begin();
-    for (std::int64_t k : red.local_order()) {
-      if (v.hooks) red.start(k, 1.0f / static_cast<float>(M));
-      fill_grads(ps, k);
-      if (v.hooks) {  // b final first, then w (as a backward pass reports them)
-        red.grads_final(1);
-        red.grads_final(0);
+  for (const Variant& v : variants) {
+    for (std::int64_t M : {static_cast<std::int64_t>(n), static_cast<std::int64_t>(4 * n)}) {
+      Param<float> w("w", "main", {7, 5}), b("b", "main", {3});
+      ParamList<float> ps = {&w, &b};
+      dist::ExchangeOptions opt;
+      opt.exchange = v.ex;
+      opt.bucket_mb = v.mb;
+      dist::GradientReducer<float> red(ps, comm, M, opt);
+      red.begin();
+      for (std::int64_t k : red.local_order()) {
+        if (v.hooks) red.start(k, 1.0f / static_cast<float>(M));
+        fill_grads(ps, k);
+        if (v.hooks) {  // b final first, then w (as a backward pass reports them)
+          red.grads_final(1);
+          red.grads_final(0);
+        }
+        red.add(k, 1.0f / static_cast<float>(M));
       }
-      red.add(k, 1.0f / static_cast<float>(M));
+      red.complete();
+      expect(red.stats().overlapped == (v.ex == dist::Exchange::reduce_scatter), "the exchange thread ran", r);
+      red.finish();
+      std::vector<float> got(dist::grad_size(ps));
+      dist::flatten_grads(ps, got.data());
+      // one process: every leaf, the whole tree
+      std::vector<std::vector<float>> leaves(static_cast<std::size_t>(M), std::vector<float>(got.size()));
+      std::vector<const float*> ptr;
+      for (std::int64_t k = 0; k < M; ++k) {
+        fill_grads(ps, k);
+        dist::flatten_grads(ps, leaves[static_cast<std::size_t>(k)].data(), 1.0f / static_cast<float>(M));
+        ptr.push_back(leaves[static_cast<std::size_t>(k)].data());
+      }
+      std::vector<float> want(got.size());
+      dist::tree_sum(ptr, want.size(), want.data());
+      expect(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0,
+             "reducer over " + std::to_string(n) + " ranks, M " + std::to_string(M) + ", " + dist::exchange_name(v.ex) +
+                 " bucket_mb " + std::to_string(v.mb) + ": bits differ from one process", r);
     }
-    red.complete();
-    expect(red.stats().overlapped == (v.ex == dist::Exchange::reduce_scatter), "the exchange thread ran", r);
-    red.finish();
-    std::vector<float> got(dist::grad_size(ps));
-    dist::flatten_grads(ps, got.data());
-    // one process: every leaf, the whole tree
-    std::vector<std::vector<float>> leaves(static_cast<std::size_t>(M), std::vector<float>(got.size()));
-    std::vector<const float*> ptr;
-    for (std::int64_t k = 0; k < M; ++k) {
-      fill_grads(ps, k);
-      dist::flatten_grads(ps, leaves[static_cast<std::size_t>(k)].data(), 1.0f / static_cast<float>(M));
-      ptr.push_back(leaves[static_cast<std::size_t>(k)].data());
-    }
-    std::vector<float> want(got.size());
-    dist::tree_sum(ptr, want.size(), want.data());
-    expect(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)) == 0,
-           "reducer over " + std::to_string(n) + " ranks, M " + std::to_string(M) + ", " + dist::exchange_name(v.ex) +
-               " bucket_mb " + std::to_string(v.mb) + ": bits differ from one process", r);
   }
 
   const dist::Agreement end = comm.agree(failures ? 1 : 0, "checks failed");

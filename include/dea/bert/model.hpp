@@ -425,8 +425,10 @@ Mat<S> BertModel<S, SelfAttention>::backward(const Mat<S>* d_last, const Mat<S>*
     for (Index b = 0; b < B; ++b) dx.row(b * T) += dfirst.row(b);  // first = x_L[:, 0]
   }
   std::vector<std::size_t> first(layers_.size() + 1, 5);  // parameters() index of layer l: after the embeddings
-  for (std::size_t l = 0; l < layers_.size(); ++l) first[l + 1] = first[l] + layers_[l].parameters().size();
-  if (grads_final_) grads_final_(first.back());                 // the pooler (and what a caller lists after it)
+  if (grads_final_) {
+    for (std::size_t l = 0; l < layers_.size(); ++l) first[l + 1] = first[l] + layers_[l].parameters().size();
+    grads_final_(first.back());                                 // the pooler (and what a caller lists after it)
+  }
   for (std::size_t l = layers_.size(); l-- > 0;) {
     dx = layers_[l].backward(dx, c.layers[l]);                  // x_{l+1} = Layer_l(x_l)
     if (grads_final_) grads_final_(first[l]);

@@ -195,8 +195,8 @@ public:
   }
   void zero_grad() { dea::zero_grad(parameters()); }
   /// An optional report from the backward pass: f(i) once the gradients of parameters [i, end) of parameters()
-  /// are final for this backward (after the head and the final norm, after each layer, last layer first), so that a data-parallel
-  /// exchange can start on them (dist/reducer.hpp). Empty (no report) by default.
+  /// are final for this backward (after the head and the final norm, after each layer, last layer first), so that
+  /// a data-parallel exchange can start on them (dist/reducer.hpp). Empty (no report) by default.
   void set_grads_final(std::function<void(std::size_t)> f) { grads_final_ = std::move(f); }
 
   // ---------------------------------------------------------------------------------------------------------

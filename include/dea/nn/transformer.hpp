@@ -527,8 +527,10 @@ void TransformerModel<S, Attention>::backward_logits(const Mat<S>& dlogits, Cach
   Mat<S> dx;
   ln_f_.backward(dy, c.xf, c.lnf, dx);                              // y = ln_f(x_L)
   std::vector<std::size_t> first(layers_.size() + 1, 2);  // parameters() index of layer l: after the two embeddings
-  for (std::size_t l = 0; l < layers_.size(); ++l) first[l + 1] = first[l] + layers_[l].parameters().size();
-  if (grads_final_) grads_final_(first.back());                     // ln_f and the heads
+  if (grads_final_) {
+    for (std::size_t l = 0; l < layers_.size(); ++l) first[l + 1] = first[l] + layers_[l].parameters().size();
+    grads_final_(first.back());                                     // ln_f and the heads
+  }
   for (std::size_t l = layers_.size(); l-- > 0;) {
     dx = layers_[l].backward(dx, c.layers[l]);
     if (grads_final_) grads_final_(first[l]);                       // layer l

@@ -18,9 +18,8 @@
 
 #include <fmt/core.h>
 
-#include <functional>
-
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 

@@ -312,6 +312,13 @@ public:
   Trainer(Family& family, optim::AdamW<Scalar>& opt, std::uint64_t seed,
           std::function<double(std::int64_t step)> lr_main = nullptr, LossFault fault = nullptr)
       : family_(family), opt_(opt), seed_(seed), lr_main_(std::move(lr_main)), fault_(std::move(fault)) {}
+  /// Takes back the family's report of final gradients (it points into this trainer's reducer).
+  ~Trainer() {
+    if constexpr (detail::has_grads_final<Family>::value)
+      if (reducer_ && reducer_->uses_grads_final()) family_.set_grads_final(nullptr);
+  }
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
 
   /// Steps run as `micro_batches` micro-batches on the ranks of `comm` (see the file comment), their gradients
   /// exchanged as `exchange` says (dist/reducer.hpp; the same bits either way). When the exchange can start during
