@@ -201,23 +201,27 @@ std::shared_ptr<Box> pick_cache(const std::shared_ptr<Box>& own, const py::objec
 // ---------------------------------------------------------------------------------------------------------------
 // DualExpertAttention
 
-template <class S>
-struct DeaLayer {
-  using Layer = dea::DualExpertAttention<S>;
+// One Python object per layer: the layer, the random stream it was built from, a lock (calls from several Python
+// threads run one at a time per layer) and the cache of the last forward when the caller keeps none.
+template <class L>
+struct LayerBox {
+  using Layer = L;
+  using S = typename Layer::Scalar;
   struct CacheBox {
     typename Layer::Cache c;
   };
-
-  DeaLayer(Index d_model, Index n_heads, std::uint64_t seed, typename Layer::Options opt)
-      : rng(seed), own(std::make_shared<CacheBox>()) {
+  template <class Opt>
+  LayerBox(Index d_model, Index n_heads, std::uint64_t seed, Opt opt) : rng(seed), own(std::make_shared<CacheBox>()) {
     layer = std::make_unique<Layer>(d_model, n_heads, rng, opt);
   }
-
   std::unique_ptr<Layer> layer;
   dea::Rng rng;
   std::mutex mu;
   std::shared_ptr<CacheBox> own;
 };
+
+template <class S>
+using DeaLayer = LayerBox<dea::DualExpertAttention<S>>;
 
 template <class S>
 py::dict dea_forward(DeaLayer<S>& w, const py::object& x_obj, const py::object& key_mask,
@@ -408,21 +412,7 @@ void bind_dea(py::module_& m, const char* name) {
 // Dot-product and Laplacian attention (the same interface: forward(x, key_mask, causal, training), backward)
 
 template <class Layer>
-struct PlainLayer {
-  using S = typename Layer::Scalar;
-  struct CacheBox {
-    typename Layer::Cache c;
-  };
-  template <class Opt>
-  PlainLayer(Index d_model, Index n_heads, std::uint64_t seed, Opt opt)
-      : rng(seed), own(std::make_shared<CacheBox>()) {
-    layer = std::make_unique<Layer>(d_model, n_heads, rng, opt);
-  }
-  std::unique_ptr<Layer> layer;
-  dea::Rng rng;
-  std::mutex mu;
-  std::shared_ptr<CacheBox> own;
-};
+using PlainLayer = LayerBox<Layer>;
 
 template <class Layer>
 void bind_plain(py::module_& m, const char* name, const char* doc) {
@@ -510,20 +500,7 @@ void bind_plain(py::module_& m, const char* name, const char* doc) {
 // Token-routed attention
 
 template <class S>
-struct TrLayer {
-  using Layer = dea::TokenRoutedAttention<S>;
-  struct CacheBox {
-    typename Layer::Cache c;
-  };
-  TrLayer(Index d_model, Index n_heads, std::uint64_t seed, dea::TokenRoutedOptions opt)
-      : rng(seed), own(std::make_shared<CacheBox>()) {
-    layer = std::make_unique<Layer>(d_model, n_heads, rng, opt);
-  }
-  std::unique_ptr<Layer> layer;
-  dea::Rng rng;
-  std::mutex mu;
-  std::shared_ptr<CacheBox> own;
-};
+using TrLayer = LayerBox<dea::TokenRoutedAttention<S>>;
 
 template <class S>
 void bind_tr(py::module_& m, const char* name) {
