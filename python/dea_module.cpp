@@ -291,19 +291,27 @@ py::array checked_dy(const py::object& dy, Index B, Index T, Index D) {
   return checked<S>(dy, "dy", {{{B}, {T}, {D}}});
 }
 
-template <class S>
-py::array dea_backward(DeaLayer<S>& w, const py::object& dy_obj, const py::object& cache) {
-  auto box = pick_cache(w.own, cache, "DualExpertAttention");
-  const Index D = w.layer->d_model(), B = box->c.B, T = box->c.Tq;
-  const py::array dy = checked_dy<S, typename DeaLayer<S>::CacheBox>(dy_obj, B, T, D);
+// The task backward of the cache's forward (B sequences of T queries): dy checked, dx [B, T, D] returned without a
+// copy; the GIL is released and the layer locked while the library runs.
+template <class W>
+py::array layer_backward(W& w, const py::object& dy_obj, typename W::CacheBox& box, Index B, Index T) {
+  using S = typename W::S;
+  const Index D = w.layer->d_model();
+  const py::array dy = checked_dy<S, typename W::CacheBox>(dy_obj, B, T, D);
   Mat<S> dx;
   {
     py::gil_scoped_release nogil;
     std::lock_guard<std::mutex> lock(w.mu);
     const Mat<S> dym = dea::ConstMatMap<S>(data_of<S>(dy), B * T, D);
-    dx = w.layer->backward(dym, box->c);
+    dx = w.layer->backward(dym, box.c);
   }
   return owning_array(std::move(dx), {B, T, D});
+}
+
+template <class S>
+py::array dea_backward(DeaLayer<S>& w, const py::object& dy_obj, const py::object& cache) {
+  auto box = pick_cache(w.own, cache, "DualExpertAttention");
+  return layer_backward(w, dy_obj, *box, box->c.B, box->c.Tq);
 }
 
 template <class S>
@@ -478,16 +486,7 @@ void bind_plain(py::module_& m, const char* name, const char* doc) {
       .def("backward",
            [name](W& w, const py::object& dy_obj, const py::object& cache) {
              auto box = pick_cache(w.own, cache, name);
-             const Index D = w.layer->d_model(), B = box->c.batch, T = box->c.seq;
-             const py::array dy = checked_dy<S, Box>(dy_obj, B, T, D);
-             Mat<S> dx;
-             {
-               py::gil_scoped_release nogil;
-               std::lock_guard<std::mutex> lock(w.mu);
-               const Mat<S> dym = dea::ConstMatMap<S>(data_of<S>(dy), B * T, D);
-               dx = w.layer->backward(dym, box->c);
-             }
-             return owning_array(std::move(dx), {B, T, D});
+             return layer_backward(w, dy_obj, *box, box->c.batch, box->c.seq);
            },
            py::arg("dy"), py::kw_only(), py::arg("cache") = py::none(),
            "Adds into every parameter gradient; returns dx [B, T, D]")
@@ -578,16 +577,7 @@ void bind_tr(py::module_& m, const char* name) {
       .def("backward",
            [](W& w, const py::object& dy_obj, const py::object& cache) {
              auto box = pick_cache(w.own, cache, "TokenRoutedAttention");
-             const Index D = w.layer->d_model(), B = box->c.batch, T = box->c.seq;
-             const py::array dy = checked_dy<S, Box>(dy_obj, B, T, D);
-             Mat<S> dx;
-             {
-               py::gil_scoped_release nogil;
-               std::lock_guard<std::mutex> lock(w.mu);
-               const Mat<S> dym = dea::ConstMatMap<S>(data_of<S>(dy), B * T, D);
-               dx = w.layer->backward(dym, box->c);
-             }
-             return owning_array(std::move(dx), {B, T, D});
+             return layer_backward(w, dy_obj, *box, box->c.batch, box->c.seq);
            },
            py::arg("dy"), py::kw_only(), py::arg("cache") = py::none())
       .def("telemetry",
