@@ -138,6 +138,11 @@ The attention layers of dea (Dual-Expert, dot-product, Laplacian, token-routed)
 over numpy arrays of float and double, forward and hand-derived backward, from
 Python 3; dea.torch puts the Dual-Expert layer in PyTorch models.")
 macro(dea_packaging_finish)
+  if(DEA_NATIVE)
+    message(STATUS "dea: DEA_NATIVE is on: the dea-tools and python3-dea packages cpack makes from this build run only "
+                   "on CPUs with this machine's instruction sets; configure with -DDEA_NATIVE=OFF to make packages "
+                   "for other machines")
+  endif()
   if(TARGET dea_python)
     list(APPEND CPACK_COMPONENTS_ALL python)
     dea_debian_docs(python3-dea python)
