@@ -28,6 +28,7 @@
 #include <dea/interop/tr_mha_case.hpp>
 #include <dea/version.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -314,6 +315,60 @@ py::array dea_backward(DeaLayer<S>& w, const py::object& dy_obj, const py::objec
   return layer_backward(w, dy_obj, *box, box->c.B, box->c.Tq);
 }
 
+// Backward of a loss that reads alpha_hat: g = dL/d alpha_hat [B, H, Tq, Tk] is chained through the gate,
+// alpha_hat = min(0.95, sigmoid(clip(logit, -10, 10))) with logit = Q_i.w_q + K_j.w_k + w_E0 E0~ + w_E1 E1~ + c,
+// into W_gate and c_gate only: the gate reads Q, K, E0~ and E1~ as constants, as it does for the gate loss. The
+// slope is sigmoid' inside the clip and below the cap and 0 outside (the kinks), as the library's gate backward
+// takes it. It reads the reference kernel's logit and normalised-expert maps (the tiled kernel keeps neither).
+// Sums run in a fixed order: the same bits for any thread count.
+template <class S>
+void dea_backward_alpha_hat(DeaLayer<S>& w, const py::object& g_obj, const py::object& cache) {
+  auto box = pick_cache(w.own, cache, "DualExpertAttention");
+  auto& c = box->c;
+  if (c.B <= 0) throw py::value_error("backward_alpha_hat: the cache holds no forward pass (call forward first)");
+  const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = w.layer->n_heads(), Dh = w.layer->d_head(), G = 2 * Dh + 2;
+  const py::array g = checked<S>(g_obj, "g_alpha_hat", {{{B}, {H}, {Tq}, {Tk}}});
+  if (c.logit.empty() || c.e0n.empty() || c.e1n.empty())
+    throw std::runtime_error(
+        "alpha_hat: backpropagating through it needs the gate's logit and normalised experts, which only the "
+        "reference kernel keeps; this layer runs the tiled kernel (use kernel='reference')");
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(w.mu);
+  const S* gp = data_of<S>(g);
+  const S amax = S(dea::DeaConstants::alpha_max), clip = S(dea::DeaConstants::logit_clip);
+  const bool causal = c.in.causal();
+  S* gw = w.layer->W_gate().grad.data();
+  S* gc = w.layer->c_gate().grad.data();
+  std::vector<S> col(static_cast<std::size_t>(Tk));
+  for (Index h = 0; h < H; ++h)
+    for (Index b = 0; b < B; ++b) {
+      std::fill(col.begin(), col.end(), S(0));
+      S s0 = 0, s1 = 0, sc = 0;
+      for (Index i = 0; i < Tq; ++i) {
+        const Index nk = causal ? std::min(Tk, i + 1) : Tk;  // causal: invisible cells are no part of the gate
+        const std::size_t row = static_cast<std::size_t>(((b * H + h) * Tq + i) * Tk);
+        S rsum = 0;
+        for (Index j = 0; j < nk; ++j) {
+          const S l = c.logit[row + j], x = S(1) / (S(1) + std::exp(-l));
+          const S slope = (l < -clip || l > clip || x > amax) ? S(0) : x * (S(1) - x);
+          const S dl = gp[row + j] * slope;
+          rsum += dl;
+          col[static_cast<std::size_t>(j)] += dl;
+          s0 += dl * c.e0n[row + j];
+          s1 += dl * c.e1n[row + j];
+        }
+        sc += rsum;
+        for (Index d = 0; d < Dh; ++d) gw[h * G + d] += rsum * c.Q(b * Tq + i, h * Dh + d);  // w_q
+      }
+      for (Index j = 0; j < Tk; ++j)  // w_k: sum_j (sum_i dl_ij) K_j
+        for (Index d = 0; d < Dh; ++d)
+          gw[h * G + Dh + d] += col[static_cast<std::size_t>(j)] * c.K(b * Tk + j, h * Dh + d);
+      gw[h * G + 2 * Dh] += s0;      // w_E0: sum dl E0~
+      gw[h * G + 2 * Dh + 1] += s1;  // w_E1: sum dl E1~
+      gc[h] += sc;                   // c_gate: sum dl
+    }
+}
+
 template <class S>
 void bind_dea(py::module_& m, const char* name) {
   using W = DeaLayer<S>;
@@ -371,6 +426,10 @@ void bind_dea(py::module_& m, const char* name) {
            },
            py::arg("scale") = 1.0, py::kw_only(), py::arg("cache") = py::none(),
            "Gate-loss backward: adds scale * d loss_gate / d(W_gate, c_gate) into their gradients only")
+      .def("backward_alpha_hat", &dea_backward_alpha_hat<S>, py::arg("g_alpha_hat"), py::kw_only(),
+           py::arg("cache") = py::none(),
+           "Backward of a loss reading alpha_hat: adds g_alpha_hat [B, H, T, T] chained through the gate into the "
+           "gradients of W_gate / c_gate only (reference kernel)")
       .def("zero_grad", [](W& w) { w.layer->zero_grad(); })
       .def("parameters", [](py::object self) { return param_views(self.cast<W&>().layer->parameters(), self, false); },
            "name -> writable view of the parameter (the layer's own storage)")

@@ -207,6 +207,14 @@ def test_isolation_and_accumulation():
     layer.backward_gate()
     assert all(not g[k].any() for k in groups if groups[k] == "main"), "the gate backward wrote a main gradient"
     assert all(g[k].any() for k in groups if groups[k] == "gate")
+    layer.zero_grad()
+    layer.backward_alpha_hat(RNG.standard_normal((B, H, T, T)))  # a loss read from alpha_hat: the gate only
+    assert all(not g[k].any() for k in groups if groups[k] == "main"), "alpha_hat's backward wrote a main gradient"
+    assert all(g[k].any() for k in groups if groups[k] == "gate")
+    raises(ValueError, ["g_alpha_hat:"], layer.backward_alpha_hat, np.zeros((B, H, T, T + 1)))
+    tiled = dea.DualExpertAttention(D, H, dtype=np.float64, kernel="tiled")
+    tiled.forward(x, km, a, gamma_mix=0.5)
+    raises(RuntimeError, ["alpha_hat", "kernel='reference'"], tiled.backward_alpha_hat, np.ones((B, H, T, T)))
     rep = layer.verify_gradient_isolation(x, km, a)
     assert rep["ok"] and rep["task_gate_grad"] == 0 and rep["gate_main_grad"] == 0, rep
 
