@@ -51,8 +51,7 @@ class DualExpertAttentionFunction(_torch.autograd.Function):
     _CacheLease of the cache to use (else the node makes a cache of its own). Returns output,
     alpha_hat and loss_gate. Backward: the output's gradient reaches x and the main parameters (the library's task
     backward); loss_gate's and alpha_hat's gradients reach only the gate parameters (the gate backward, and the
-    gate's chain rule from d/d alpha_hat: the gate reads q, k and the normalised experts as constants). A non-zero
-    gradient of alpha_hat needs the reference kernel's maps: with kernel="tiled" it is a RuntimeError."""
+    gate's chain rule from d/d alpha_hat: the gate reads q, k and the normalised experts as constants)."""
 
     @staticmethod
     def forward(ctx, layer, info, x, key_mask, alpha_oracle, target_idx, gamma_mix, training, seed, n_gate, *params):
