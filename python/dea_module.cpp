@@ -321,7 +321,7 @@ py::array dea_backward(DeaLayer<S>& w, const py::object& dy_obj, const py::objec
 // slope is sigmoid' inside the clip and below the cap and 0 outside (the kinks), as the library's gate backward
 // takes it. The reference kernel's cache holds the logit and E~ maps; after a tiled forward, E~ of a row is
 // recomputed from the cache's Q, K, R and the row's mean and sigma (not with RoPE, whose experts read rotated
-// vectors). Sums run in a fixed order: the same bits for any thread count.
+// vectors). One head per task, each summing over b, i, j in a fixed order: the same bits for any thread count.
 template <class S>
 void dea_backward_alpha_hat(DeaLayer<S>& w, const py::object& g_obj, const py::object& cache) {
   auto box = pick_cache(w.own, cache, "DualExpertAttention");
@@ -344,17 +344,29 @@ void dea_backward_alpha_hat(DeaLayer<S>& w, const py::object& g_obj, const py::o
   const S* cg_all = w.layer->c_gate().value.data();
   S* gw = w.layer->W_gate().grad.data();
   S* gc = w.layer->c_gate().grad.data();
-  std::vector<S> col(static_cast<std::size_t>(Tk)), lrow(static_cast<std::size_t>(Tk)),
-      n0row(static_cast<std::size_t>(Tk)), n1row(static_cast<std::size_t>(Tk));
-  auto dot = [Dh](const S* a, const S* b) {
-    S s = 0;
-    for (Index d = 0; d < Dh; ++d) s += a[d] * b[d];
-    return s;
-  };
-  for (Index h = 0; h < H; ++h)
+  using Block = Eigen::Map<const Mat<S>, 0, Eigen::OuterStride<>>;
+  using Row = Eigen::Matrix<S, 1, Eigen::Dynamic>;
+  dea::parallel_for(H, [&](Index h) {
+    dea::ScopedSerialEigen serial;  // the (b, h) products below on this thread alone
+    const S* wg = wg_all + h * G;
+    std::vector<S> col(static_cast<std::size_t>(Tk)), lrow(static_cast<std::size_t>(Tk)),
+        n0row(static_cast<std::size_t>(Tk)), n1row(static_cast<std::size_t>(Tk));
+    Mat<S> QK, RK;                 // tiled: the (b, h) slice's products [Tq, Tk]
+    dea::Vec<S> rr, kk, lq, lk;    // |R_i|^2, |K_j|^2, Q_i.w_q, K_j.w_k
     for (Index b = 0; b < B; ++b) {
-      const S* wg = wg_all + h * G;
       const std::uint8_t* km = c.in.has_key_mask() ? c.in.key_mask(b) : nullptr;
+      if (!maps) {
+        const Block Qh(c.Q.data() + b * Tq * c.Q.cols() + h * Dh, Tq, Dh, Eigen::OuterStride<>(c.Q.cols()));
+        const Block Rh(c.R.data() + b * Tq * c.R.cols() + h * Dh, Tq, Dh, Eigen::OuterStride<>(c.R.cols()));
+        const Block Kh(c.K.data() + b * Tk * c.K.cols() + h * Dh, Tk, Dh, Eigen::OuterStride<>(c.K.cols()));
+        const Eigen::Map<const Row> wq(wg, Dh), wk(wg + Dh, Dh);
+        QK.noalias() = Qh * Kh.transpose();
+        RK.noalias() = Rh * Kh.transpose();
+        rr = Rh.rowwise().squaredNorm();
+        kk = Kh.rowwise().squaredNorm();
+        lq.noalias() = Qh * wq.transpose();
+        lk.noalias() = Kh * wk.transpose();
+      }
       std::fill(col.begin(), col.end(), S(0));
       S s0 = 0, s1 = 0, sc = 0;
       for (Index i = 0; i < Tq; ++i) {
@@ -363,22 +375,17 @@ void dea_backward_alpha_hat(DeaLayer<S>& w, const py::object& g_obj, const py::o
         const S* l = maps ? c.logit.data() + row : lrow.data();
         const S* n0 = maps ? c.e0n.data() + row : n0row.data();
         const S* n1 = maps ? c.e1n.data() + row : n1row.data();
-        if (!maps) {  // the row's E~ and logit from the cache's projections and row statistics
+        if (!maps) {  // the row's E~ and logit from the products and the row statistics
           const std::size_t rs = static_cast<std::size_t>((b * H + h) * Tq + i);
-          const S* q = c.Q.data() + (b * Tq + i) * c.Q.cols() + h * Dh;
-          const S* r = c.R.data() + (b * Tq + i) * c.R.cols() + h * Dh;
-          const S rr = dot(r, r), lq = dot(q, wg);
           const S inv0 = S(1) / (c.sigma0[rs] + eps), inv1 = S(1) / (c.sigma1[rs] + eps);
           for (Index j = 0; j < nk; ++j) {
-            const S* k = c.K.data() + (b * Tk + j) * c.K.cols() + h * Dh;
+            const std::size_t u = static_cast<std::size_t>(j);
             const bool real = km == nullptr || km[j] != 0;
-            const S e0 = dot(q, k) * inv_sqrt, v = (S(2) * dot(r, k) - rr - dot(k, k)) * inv_dh;
+            const S e0 = QK(i, j) * inv_sqrt, v = (S(2) * RK(i, j) - rr[i] - kk[j]) * inv_dh;
             const S e1 = v < S(0) ? v : S(0);
-            n0row[static_cast<std::size_t>(j)] = real ? (e0 - c.mu0[rs]) * inv0 : S(0);
-            n1row[static_cast<std::size_t>(j)] = real ? (e1 - c.mu1[rs]) * inv1 : S(0);
-            lrow[static_cast<std::size_t>(j)] = wg[2 * Dh] * n0row[static_cast<std::size_t>(j)] +
-                                                wg[2 * Dh + 1] * n1row[static_cast<std::size_t>(j)] + lq +
-                                                dot(k, wg + Dh) + cg_all[h];
+            n0row[u] = real ? (e0 - c.mu0[rs]) * inv0 : S(0);
+            n1row[u] = real ? (e1 - c.mu1[rs]) * inv1 : S(0);
+            lrow[u] = wg[2 * Dh] * n0row[u] + wg[2 * Dh + 1] * n1row[u] + lq[i] + lk[j] + cg_all[h];
           }
         }
         S rsum = 0;
@@ -401,6 +408,7 @@ void dea_backward_alpha_hat(DeaLayer<S>& w, const py::object& g_obj, const py::o
       gw[h * G + 2 * Dh + 1] += s1;  // w_E1: sum dl E1~
       gc[h] += sc;                   // c_gate: sum dl
     }
+  }, double(B) * double(Tq) * double(Tk) * double(Dh) > dea::kParallelMinFlops);
 }
 
 template <class S>

@@ -349,6 +349,26 @@ def test_same_bits_on_one_and_two_threads():
         dea.set_num_threads(saved)
 
 
+def test_alpha_hat_gradient_same_bits_on_one_and_two_threads():
+    """alpha_hat's backward runs one head per thread: the same bits for 1 and 2 threads, with either kernel."""
+    def run(threads, kernel):
+        dea.set_num_threads(threads)
+        m = dea.torch.DualExpertAttention(64, 4, dropout=0.0, dtype=torch.float64, seed=3, kernel=kernel)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(4, 64, 64, dtype=torch.float64, generator=g)
+        R = torch.randn(4, 4, 64, 64, dtype=torch.float64, generator=g)
+        (m(x)["alpha_hat"] * R).sum().backward()
+        return [m.W_gate.grad, m.c_gate.grad]
+
+    saved = dea.num_threads()
+    try:
+        for kernel in ("reference", "tiled"):
+            one, two = run(1, kernel), run(2, kernel)
+            assert one[0].any() and all(torch.equal(p, q) for p, q in zip(one, two)), kernel
+    finally:
+        dea.set_num_threads(saved)
+
+
 def test_argument_errors():
     m = module()
     x, a, km = inputs()
