@@ -28,6 +28,7 @@
 #include <dea/interop/tr_mha_case.hpp>
 #include <dea/version.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -314,6 +315,102 @@ py::array dea_backward(DeaLayer<S>& w, const py::object& dy_obj, const py::objec
   return layer_backward(w, dy_obj, *box, box->c.B, box->c.Tq);
 }
 
+// Backward of a loss that reads alpha_hat: g = dL/d alpha_hat [B, H, Tq, Tk] is chained through the gate,
+// alpha_hat = min(0.95, sigmoid(clip(logit, -10, 10))) with logit = Q_i.w_q + K_j.w_k + w_E0 E0~ + w_E1 E1~ + c,
+// into W_gate and c_gate only: the gate reads Q, K, E0~ and E1~ as constants, as it does for the gate loss. The
+// slope is sigmoid' inside the clip and below the cap and 0 outside (the kinks), as the library's gate backward
+// takes it. The reference kernel's cache holds the logit and E~ maps; after a tiled forward, E~ of a row is
+// recomputed from the cache's Q, K, R and the row's mean and sigma (not with RoPE, whose experts read rotated
+// vectors). One head per task, each summing over b, i, j in a fixed order: the same bits for any thread count.
+template <class S>
+void dea_backward_alpha_hat(DeaLayer<S>& w, const py::object& g_obj, const py::object& cache) {
+  auto box = pick_cache(w.own, cache, "DualExpertAttention");
+  auto& c = box->c;
+  if (c.B <= 0) throw py::value_error("backward_alpha_hat: the cache holds no forward pass (call forward first)");
+  const Index B = c.B, Tq = c.Tq, Tk = c.Tk, H = w.layer->n_heads(), Dh = w.layer->d_head(), G = 2 * Dh + 2;
+  const py::array g = checked<S>(g_obj, "g_alpha_hat", {{{B}, {H}, {Tq}, {Tk}}});
+  const bool maps = !c.logit.empty() && !c.e0n.empty() && !c.e1n.empty();
+  if (!maps && (w.layer->options().rope_theta > 0 || c.mu0.empty()))
+    throw std::runtime_error(
+        "alpha_hat: backpropagating through it after a tiled-kernel forward with RoPE is not supported (the "
+        "experts read rotated vectors); use kernel='reference'");
+  py::gil_scoped_release nogil;
+  std::lock_guard<std::mutex> lock(w.mu);
+  const S* gp = data_of<S>(g);
+  const S amax = S(dea::DeaConstants::alpha_max), clip = S(dea::DeaConstants::logit_clip);
+  const S inv_sqrt = S(1) / std::sqrt(S(Dh)), inv_dh = S(1) / S(Dh), eps = S(dea::DeaConstants::norm_eps);
+  const bool causal = c.in.causal();
+  const S* wg_all = w.layer->W_gate().value.data();
+  const S* cg_all = w.layer->c_gate().value.data();
+  S* gw = w.layer->W_gate().grad.data();
+  S* gc = w.layer->c_gate().grad.data();
+  using Block = Eigen::Map<const Mat<S>, 0, Eigen::OuterStride<>>;
+  using Row = Eigen::Matrix<S, 1, Eigen::Dynamic>;
+  dea::parallel_for(H, [&](Index h) {
+    dea::ScopedSerialEigen serial;  // the (b, h) products below on this thread alone
+    const S* wg = wg_all + h * G;
+    std::vector<S> col(static_cast<std::size_t>(Tk)), lrow(static_cast<std::size_t>(Tk)),
+        n0row(static_cast<std::size_t>(Tk)), n1row(static_cast<std::size_t>(Tk));
+    Mat<S> QK, RK;                 // tiled: the (b, h) slice's products [Tq, Tk]
+    dea::Vec<S> rr, kk, lq, lk;    // |R_i|^2, |K_j|^2, Q_i.w_q, K_j.w_k
+    for (Index b = 0; b < B; ++b) {
+      const std::uint8_t* km = c.in.has_key_mask() ? c.in.key_mask(b) : nullptr;
+      if (!maps) {
+        const Block Qh(c.Q.data() + b * Tq * c.Q.cols() + h * Dh, Tq, Dh, Eigen::OuterStride<>(c.Q.cols()));
+        const Block Rh(c.R.data() + b * Tq * c.R.cols() + h * Dh, Tq, Dh, Eigen::OuterStride<>(c.R.cols()));
+        const Block Kh(c.K.data() + b * Tk * c.K.cols() + h * Dh, Tk, Dh, Eigen::OuterStride<>(c.K.cols()));
+        const Eigen::Map<const Row> wq(wg, Dh), wk(wg + Dh, Dh);
+        QK.noalias() = Qh * Kh.transpose();
+        RK.noalias() = Rh * Kh.transpose();
+        rr = Rh.rowwise().squaredNorm();
+        kk = Kh.rowwise().squaredNorm();
+        lq.noalias() = Qh * wq.transpose();
+        lk.noalias() = Kh * wk.transpose();
+      }
+      std::fill(col.begin(), col.end(), S(0));
+      S s0 = 0, s1 = 0, sc = 0;
+      for (Index i = 0; i < Tq; ++i) {
+        const Index nk = causal ? std::min(Tk, i + 1) : Tk;  // causal: invisible cells are no part of the gate
+        const std::size_t row = static_cast<std::size_t>(((b * H + h) * Tq + i) * Tk);
+        const S* l = maps ? c.logit.data() + row : lrow.data();
+        const S* n0 = maps ? c.e0n.data() + row : n0row.data();
+        const S* n1 = maps ? c.e1n.data() + row : n1row.data();
+        if (!maps) {  // the row's E~ and logit from the products and the row statistics
+          const std::size_t rs = static_cast<std::size_t>((b * H + h) * Tq + i);
+          const S inv0 = S(1) / (c.sigma0[rs] + eps), inv1 = S(1) / (c.sigma1[rs] + eps);
+          for (Index j = 0; j < nk; ++j) {
+            const std::size_t u = static_cast<std::size_t>(j);
+            const bool real = km == nullptr || km[j] != 0;
+            const S e0 = QK(i, j) * inv_sqrt, v = (S(2) * RK(i, j) - rr[i] - kk[j]) * inv_dh;
+            const S e1 = v < S(0) ? v : S(0);
+            n0row[u] = real ? (e0 - c.mu0[rs]) * inv0 : S(0);
+            n1row[u] = real ? (e1 - c.mu1[rs]) * inv1 : S(0);
+            lrow[u] = wg[2 * Dh] * n0row[u] + wg[2 * Dh + 1] * n1row[u] + lq[i] + lk[j] + cg_all[h];
+          }
+        }
+        S rsum = 0;
+        for (Index j = 0; j < nk; ++j) {
+          const S x = S(1) / (S(1) + std::exp(-l[j]));
+          const S slope = (l[j] < -clip || l[j] > clip || x > amax) ? S(0) : x * (S(1) - x);
+          const S dl = gp[row + j] * slope;
+          rsum += dl;
+          col[static_cast<std::size_t>(j)] += dl;
+          s0 += dl * n0[j];
+          s1 += dl * n1[j];
+        }
+        sc += rsum;
+        for (Index d = 0; d < Dh; ++d) gw[h * G + d] += rsum * c.Q(b * Tq + i, h * Dh + d);  // w_q
+      }
+      for (Index j = 0; j < Tk; ++j)  // w_k: sum_j (sum_i dl_ij) K_j
+        for (Index d = 0; d < Dh; ++d)
+          gw[h * G + Dh + d] += col[static_cast<std::size_t>(j)] * c.K(b * Tk + j, h * Dh + d);
+      gw[h * G + 2 * Dh] += s0;      // w_E0: sum dl E0~
+      gw[h * G + 2 * Dh + 1] += s1;  // w_E1: sum dl E1~
+      gc[h] += sc;                   // c_gate: sum dl
+    }
+  }, double(B) * double(Tq) * double(Tk) * double(Dh) > dea::kParallelMinFlops);
+}
+
 template <class S>
 void bind_dea(py::module_& m, const char* name) {
   using W = DeaLayer<S>;
@@ -371,6 +468,10 @@ void bind_dea(py::module_& m, const char* name) {
            },
            py::arg("scale") = 1.0, py::kw_only(), py::arg("cache") = py::none(),
            "Gate-loss backward: adds scale * d loss_gate / d(W_gate, c_gate) into their gradients only")
+      .def("backward_alpha_hat", &dea_backward_alpha_hat<S>, py::arg("g_alpha_hat"), py::kw_only(),
+           py::arg("cache") = py::none(),
+           "Backward of a loss reading alpha_hat: adds g_alpha_hat [B, H, T, T] chained through the gate into the "
+           "gradients of W_gate / c_gate only")
       .def("zero_grad", [](W& w) { w.layer->zero_grad(); })
       .def("parameters", [](py::object self) { return param_views(self.cast<W&>().layer->parameters(), self, false); },
            "name -> writable view of the parameter (the layer's own storage)")

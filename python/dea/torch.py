@@ -3,9 +3,9 @@
 ``DualExpertAttention(d_model, n_heads, ...)`` takes the reference layer's constructor options and forward
 arguments, has its state_dict names (W_q.weight, W_q.bias, ..., W_o.weight, W_o.bias, W_rel, W_gate, c_gate) and
 returns its dictionary (output, alpha_hat, alpha_oracle, loss_gate, stats). The gradients follow the reference's
-graph: ``output`` depends on x and every parameter but W_gate / c_gate; ``loss_gate`` only on W_gate and c_gate.
-So backpropagating the task loss leaves W_gate.grad and c_gate.grad untouched, and backpropagating loss_gate alone
-leaves every other gradient untouched.
+graph: ``output`` depends on x and every parameter but W_gate / c_gate; ``loss_gate`` and ``alpha_hat`` only on
+W_gate and c_gate. So backpropagating the task loss leaves W_gate.grad and c_gate.grad untouched, and
+backpropagating loss_gate (or a loss read from alpha_hat) alone leaves every other gradient untouched.
 
 Only torch's Python API is used (tensors cross as numpy arrays without copies), so this works with any torch that
 has ``torch.from_numpy``; the C++ module is built without libtorch. CPU tensors, float32 or float64.
@@ -49,8 +49,9 @@ class DualExpertAttentionFunction(_torch.autograd.Function):
     a dea DualExpertAttention of x's dtype whose parameters hold the values of `params` (its parameter order, the gate
     parameters last, `n_gate` of them); `info` is a dict that receives alpha_oracle and stats, and may hold "lease", a
     _CacheLease of the cache to use (else the node makes a cache of its own). Returns output,
-    alpha_hat (no gradient) and loss_gate. Backward: the output's gradient reaches x and the main parameters (the
-    library's task backward); loss_gate's gradient reaches only the gate parameters (its gate backward)."""
+    alpha_hat and loss_gate. Backward: the output's gradient reaches x and the main parameters (the library's task
+    backward); loss_gate's and alpha_hat's gradients reach only the gate parameters (the gate backward, and the
+    gate's chain rule from d/d alpha_hat: the gate reads q, k and the normalised experts as constants)."""
 
     @staticmethod
     def forward(ctx, layer, info, x, key_mask, alpha_oracle, target_idx, gamma_mix, training, seed, n_gate, *params):
@@ -66,7 +67,6 @@ class DualExpertAttentionFunction(_torch.autograd.Function):
         info["stats"] = r["stats"]
         out = _torch.from_numpy(r["output"])
         alpha_hat = _torch.from_numpy(r["alpha_hat"])
-        ctx.mark_non_differentiable(alpha_hat)
         return out, alpha_hat, _torch.tensor(r["loss_gate"], dtype=x.dtype)
 
     @staticmethod
@@ -79,9 +79,13 @@ class DualExpertAttentionFunction(_torch.autograd.Function):
             dx = _torch.from_numpy(layer.backward(g_out.contiguous().numpy(), cache=cache))
             g = layer.gradients()
             grads[:n_main] = [_torch.from_numpy(g[n].copy()) for n in names[:n_main]]
-        if g_loss is not None and any(ctx.needs_input_grad[10 + n_main:]):
+        g_alpha = g_alpha_hat if g_alpha_hat is not None and bool(g_alpha_hat.any()) else None
+        if (g_loss is not None or g_alpha is not None) and any(ctx.needs_input_grad[10 + n_main:]):
             layer.zero_grad()
-            layer.backward_gate(float(g_loss), cache=cache)
+            if g_loss is not None:
+                layer.backward_gate(float(g_loss), cache=cache)
+            if g_alpha is not None:  # alpha_hat's graph: the gate's parameters only (it reads q, k, E~ as constants)
+                layer.backward_alpha_hat(g_alpha.contiguous().numpy(), cache=cache)
             g = layer.gradients()
             grads[n_main:] = [_torch.from_numpy(g[n].copy()) for n in names[n_main:]]
         layer.zero_grad()

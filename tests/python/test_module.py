@@ -207,6 +207,21 @@ def test_isolation_and_accumulation():
     layer.backward_gate()
     assert all(not g[k].any() for k in groups if groups[k] == "main"), "the gate backward wrote a main gradient"
     assert all(g[k].any() for k in groups if groups[k] == "gate")
+    layer.zero_grad()
+    dah = RNG.standard_normal((B, H, T, T))
+    layer.backward_alpha_hat(dah)  # a loss read from alpha_hat: the gate only
+    assert all(not g[k].any() for k in groups if groups[k] == "main"), "alpha_hat's backward wrote a main gradient"
+    assert all(g[k].any() for k in groups if groups[k] == "gate")
+    raises(ValueError, ["g_alpha_hat:"], layer.backward_alpha_hat, np.zeros((B, H, T, T + 1)))
+    want = {k: v.copy() for k, v in g.items()}
+    tiled = dea_layer(kernel="tiled")  # no maps: the gate's inputs recomputed, the same gradients
+    tiled.forward(x, km, a, gamma_mix=0.5)
+    tiled.zero_grad()
+    tiled.backward_alpha_hat(dah)
+    assert all(np.allclose(tiled.gradients()[k], want[k], rtol=1e-12, atol=1e-14) for k in want)
+    rope = dea_layer(kernel="tiled", rope_theta=10000.0)
+    rope.forward(x, km, a, gamma_mix=0.5)
+    raises(RuntimeError, ["alpha_hat", "RoPE", "kernel='reference'"], rope.backward_alpha_hat, dah)
     rep = layer.verify_gradient_isolation(x, km, a)
     assert rep["ok"] and rep["task_gate_grad"] == 0 and rep["gate_main_grad"] == 0, rep
 

@@ -107,6 +107,29 @@ def test_gradcheck_gate_loss():
     assert worst <= 1e-6
 
 
+def test_gradcheck_alpha_hat():
+    """A loss read from alpha_hat (a random projection) against W_gate and c_gate, with and without an oracle. The
+    reference's gate reads q, k and the normalised experts detached, so these two are all alpha_hat's graph reaches
+    (x is left out: finite differences in x would see the detached path). The inputs keep every logit inside the
+    +-10 clip and every alpha_hat below the 0.95 cap, away from the kinks, which the test checks."""
+    m = module()
+    x, a, km = inputs()
+    R = torch.randn(B, H, T, T, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    ps = params(m, GATE)
+    for oracle in (a, None):
+        def f(*ps):
+            return (m(x, km, oracle, gamma_mix=0.3)["alpha_hat"] * R).sum()
+
+        ah = m(x, km, oracle, gamma_mix=0.3)["alpha_hat"].detach()
+        assert 1e-3 < float(ah.min()) and float(ah.max()) < 0.94, "inputs near a kink"
+        assert m(x, km, oracle)["alpha_hat"].requires_grad
+        assert torch.autograd.gradcheck(f, ps, eps=1e-6, atol=1e-8, rtol=1e-6)
+        worst = fd_worst(lambda: f(*ps), ps)
+        print("  <alpha_hat, R> (%s oracle): max relative error %.2e over W_gate, c_gate"
+              % ("with" if oracle is not None else "no", worst))
+        assert worst <= 1e-6
+
+
 # ---- against the reference layer's PyTorch code
 
 
@@ -127,17 +150,19 @@ def reference_from(m):
                  "W_gate": ref.w_gate, "c_gate": ref.c_gate}
 
 
-def compare_with_reference(dtype, rtol, atol, gamma=0.5, with_oracle=True):
+def compare_with_reference(dtype, rtol, atol, gamma=0.5, with_oracle=True, with_alpha_hat=False):
+    """Forward and every gradient of task + gate loss (+ <alpha_hat, R2> with_alpha_hat) against the reference."""
     m = module(dtype)
     ref, ref_params = reference_from(m)
     x, a, km = inputs(dtype, b=3, t=7, seed=9)
     a = a if with_oracle else None
     R = torch.randn(x.shape, dtype=dtype, generator=torch.Generator().manual_seed(4))
+    R2 = torch.randn(3, H, 7, 7, dtype=dtype, generator=torch.Generator().manual_seed(8)) if with_alpha_hat else None
     x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     r = m(x1, km, a, gamma_mix=gamma)
     out, ahat, lg = ref(x2, key_mask=km, oracle=a, gamma=gamma)
-    ((r["output"] * R).sum() + r["loss_gate"]).backward()
-    ((out * R).sum() + lg).backward()
+    ((r["output"] * R).sum() + r["loss_gate"] + ((r["alpha_hat"] * R2).sum() if with_alpha_hat else 0)).backward()
+    ((out * R).sum() + lg + ((ahat * R2).sum() if with_alpha_hat else 0)).backward()
     worst = {}
 
     def close(name, got, want):
@@ -150,7 +175,7 @@ def compare_with_reference(dtype, rtol, atol, gamma=0.5, with_oracle=True):
     close("grad x", x1.grad, x2.grad)
     for name, p in m.named_parameters():
         if p.grad is None:  # no oracle: the gate gets no gradient at all (the reference's: exactly zero)
-            assert not with_oracle and name in GATE and not ref_params[name].grad.any(), name
+            assert not with_oracle and not with_alpha_hat and name in GATE and not ref_params[name].grad.any(), name
             continue
         close("grad " + name, p.grad, ref_params[name].grad)
     if with_oracle:
@@ -161,18 +186,43 @@ def compare_with_reference(dtype, rtol, atol, gamma=0.5, with_oracle=True):
         assert set(r["stats"]) == {"loss_reg", "loss_spot", "loss_decision", "decision_side_acc", "n_decision_pairs"}
     else:
         assert r["alpha_oracle"] is None and r["stats"] == {}
-    print("  %s, %s: max |difference| %.1e (%s), every gradient compared" % (
-        dtype, "gamma_mix %g" % gamma if with_oracle else "no oracle", max(worst.values()), max(worst, key=worst.get)))
+    print("  %s, %s%s: max |difference| %.1e (%s), every gradient compared" % (
+        dtype, "gamma_mix %g" % gamma if with_oracle else "no oracle", " + <alpha_hat, R>" if with_alpha_hat else "",
+        max(worst.values()), max(worst, key=worst.get)))
 
 
 def test_assert_close_with_the_reference_layer_double():
     compare_with_reference(torch.float64, rtol=1e-10, atol=1e-12)
     compare_with_reference(torch.float64, rtol=1e-10, atol=1e-12, with_oracle=False)
     compare_with_reference(torch.float64, rtol=1e-10, atol=1e-12, gamma=0.0)
+    compare_with_reference(torch.float64, rtol=1e-10, atol=1e-12, with_alpha_hat=True)
+    compare_with_reference(torch.float64, rtol=1e-10, atol=1e-12, with_oracle=False, with_alpha_hat=True)
+
+
+def test_alpha_hat_gradient_at_the_cap_and_the_clip():
+    """Across the kinks: head 0's c_gate puts part of its alpha_hat on the 0.95 cap, head 1's part of its logits below
+    the -10 clip; those cells pass no gradient, the others do, as in the reference's graph."""
+    m = module()
+    with torch.no_grad():
+        m.c_gate.copy_(torch.tensor([3.0, -10.0], dtype=torch.float64))
+    ref, ref_params = reference_from(m)
+    x, a, km = inputs(b=3, t=7, seed=9)
+    R = torch.randn(3, H, 7, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    r = m(x, km, a, gamma_mix=0.5)
+    _, ahat, _ = ref(x, key_mask=km, oracle=a, gamma=0.5)
+    capped, clipped = int((ahat[:, 0] >= 0.95).sum()), int((ahat[:, 1] <= torch.sigmoid(torch.tensor(-10.0))).sum())
+    assert capped > 0 and clipped > 0 and (ahat[:, 0] < 0.95).any() and (ahat[:, 1] > 1e-4).any()
+    (r["alpha_hat"] * R).sum().backward()
+    (ahat * R).sum().backward()
+    for n in GATE:
+        torch.testing.assert_close(dict(m.named_parameters())[n].grad, ref_params[n].grad, rtol=1e-10, atol=1e-12)
+    print("  %d capped and %d clipped cells of %d: the gate's gradients agree with the reference" % (
+        capped, clipped, ahat.numel()))
 
 
 def test_assert_close_with_the_reference_layer_float():
     compare_with_reference(torch.float32, rtol=1e-4, atol=1e-5)
+    compare_with_reference(torch.float32, rtol=1e-4, atol=1e-5, with_alpha_hat=True)
 
 
 def test_golden_cases_through_load_state_dict():
@@ -248,7 +298,35 @@ def test_gradient_isolation():
     ((r["output"] ** 2).mean() + r["loss_gate"]).backward()
     both = dict(task, **gate)
     assert all(torch.equal(p.grad, both[n]) for n, p in m.named_parameters())
-    assert not r["alpha_hat"].requires_grad
+    # a loss read from alpha_hat alone: the gate's parameters only, as the reference's graph (q, k, E~ detached)
+    m.zero_grad(set_to_none=True)
+    x.grad = None
+    r = m(x, km, a, gamma_mix=0.5)
+    assert r["alpha_hat"].requires_grad
+    (r["alpha_hat"] ** 2).sum().backward()
+    g = {n: p.grad for n, p in m.named_parameters()}
+    assert all(g[n] is None for n in MAIN) and x.grad is None, "alpha_hat wrote a main gradient"
+    assert all(g[n] is not None and g[n].any() for n in GATE)
+
+
+def test_alpha_hat_gradient_with_the_tiled_kernel():
+    """The tiled kernel keeps no [B, H, T, T] map: alpha_hat's backward recomputes the gate's inputs from the row
+    statistics, and gives the reference kernel's gradients (task + gate + <alpha_hat, R>, across the kinks too)."""
+    x, a, km = inputs(b=3, t=7, seed=2)
+    R = torch.randn(3, H, 7, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    for c_gate in (None, (3.0, -10.0)):
+        got = {}
+        for kernel in ("reference", "tiled"):
+            m = module(kernel=kernel)
+            if c_gate is not None:
+                with torch.no_grad():
+                    m.c_gate.copy_(torch.tensor(c_gate, dtype=torch.float64))
+            xr = x.clone().requires_grad_(True)
+            r = m(xr, km, a, gamma_mix=0.5)
+            ((r["output"] * 0.3).sum() + r["loss_gate"] + (r["alpha_hat"] * R).sum()).backward()
+            got[kernel] = [r["alpha_hat"], xr.grad] + [p.grad for p in m.parameters()]
+        for p, q in zip(got["reference"], got["tiled"]):
+            torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-13)
 
 
 def test_same_bits_on_one_and_two_threads():
@@ -267,6 +345,26 @@ def test_same_bits_on_one_and_two_threads():
         for dtype in (torch.float32, torch.float64):
             one, two = run(1, dtype), run(2, dtype)
             assert all(torch.equal(p, q) for p, q in zip(one, two)), dtype
+    finally:
+        dea.set_num_threads(saved)
+
+
+def test_alpha_hat_gradient_same_bits_on_one_and_two_threads():
+    """alpha_hat's backward runs one head per thread: the same bits for 1 and 2 threads, with either kernel."""
+    def run(threads, kernel):
+        dea.set_num_threads(threads)
+        m = dea.torch.DualExpertAttention(64, 4, dropout=0.0, dtype=torch.float64, seed=3, kernel=kernel)
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(4, 64, 64, dtype=torch.float64, generator=g)
+        R = torch.randn(4, 4, 64, 64, dtype=torch.float64, generator=g)
+        (m(x)["alpha_hat"] * R).sum().backward()
+        return [m.W_gate.grad, m.c_gate.grad]
+
+    saved = dea.num_threads()
+    try:
+        for kernel in ("reference", "tiled"):
+            one, two = run(1, kernel), run(2, kernel)
+            assert one[0].any() and all(torch.equal(p, q) for p, q in zip(one, two)), kernel
     finally:
         dea.set_num_threads(saved)
 
