@@ -247,11 +247,16 @@ public:
   /// not run packed (few rows outside batch-invariant products, bf16 products) reads a weight unpacked from them;
   /// parameters() is refused from then on. Without it, both copies are kept and parameters() drops the packed one.
   void pack_weights(bool release_float = false) {
-    if (released_) return;  // packed already, and the float values are gone
+    if (released_ || !ops::packed::supported<S>()) return;  // packed already with the float values gone; no packed product
     auto packs = std::make_shared<Packs>();
-    auto pack = [](const Param<S>& w) { return PackedWeight<S>(w.value.data(), w.shape[0], w.shape[1]); };
+    // each weight freed as soon as it is packed: the model never holds much more than one copy of its weights
+    auto pack = [&](Param<S>& w) {
+      PackedWeight<S> pw(w.value.data(), w.shape[0], w.shape[1]);
+      if (release_float) release(w);
+      return pw;
+    };
     if (cfg_.embed_size() != cfg_.hidden_size) packs->proj = pack(proj_);
-    for (const Layer& L : layers_) {
+    for (Layer& L : layers_) {
       LayerPacks lp;
       lp.q = pack(L.q_w);
       lp.k = pack(L.k_w);
@@ -263,13 +268,8 @@ public:
       lp.o = pack(L.o_w);
       packs->layers.push_back(std::move(lp));
     }
-    if (packs->layers.empty() || packs->layers.front().q.empty()) return;  // no packed product on this compiler
     packed_ = std::move(packs);
-    if (!release_float) return;
-    if (cfg_.embed_size() != cfg_.hidden_size) release(proj_);
-    for (Layer& L : layers_)
-      for (Param<S>* p : {&L.q_w, &L.k_w, &L.v_w, &L.pk_w, &L.pq_w, &L.ao_w, &L.i_w, &L.o_w}) release(*p);
-    released_ = true;
+    released_ = release_float;
   }
   /// True while the projection weights are packed (pack_weights, until parameters()).
   bool weights_packed() const { return packed_ != nullptr; }
