@@ -247,7 +247,8 @@ public:
   /// not run packed (few rows outside batch-invariant products, bf16 products) reads a weight unpacked from them;
   /// parameters() is refused from then on. Without it, both copies are kept and parameters() drops the packed one.
   void pack_weights(bool release_float = false) {
-    if (released_ || !ops::packed::supported<S>()) return;  // packed already with the float values gone; no packed product
+    // packed already, the float values gone; or no packed product on this compiler
+    if (released_ || !ops::packed::supported<S>()) return;
     auto packs = std::make_shared<Packs>();
     // each weight freed as soon as it is packed: the model never holds much more than one copy of its weights
     auto pack = [&](Param<S>& w) {
