@@ -326,7 +326,8 @@ private:
 
   /// One layer: x [N, H] -> y [N, H]. `rt` is the window of the (normed) relative table that the sequence's
   /// distances reach, `rows` [2T - 1] the window row of each distance delta (at delta + T - 1).
-  void layer_forward(const Layer& L, const LayerPacks* P, const Mat<S>& x, const Mat<S>& rt, const std::vector<Index>& rows,
+  void layer_forward(const Layer& L, const LayerPacks* P, const Mat<S>& x, const Mat<S>& rt,
+                     const std::vector<Index>& rows,
                      const std::vector<char>& real, Index B, Index T, Work& w, Mat<S>& y) const;
 
   DebertaConfig cfg_;
@@ -409,7 +410,8 @@ DebertaOutput<S> DebertaV2Model<S>::forward(const DebertaBatch& batch, bool keep
   Work work;
   const std::shared_ptr<const Packs> packs = packed_;
   for (std::size_t l = 0; l < layers_.size(); ++l) {
-    layer_forward(layers_[l], packs ? &packs->layers[l] : nullptr, x, rt, rows, real, B, T, work, y);                            // x_{l+1} = Layer_l(x_l)
+    // x_{l+1} = Layer_l(x_l)
+    layer_forward(layers_[l], packs ? &packs->layers[l] : nullptr, x, rt, rows, real, B, T, work, y);
     std::swap(x, y);
     if (keep_hidden_states) out.hidden_states.push_back(x);
   }
@@ -418,7 +420,8 @@ DebertaOutput<S> DebertaV2Model<S>::forward(const DebertaBatch& batch, bool keep
 }
 
 template <class S>
-void DebertaV2Model<S>::layer_forward(const Layer& L, const LayerPacks* P, const Mat<S>& x, const Mat<S>& rt, const std::vector<Index>& rows,
+void DebertaV2Model<S>::layer_forward(const Layer& L, const LayerPacks* P, const Mat<S>& x, const Mat<S>& rt,
+                                      const std::vector<Index>& rows,
                                       const std::vector<char>& real, Index B, Index T, Work& w,
                                       Mat<S>& y) const {
   const Index H = cfg_.hidden_size, A = cfg_.num_attention_heads, d = cfg_.head_dim(), N = B * T;

@@ -127,7 +127,7 @@ public:
     const PackedWeight<S> none;
     linear_packed<S>(first, pool_w_, head ? head->pool : none, pool_b_.value.data(), t);  // . W_p^T + b_p
     detail::activation_forward<S>(config().pooler_hidden_act, t, pooled);          // pooled = act(.)
-    linear_packed<S>(pooled, cls_w_, head ? head->cls : none, cls_b_.value.data(), out.logits);  // logits = . W_c^T + b_c
+    linear_packed<S>(pooled, cls_w_, head ? head->cls : none, cls_b_.value.data(), out.logits);  // pooled W_c^T + b_c
     return out;
   }
 
