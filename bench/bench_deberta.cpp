@@ -1,7 +1,7 @@
 // bench_deberta: throughput of the DeBERTa-v3 NLI cross-encoder's forward (deberta/seq_cls.hpp, sequence_logits) in
 // pairs per second, printed as one JSON line per thread count.
 //
-//   bench_deberta [--threads 1,2] [--pairs 16] [--warmup 2] [--tokens 64] [--seed 42] [--layers 12]
+//   bench_deberta [--threads 1,2] [--pairs 16] [--warmup 2] [--tokens 64] [--seed 42] [--layers 12] [--pack 1]
 //
 // A DebertaV2ForSequenceClassification of DeBERTa-v3-base's size with random weights (N(0, 0.02), LayerNorms 1 / 0):
 // 12 layers of 768, 12 heads, 3072, vocabulary 128,100, 256 position buckets over 512, shared keys, c2p and p2c, a
@@ -13,7 +13,10 @@
 // matrix products per pair (the projections, the feed-forward, Q K^T, P V, the c2p and p2c products over the window
 // of the relative table, the position projections, the pooler and classifier), their GFLOP/s, the FP32 FMA peak of
 // the machine on as many threads (bench/peak.hpp) and the fraction of it, the parameter memory, the peak RSS and the
-// load average. Progress goes to stderr.
+// load average. With --pack 1 (the default, as the oracle runs it) the projection weights are packed once for the
+// products and their float values freed (pack_weights(true)); with --pack 0 every product packs its weight again
+// (the same logits, bit for bit: "check"). "weights_mb" is what the model holds then, "packed_mb" its packed part.
+// Progress goes to stderr.
 #include <dea/cli/flags.hpp>
 #include <dea/core/parallel.hpp>
 #include <dea/core/rng.hpp>
@@ -84,7 +87,7 @@ double forward_flops(const deberta::DebertaConfig& c, Index T, Index pairs) {
 
 int main(int argc, char** argv) {
   std::string threads_text = "1,2";
-  int n_pairs = 16, warmup = 2, tokens = 64, layers = 12;
+  int n_pairs = 16, warmup = 2, tokens = 64, layers = 12, pack = 1;
   std::uint64_t seed = 42;
   cli::FlagSet fs("bench_deberta [flags]",
                   "Pairs per second of a DeBERTa-v3-base-sized NLI cross-encoder (random weights), forward only.");
@@ -93,6 +96,7 @@ int main(int argc, char** argv) {
   fs.integer("warmup", warmup, 1, 100000, "pairs of the warm-up round");
   fs.integer("tokens", tokens, 5, 512, "tokens of each [CLS] q [SEP] k [SEP]");
   fs.integer("layers", layers, 1, 48, "encoder layers (12: v3-base)");
+  fs.integer("pack", pack, 0, 1, "1: projection weights packed once (float values freed); 0: packed by every product");
   fs.integer("seed", seed, 0, cli::kNoMax, "seed of the random weights and ids");
   std::vector<std::int64_t> threads;
   try {
@@ -118,6 +122,7 @@ int main(int argc, char** argv) {
     if (ln) continue;  // LayerNorms stay 1 / 0
     for (Index k = 0; k < p->numel(); ++k) p->value[k] = static_cast<float>(rng.normal() * 0.02);
   }
+  if (pack) model.pack_weights(true);
   auto make_pairs = [&](int n) {
     std::vector<std::vector<std::int64_t>> ids(static_cast<std::size_t>(n));
     const int na = (tokens - 3) / 2;
@@ -171,6 +176,9 @@ int main(int argc, char** argv) {
     j["peak_isa"] = peak.isa;
     j["fraction_of_peak"] = peak.available ? flops / med * 1e-9 / peak.gflops : 0.0;
     j["params_mb"] = n_params * 4 / (1024.0 * 1024.0);
+    j["packed_weights"] = pack != 0;
+    j["weights_mb"] = double(model.weight_bytes()) / (1024.0 * 1024.0);
+    j["packed_mb"] = double(model.packed_bytes()) / (1024.0 * 1024.0);
     j["peak_rss_mb"] = bench_util::peak_rss_mb();
     j["load_before"] = load0;
     j["load_after"] = bench_util::load1();

@@ -552,4 +552,159 @@ TEST_CASE("bad input: DebertaV2Model::forward refuses bad batches by name", "[de
   CHECK_THROWS_WITH(model.forward(b), Contains("token_type_ids: expected shape [1, 4]"));
 }
 
+// ------------------------------------------------------------------------------------------------ packed weights
+
+/// A small DeBERTa cross-encoder with random weights whose products cover the packed product's corners: E 48 with
+/// its projection, H 80 (a last panel of 16 columns), I 528 (two blocks of k in the output dense, a partial panel),
+/// separate position projections (or shared keys), 3 labels.
+template <class S>
+deberta::DebertaV2ForSequenceClassification<S> packing_model(bool share_att_key, std::uint64_t seed) {
+  deberta::DebertaConfig cfg;
+  cfg.vocab_size = 60;
+  cfg.hidden_size = 80;
+  cfg.embedding_size = 48;
+  cfg.num_hidden_layers = 2;
+  cfg.num_attention_heads = 5;
+  cfg.intermediate_size = 528;
+  cfg.max_position_embeddings = 64;
+  cfg.relative_attention = true;
+  cfg.max_relative_positions = 32;
+  cfg.position_buckets = 8;
+  cfg.c2p = cfg.p2c = true;
+  cfg.share_att_key = share_att_key;
+  cfg.norm_rel_ebd = true;
+  cfg.position_biased_input = false;
+  cfg.type_vocab_size = 0;
+  cfg.id2label = {"entailment", "neutral", "contradiction"};
+  deberta::DebertaV2ForSequenceClassification<S> m(cfg);
+  Rng rng(seed);
+  for (Param<S>* p : m.parameters())
+    for (Index k = 0; k < p->numel(); ++k) p->value[k] += static_cast<S>(rng.normal() * 0.1);
+  return m;
+}
+
+deberta::DebertaBatch packing_batch(Index B, Index T, std::uint64_t seed) {
+  Rng rng(seed);
+  deberta::DebertaBatch b;
+  b.input_ids = Tensor<std::int64_t>({B, T});
+  b.attention_mask = Tensor<std::uint8_t>({B, T});
+  for (Index n = 0; n < B * T; ++n) {
+    b.input_ids.ptr()[n] = static_cast<std::int64_t>(rng.next_u64() % 60);
+    b.attention_mask.ptr()[n] = (n % T) < T - (n / T) ? 1 : 0;  // sequence b has b padded positions
+  }
+  return b;
+}
+
+/// The logits and every hidden state of both models, bit for bit.
+template <class S>
+void require_same_forward(const deberta::DebertaV2ForSequenceClassification<S>& a,
+                          const deberta::DebertaV2ForSequenceClassification<S>& b, const deberta::DebertaBatch& batch) {
+  const auto x = a.forward(batch, true), y = b.forward(batch, true);
+  REQUIRE(x.logits.cwiseAbs().maxCoeff() > 0);
+  CHECK(x.logits == y.logits);
+  REQUIRE(x.deberta.hidden_states.size() == y.deberta.hidden_states.size());
+  for (std::size_t l = 0; l < x.deberta.hidden_states.size(); ++l) {
+    INFO("hidden state " << l);
+    CHECK(x.deberta.hidden_states[l] == y.deberta.hidden_states[l]);
+  }
+}
+
+template <class S>
+void check_packed_forward(bool share_att_key, bool release) {
+  INFO((share_att_key ? "shared keys" : "separate position projections") << (release ? ", float values freed" : ""));
+  const auto ref = packing_model<S>(share_att_key, 11);
+  auto packed = ref;  // the same weights
+  packed.pack_weights(release);
+  REQUIRE(packed.weights_packed());
+  CHECK(packed.float_weights_released() == release);
+  // the projection weights once each (the widths here round up to whole panels of the kernel, at most)
+  CHECK(packed.packed_bytes() >= sizeof(S) * std::size_t(2 * (4 * 80 * 80 + 2 * 80 * 528) + 48 * 80 + 80 * 80 + 3 * 80));
+  for (int threads : {1, 2}) {
+    set_num_threads(threads);
+    INFO(threads << " threads");
+    require_same_forward(ref, packed, packing_batch(4, 24, 3));  // 96 rows: the packed products
+    require_same_forward(ref, packed, packing_batch(1, 10, 4));  // 10 rows: Eigen's products on the float weights
+    const ScopedBatchInvariantProducts invariant;                 // every product packed, even one row (the pooler)
+    require_same_forward(ref, packed, packing_batch(3, 9, 5));
+  }
+  set_num_threads(1);
+  {  // bf16 products read the float weights (or the unpacked copies): the same bits as the float model's
+    const ScopedPrecision bf16(Precision::bf16);
+    if (std::is_same<S, float>::value) require_same_forward(ref, packed, packing_batch(4, 24, 6));
+  }
+}
+
+TEST_CASE("pack_weights: the packed-once forward gives the bits of the forward that packs at every product",
+          "[deberta][packed]") {
+  for (bool share : {true, false})
+    for (bool release : {false, true}) {
+      check_packed_forward<float>(share, release);
+      check_packed_forward<double>(share, release);
+    }
+}
+
+TEST_CASE("linear_packed: the bits of ops::linear_forward; a packed weight unpacks to its values", "[deberta][packed]") {
+  Rng rng(5);
+  for (Index out : {3, 33, 80}) {
+    const Index in = 530, rows = 70;
+    Param<float> w;
+    w.name = "w";
+    w.shape = {out, in};
+    w.value = Vec<float>(out * in);
+    for (Index k = 0; k < w.value.size(); ++k) w.value[k] = static_cast<float>(rng.normal());
+    Vec<float> b(out);
+    for (Index k = 0; k < out; ++k) b[k] = static_cast<float>(rng.normal());
+    Mat<float> x(rows, in);
+    for (Index k = 0; k < x.size(); ++k) x.data()[k] = static_cast<float>(rng.normal());
+    const deberta::PackedWeight<float> pw(w.value.data(), out, in);
+    if (pw.empty()) continue;  // no packed product on this compiler
+    CHECK(pw.unpacked() == w.mat());
+    Mat<float> want, got;
+    ops::linear_forward<float>(x, w.mat(), b.data(), want);
+    deberta::linear_packed<float>(x, w, pw, b.data(), got);
+    CHECK(got == want);
+    Param<float> freed = w;
+    freed.value = Vec<float>();
+    deberta::linear_packed<float>(x.topRows(5), freed, pw, nullptr, got);  // 5 rows: Eigen on the unpacked weight
+    ops::linear_forward<float>(x.topRows(5), w.mat(), nullptr, want);
+    CHECK(got == want);
+  }
+}
+
+TEST_CASE("pack_weights: parameters() drops the packed copies (a changed weight is used), or is refused once the "
+          "float values are freed",
+          "[deberta][packed]") {
+  auto ref = packing_model<float>(false, 12);
+  auto packed = ref;
+  packed.pack_weights();
+  const deberta::DebertaBatch batch = packing_batch(4, 24, 7);
+  const Mat<float> before = packed.forward(batch).logits;
+  auto change = [](deberta::DebertaV2ForSequenceClassification<float>& m) {
+    for (Param<float>* p : m.parameters())
+      if (p->name == "deberta.encoder.layer.1.intermediate.dense.weight" ||
+          p->name == "deberta.encoder.layer.0.attention.self.pos_key_proj.weight" || p->name == "pooler.dense.weight")
+        p->value *= 1.5f;
+  };
+  change(packed);
+  CHECK(!packed.weights_packed());
+  change(ref);
+  CHECK(packed.forward(batch).logits != before);  // the changed weights are used
+  require_same_forward(ref, packed, batch);
+  packed.pack_weights();  // packed anew from the changed weights
+  CHECK(packed.weights_packed());
+  require_same_forward(ref, packed, batch);
+
+  auto freed = ref;
+  const std::size_t bytes = freed.weight_bytes();
+  freed.pack_weights(true);
+  CHECK(freed.float_weights_released());
+  // the packed copies replace the float values (each [out, in] weight packed with out rounded up to whole panels)
+  const std::size_t released = sizeof(float) * std::size_t(80 * 48 + 2 * (6 * 80 * 80 + 2 * 80 * 528) + 80 * 80 + 3 * 80);
+  CHECK(freed.weight_bytes() == bytes - released + freed.packed_bytes());
+  CHECK(freed.packed_bytes() >= released);
+  CHECK_THROWS_WITH(freed.parameters(), Contains("packed and their float values freed"));
+  freed.pack_weights(true);  // nothing to do
+  require_same_forward(ref, freed, batch);
+}
+
 }  // namespace test_deberta

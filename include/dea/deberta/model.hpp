@@ -29,6 +29,12 @@
 // A model is built with zero weights (LayerNorms 1 / 0) and loaded next (hf_dir.hpp); its parameters carry no
 // gradient storage (forward only).
 //
+// Packed weights: pack_weights() packs the weight of every projection (embed_proj, the attention's, the output
+// dense and the feed-forward's) once for the library's product (packed_weights.hpp), which otherwise packs it again
+// in every forward; the outputs keep their bits. parameters() gives write access, so it drops the packed copies
+// (a later forward packs per product again, pack_weights() packs anew); after pack_weights(true), which frees the
+// float values of the packed weights, it refuses (the weights live in the packed copies alone).
+//
 // Parallel work: the projections are the library's row-blocked products; the attention runs one (b, a) pair per
 // task, each on its own copies of its head slices, so results are bitwise the same for every thread count and a
 // sequence's results do not depend on the other sequences of its batch.
@@ -43,12 +49,14 @@
 #include "../ops/layer_norm.hpp"
 #include "../ops/linear.hpp"
 #include "config.hpp"
+#include "packed_weights.hpp"
 #include "relative.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -210,8 +218,12 @@ public:
   const DebertaConfig& config() const { return cfg_; }
   Index n_layers() const { return static_cast<Index>(layers_.size()); }
 
-  /// Every parameter under its HF name, in state_dict order (deberta_parameter_shapes lists the same).
+  /// Every parameter under its HF name, in state_dict order (deberta_parameter_shapes lists the same). Drops the
+  /// packed weights (the caller may change the values); refused once pack_weights(true) has freed float values.
   ParamList<S> parameters() {
+    check(!released_, "DebertaV2Model::parameters: the projection weights were packed and their float values freed "
+          "(pack_weights(true)): they can no longer be read or changed");
+    packed_.reset();
     ParamList<S> out{&word_};
     if (cfg_.position_biased_input) out.push_back(&pos_);
     if (cfg_.type_vocab_size > 0) out.push_back(&type_);
@@ -230,12 +242,81 @@ public:
     return out;
   }
 
+  /// Packs the weight of every projection once for the forward's products (the same outputs, bit for bit). With
+  /// `release_float`, frees their float values: the packed copies hold the same numbers, and a product that does
+  /// not run packed (few rows outside batch-invariant products, bf16 products) reads a weight unpacked from them;
+  /// parameters() is refused from then on. Without it, both copies are kept and parameters() drops the packed one.
+  void pack_weights(bool release_float = false) {
+    // packed already, the float values gone; or no packed product on this compiler
+    if (released_ || !ops::packed::supported<S>()) return;
+    auto packs = std::make_shared<Packs>();
+    // each weight freed as soon as it is packed: the model never holds much more than one copy of its weights
+    auto pack = [&](Param<S>& w) {
+      PackedWeight<S> pw(w.value.data(), w.shape[0], w.shape[1]);
+      if (release_float) release(w);
+      return pw;
+    };
+    if (cfg_.embed_size() != cfg_.hidden_size) packs->proj = pack(proj_);
+    for (Layer& L : layers_) {
+      LayerPacks lp;
+      lp.q = pack(L.q_w);
+      lp.k = pack(L.k_w);
+      lp.v = pack(L.v_w);
+      if (has_pos_key()) lp.pk = pack(L.pk_w);
+      if (has_pos_query()) lp.pq = pack(L.pq_w);
+      lp.ao = pack(L.ao_w);
+      lp.i = pack(L.i_w);
+      lp.o = pack(L.o_w);
+      packs->layers.push_back(std::move(lp));
+    }
+    packed_ = std::move(packs);
+    released_ = release_float;
+  }
+  /// True while the projection weights are packed (pack_weights, until parameters()).
+  bool weights_packed() const { return packed_ != nullptr; }
+  /// True once pack_weights(true) has freed the float values of the projection weights.
+  bool float_weights_released() const { return released_; }
+  /// Bytes of the packed copies (0 when not packed).
+  std::size_t packed_bytes() const {
+    if (!packed_) return 0;
+    std::size_t n = packed_->proj.bytes();
+    for (const LayerPacks& lp : packed_->layers)
+      for (const PackedWeight<S>* w : {&lp.q, &lp.k, &lp.v, &lp.pk, &lp.pq, &lp.ao, &lp.i, &lp.o}) n += w->bytes();
+    return n;
+  }
+  /// Bytes of the weights as held: the float values (of every parameter) and the packed copies.
+  std::size_t weight_bytes() const {
+    std::size_t n = packed_bytes();
+    for (const Param<S>* p : {&word_, &pos_, &type_, &proj_, &emb_ln_w_, &emb_ln_b_, &rel_, &rel_ln_w_, &rel_ln_b_})
+      n += sizeof(S) * static_cast<std::size_t>(p->value.size());
+    for (const Layer& L : layers_)
+      for (const Param<S>* p : {&L.q_w, &L.q_b, &L.k_w, &L.k_b, &L.v_w, &L.v_b, &L.pk_w, &L.pk_b, &L.pq_w, &L.pq_b,
+                                &L.ao_w, &L.ao_b, &L.ao_ln_w, &L.ao_ln_b, &L.i_w, &L.i_b, &L.o_w, &L.o_b, &L.o_ln_w,
+                                &L.o_ln_b})
+        n += sizeof(S) * static_cast<std::size_t>(p->value.size());
+    return n;
+  }
+
   /// Evaluation-mode forward. With `keep_hidden_states`, the output holds x0 ... x_L.
   DebertaOutput<S> forward(const DebertaBatch& batch, bool keep_hidden_states = false) const;
 
 private:
   bool has_pos_key() const { return cfg_.relative_attention && !cfg_.share_att_key && cfg_.c2p; }
   bool has_pos_query() const { return cfg_.relative_attention && !cfg_.share_att_key && cfg_.p2c; }
+
+  /// The packed weights of one layer (empty members for absent projections), and of the model.
+  struct LayerPacks {
+    PackedWeight<S> q, k, v, pk, pq, ao, i, o;
+  };
+  struct Packs {
+    PackedWeight<S> proj;
+    std::vector<LayerPacks> layers;
+  };
+
+  static void release(Param<S>& p) {
+    p.value = Vec<S>();
+    p.grad = Vec<S>();
+  }
 
   /// The activations of one layer, allocated by the first layer of a forward and reused by the others (fresh
   /// large buffers in every layer cost page faults).
@@ -245,13 +326,16 @@ private:
 
   /// One layer: x [N, H] -> y [N, H]. `rt` is the window of the (normed) relative table that the sequence's
   /// distances reach, `rows` [2T - 1] the window row of each distance delta (at delta + T - 1).
-  void layer_forward(const Layer& L, const Mat<S>& x, const Mat<S>& rt, const std::vector<Index>& rows,
+  void layer_forward(const Layer& L, const LayerPacks* P, const Mat<S>& x, const Mat<S>& rt,
+                     const std::vector<Index>& rows,
                      const std::vector<char>& real, Index B, Index T, Work& w, Mat<S>& y) const;
 
   DebertaConfig cfg_;
   Param<S> word_, pos_, type_, proj_, emb_ln_w_, emb_ln_b_;
   std::vector<Layer> layers_;
   Param<S> rel_, rel_ln_w_, rel_ln_b_;
+  std::shared_ptr<const Packs> packed_;  ///< immutable once built: copies of the model share it
+  bool released_ = false;
 };
 
 // ---- forward, outside the class ----
@@ -294,7 +378,8 @@ DebertaOutput<S> DebertaV2Model<S>::forward(const DebertaBatch& batch, bool keep
   }
   if (E != H) {
     Mat<S> pe;
-    detail::dense<S>(e, proj_, nullptr, pe);                                       // e W_proj^T
+    const PackedWeight<S> none;
+    linear_packed<S>(e, proj_, packed_ ? packed_->proj : none, nullptr, pe);       // e W_proj^T
     e = std::move(pe);
   }
   Mat<S> x;
@@ -323,8 +408,10 @@ DebertaOutput<S> DebertaV2Model<S>::forward(const DebertaBatch& batch, bool keep
   if (keep_hidden_states) out.hidden_states.push_back(x);
   Mat<S> y;
   Work work;
-  for (const Layer& L : layers_) {
-    layer_forward(L, x, rt, rows, real, B, T, work, y);                            // x_{l+1} = Layer_l(x_l)
+  const std::shared_ptr<const Packs> packs = packed_;
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    // x_{l+1} = Layer_l(x_l)
+    layer_forward(layers_[l], packs ? &packs->layers[l] : nullptr, x, rt, rows, real, B, T, work, y);
     std::swap(x, y);
     if (keep_hidden_states) out.hidden_states.push_back(x);
   }
@@ -333,22 +420,31 @@ DebertaOutput<S> DebertaV2Model<S>::forward(const DebertaBatch& batch, bool keep
 }
 
 template <class S>
-void DebertaV2Model<S>::layer_forward(const Layer& L, const Mat<S>& x, const Mat<S>& rt, const std::vector<Index>& rows,
+void DebertaV2Model<S>::layer_forward(const Layer& L, const LayerPacks* P, const Mat<S>& x, const Mat<S>& rt,
+                                      const std::vector<Index>& rows,
                                       const std::vector<char>& real, Index B, Index T, Work& w,
                                       Mat<S>& y) const {
   const Index H = cfg_.hidden_size, A = cfg_.num_attention_heads, d = cfg_.head_dim(), N = B * T;
   const bool rel = cfg_.relative_attention, c2p = rel && cfg_.c2p, p2c = rel && cfg_.p2c;
   Mat<S>&q = w.q, &k = w.k, &v = w.v, &pk = w.pk, &pq = w.pq;
-  detail::dense<S>(x, L.q_w, &L.q_b, q);                                           // Q = x W_q^T + b_q
-  detail::dense<S>(x, L.k_w, &L.k_b, k);                                           // K = x W_k^T + b_k
-  detail::dense<S>(x, L.v_w, &L.v_b, v);                                           // V = x W_v^T + b_v
+  // y = x W^T + b, with W's packed copy when the model has one (the same bits)
+  const PackedWeight<S> none;
+  auto dense = [&](const Mat<S>& in, const Param<S>& wt, const PackedWeight<S> LayerPacks::*pw, const Param<S>& b,
+                   Mat<S>& out) { linear_packed<S>(in, wt, P ? P->*pw : none, b.value.data(), out); };
+  dense(x, L.q_w, &LayerPacks::q, L.q_b, q);                                       // Q = x W_q^T + b_q
+  dense(x, L.k_w, &LayerPacks::k, L.k_b, k);                                       // K = x W_k^T + b_k
+  dense(x, L.v_w, &LayerPacks::v, L.v_b, v);                                       // V = x W_v^T + b_v
   if (c2p) {                                                                       // PK = Rt W_pk^T + b_pk
-    const bool shared = cfg_.share_att_key;
-    detail::dense<S>(rt, shared ? L.k_w : L.pk_w, shared ? &L.k_b : &L.pk_b, pk);
+    if (cfg_.share_att_key)
+      dense(rt, L.k_w, &LayerPacks::k, L.k_b, pk);
+    else
+      dense(rt, L.pk_w, &LayerPacks::pk, L.pk_b, pk);
   }
   if (p2c) {                                                                       // PQ = Rt W_pq^T + b_pq
-    const bool shared = cfg_.share_att_key;
-    detail::dense<S>(rt, shared ? L.q_w : L.pq_w, shared ? &L.q_b : &L.pq_b, pq);
+    if (cfg_.share_att_key)
+      dense(rt, L.q_w, &LayerPacks::q, L.q_b, pq);
+    else
+      dense(rt, L.pq_w, &LayerPacks::pq, L.pq_b, pq);
   }
   // s = sqrt(d f) as a float32 square root of the float32 d f, then in the working precision
   const S s = static_cast<S>(std::sqrt(static_cast<float>(d) * static_cast<float>(cfg_.scale_factor())));
@@ -413,12 +509,12 @@ void DebertaV2Model<S>::layer_forward(const Layer& L, const Mat<S>& x, const Mat
   }, double(B * A) * double(T) * double(T) * double(4 * d + 10) > kParallelMinFlops);
 
   Mat<S>&t = w.t, &h1 = w.h1, &a = w.a, &g = w.g;
-  detail::dense<S>(ctx, L.ao_w, &L.ao_b, t);                                       // C W_o^T + b_o
+  dense(ctx, L.ao_w, &LayerPacks::ao, L.ao_b, t);                                  // C W_o^T + b_o
   t += x;                                                                          //   + x
   detail::layer_norm<S>(t, L.ao_ln_w, L.ao_ln_b, cfg_.layer_norm_eps, h1);         // h1 = LN_1(.)
-  detail::dense<S>(h1, L.i_w, &L.i_b, a);                                          // a = h1 W_i^T + b_i
+  dense(h1, L.i_w, &LayerPacks::i, L.i_b, a);                                      // a = h1 W_i^T + b_i
   detail::activation_forward<S>(cfg_.hidden_act, a, g);                            // g = act(a)
-  detail::dense<S>(g, L.o_w, &L.o_b, t);                                           // g W_2^T + b_2
+  dense(g, L.o_w, &LayerPacks::o, L.o_b, t);                                       // g W_2^T + b_2
   t += h1;                                                                         //   + h1
   detail::layer_norm<S>(t, L.o_ln_w, L.o_ln_b, cfg_.layer_norm_eps, y);            // h2 = LN_2(.)
 }

@@ -20,6 +20,7 @@
 #include "model.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -78,10 +79,41 @@ public:
   const Model& deberta() const { return deberta_; }
 
   /// deberta.* (state_dict order), pooler.dense.weight, pooler.dense.bias, classifier.weight, classifier.bias.
+  /// Drops the packed weights, or is refused after pack_weights(true) (model.hpp).
   ParamList<S> parameters() {
     ParamList<S> out = deberta_.parameters();
+    head_.reset();
     out.insert(out.end(), {&pool_w_, &pool_b_, &cls_w_, &cls_b_});
     return out;
+  }
+
+  /// Packs the projection weights of the encoder, the pooler and the classifier once (the same outputs, bit for
+  /// bit); with `release_float` frees their float values (DebertaV2Model::pack_weights).
+  void pack_weights(bool release_float = false) {
+    if (deberta_.float_weights_released()) return;
+    deberta_.pack_weights(release_float);
+    if (!deberta_.weights_packed()) return;  // no packed product on this compiler
+    auto head = std::make_shared<HeadPacks>();
+    head->pool = PackedWeight<S>(pool_w_.value.data(), pool_w_.shape[0], pool_w_.shape[1]);
+    head->cls = PackedWeight<S>(cls_w_.value.data(), cls_w_.shape[0], cls_w_.shape[1]);
+    head_ = std::move(head);
+    if (!release_float) return;
+    for (Param<S>* p : {&pool_w_, &cls_w_}) {
+      p->value = Vec<S>();
+      p->grad = Vec<S>();
+    }
+  }
+  bool weights_packed() const { return deberta_.weights_packed(); }
+  bool float_weights_released() const { return deberta_.float_weights_released(); }
+  /// Bytes of the packed copies (0 when not packed).
+  std::size_t packed_bytes() const {
+    return deberta_.packed_bytes() + (head_ ? head_->pool.bytes() + head_->cls.bytes() : 0);
+  }
+  /// Bytes of the weights as held: float values and packed copies.
+  std::size_t weight_bytes() const {
+    std::size_t n = deberta_.weight_bytes() + (head_ ? head_->pool.bytes() + head_->cls.bytes() : 0);
+    for (const Param<S>* p : {&pool_w_, &pool_b_, &cls_w_, &cls_b_}) n += sizeof(S) * std::size_t(p->value.size());
+    return n;
   }
 
   /// Evaluation-mode forward (hidden states kept when asked).
@@ -91,15 +123,21 @@ public:
     const Index B = batch.batch(), T = batch.seq_len(), H = config().hidden_size;
     Mat<S> first(B, H), t, pooled;
     for (Index b = 0; b < B; ++b) first.row(b) = out.deberta.last_hidden_state.row(b * T);  // h[b*T + 0]
-    detail::dense<S>(first, pool_w_, &pool_b_, t);                                 // . W_p^T + b_p
+    const std::shared_ptr<const HeadPacks> head = head_;
+    const PackedWeight<S> none;
+    linear_packed<S>(first, pool_w_, head ? head->pool : none, pool_b_.value.data(), t);  // . W_p^T + b_p
     detail::activation_forward<S>(config().pooler_hidden_act, t, pooled);          // pooled = act(.)
-    detail::dense<S>(pooled, cls_w_, &cls_b_, out.logits);                         // logits = pooled W_c^T + b_c
+    linear_packed<S>(pooled, cls_w_, head ? head->cls : none, cls_b_.value.data(), out.logits);  // pooled W_c^T + b_c
     return out;
   }
 
 private:
   Model deberta_;
   Param<S> pool_w_, pool_b_, cls_w_, cls_b_;
+  struct HeadPacks {
+    PackedWeight<S> pool, cls;
+  };
+  std::shared_ptr<const HeadPacks> head_;  ///< the packed pooler and classifier weights, shared by copies
 };
 
 /// The logits [B, num_labels] of B sequences of one length T: `input_ids`, `token_type_ids` and `attention_mask`

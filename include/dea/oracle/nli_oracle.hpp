@@ -159,6 +159,9 @@ public:
           spm_->vocab_size(), " tokens (pieces and added tokens), more than config.json's vocab_size ",
           nc.vocab_size, ": the tokenizer is not this model's");
     for (Param<S>* p : deb_->parameters()) p->grad = Vec<S>();
+    // fp32 products: the projection weights packed once, not by every product (the same bits), their float values
+    // freed (the packed copies hold the same numbers)
+    if (!std::is_same<S, float>::value || opt_.precision != Precision::bf16) deb_->pack_weights(true);
   }
 
   /// Loads both Hugging Face model directories (hf_dir.hpp and hf_tokenizer.hpp; deberta/hf_dir.hpp and
@@ -201,12 +204,11 @@ public:
   }
   Embedder& embedder() { return emb_; }
   /// Bytes of both models' weights as held (float values; bf16 copies with precision bf16, except a DeBERTa
-  /// cross-encoder's, which stay float).
+  /// cross-encoder's, which stay float, their projection weights packed for the products under fp32).
   std::size_t weight_bytes() const {
     std::size_t n = emb_.weight_bytes();
     if (nli_) return n + nli_->weight_bytes();
-    for (Param<S>* p : const_cast<DebertaNli&>(*deb_).parameters()) n += sizeof(S) * static_cast<std::size_t>(p->value.size());
-    return n;
+    return n + deb_->weight_bytes();
   }
 
   /// [CLS] q [SEP] k [SEP] with token types, longest_first at nli_max_length: the cross-encoder's input.
