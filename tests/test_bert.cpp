@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "same_results.hpp"
+#include "test_files.hpp"
 #include <dea/bert/config.hpp>
 #include <dea/bert/hf_dir.hpp>
 #include <dea/bert/model.hpp>
@@ -39,24 +40,9 @@ namespace {
 
 std::string data(const std::string& rel) { return std::string(DEA_TEST_DATA_DIR) + "/bert/" + rel; }
 
-/// A fresh, empty directory under the system's temporary directory.
-std::string fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("dea_test_bert_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary);
-  f << text;
-  REQUIRE(f.good());
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
+std::string fresh_dir(const std::string& name) { return dea_tests::fresh_dir("bert", name); }
+using dea_tests::read_bytes;
+using dea_tests::write_text;
 
 /// A copy of the fixture directory `variant` (config.json and model.safetensors) in a fresh directory.
 std::string copy_fixture(const std::string& variant, const std::string& name) {

@@ -5,6 +5,8 @@
 // configuration's defaults and refusals, and every bad input of the loader with its message.
 #include <catch2/catch.hpp>
 
+#include "test_files.hpp"
+
 #include <dea/core/parallel.hpp>
 #include <dea/deberta/config.hpp>
 #include <dea/deberta/hf_dir.hpp>
@@ -36,23 +38,9 @@ namespace {
 
 std::string data(const std::string& rel) { return std::string(DEA_TEST_DATA_DIR) + "/deberta/" + rel; }
 
-std::string fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("dea_test_deberta_" + std::to_string(::getpid()) + "_" + name);
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary);
-  f << text;
-  REQUIRE(f.good());
-}
-
-std::string read_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
-}
+std::string fresh_dir(const std::string& name) { return dea_tests::fresh_dir("deberta", name); }
+using dea_tests::read_bytes;
+using dea_tests::write_text;
 
 /// A copy of fixture `variant` (config.json and model.safetensors) in a fresh directory.
 std::string copy_fixture(const std::string& variant, const std::string& name) {

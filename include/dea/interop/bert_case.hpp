@@ -58,10 +58,11 @@ void put_f64(SafeTensors& out, const std::string& name, const Shape& shape, cons
   out.put(name, d, DType::F64);
 }
 
-/// The case's in.input_ids / in.attention_mask / in.token_type_ids as a batch.
-template <class S>
-bert::BertBatch<S> bert_case_batch(const SafeTensors& cs) {
-  bert::BertBatch<S> b;
+/// The case's in.input_ids / in.attention_mask / in.token_type_ids as a batch of an encoder family (a type with
+/// those three members: bert::BertBatch, deberta::DebertaBatch).
+template <class Batch>
+Batch read_case_batch(const SafeTensors& cs) {
+  Batch b;
   check(cs.has("in.input_ids"), cs.source(), ": tensor 'in.input_ids' is missing");
   b.input_ids = cs.get<std::int64_t>("in.input_ids");
   check(b.input_ids.dim() == 2, cs.source(), ": in.input_ids: expected shape [B, T], got ", shape_str(b.input_ids.shape));
@@ -73,6 +74,12 @@ bert::BertBatch<S> bert_case_batch(const SafeTensors& cs) {
   }
   if (cs.has("in.token_type_ids")) b.token_type_ids = cs.get<std::int64_t>("in.token_type_ids");
   return b;
+}
+
+/// The case's inputs as a BERT batch (read_case_batch).
+template <class S>
+bert::BertBatch<S> bert_case_batch(const SafeTensors& cs) {
+  return read_case_batch<bert::BertBatch<S>>(cs);
 }
 
 /// Validates the case's parameters against `expected` (nothing missing, nothing extra, shapes, finite).

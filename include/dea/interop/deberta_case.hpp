@@ -53,20 +53,9 @@ inline deberta::DebertaConfig deberta_case_config(const SafeTensors& cs) {
 
 namespace detail {
 
-/// The case's in.input_ids / in.attention_mask / in.token_type_ids as a batch.
+/// The case's in.input_ids / in.attention_mask / in.token_type_ids as a DeBERTa batch (read_case_batch).
 inline deberta::DebertaBatch deberta_case_batch(const SafeTensors& cs) {
-  deberta::DebertaBatch b;
-  check(cs.has("in.input_ids"), cs.source(), ": tensor 'in.input_ids' is missing");
-  b.input_ids = cs.get<std::int64_t>("in.input_ids");
-  check(b.input_ids.dim() == 2, cs.source(), ": in.input_ids: expected shape [B, T], got ", shape_str(b.input_ids.shape));
-  if (cs.has("in.attention_mask")) {
-    b.attention_mask = cs.get<std::uint8_t>("in.attention_mask");
-    for (Index k = 0; k < b.attention_mask.numel(); ++k)
-      check(b.attention_mask[k] <= 1, cs.source(), ": in.attention_mask: expected 0 or 1, got ",
-            int(b.attention_mask[k]), " at flat index ", k);
-  }
-  if (cs.has("in.token_type_ids")) b.token_type_ids = cs.get<std::int64_t>("in.token_type_ids");
-  return b;
+  return read_case_batch<deberta::DebertaBatch>(cs);
 }
 
 /// Stores the encoder's outputs: last_hidden_state, hidden_states 0 ... L-1, relative_pos.
