@@ -2,6 +2,8 @@
 // file loaders, masked-LM data, oracle tools and the alpha cache; files read by offset (data/byte_file.hpp) and the
 // pieces ranks share (dist/pieces.hpp: an evaluation's batches, gathered in piece order).
 #include <catch2/catch.hpp>
+
+#include "thread_comm.hpp"
 #include <dea/data/byte_file.hpp>
 #include <dea/data/collate.hpp>
 #include <dea/data/dalpha.hpp>
@@ -1094,81 +1096,19 @@ TEST_CASE("LineIndex: line k read alone; a last line without newline; CRLF; bad 
 
 namespace {
 
-/// R ranks as R threads of this process: the collectives copy through shared slots between two barriers.
-class ThreadRanks {
-public:
-  explicit ThreadRanks(int n) : n_(n), slots_(static_cast<std::size_t>(n)) {}
-  int size() const { return n_; }
-
-  void barrier() {
-    std::unique_lock<std::mutex> lock(m_);
-    const std::uint64_t gen = generation_;
-    if (++waiting_ == n_) {
-      waiting_ = 0;
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return generation_ != gen; });
-  }
-  void allgather(int rank, const void* send, std::size_t bytes, void* recv) {
-    slots_[static_cast<std::size_t>(rank)] = send;
-    barrier();
-    for (int r = 0; r < n_; ++r)
-      std::memcpy(static_cast<char*>(recv) + static_cast<std::size_t>(r) * bytes, slots_[static_cast<std::size_t>(r)],
-                  bytes);
-    barrier();
-  }
-  void broadcast(int rank, void* buf, std::size_t bytes, int root) {
-    slots_[static_cast<std::size_t>(rank)] = buf;
-    barrier();
-    if (rank != root) std::memcpy(buf, slots_[static_cast<std::size_t>(root)], bytes);
-    barrier();
-  }
-
-private:
-  int n_;
-  std::vector<const void*> slots_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  int waiting_ = 0;
-  std::uint64_t generation_ = 0;
-};
-
-class ThreadComm final : public dist::Comm {
-public:
-  ThreadComm(ThreadRanks& all, int rank) : all_(all), rank_(rank) {}
-  int rank() const override { return rank_; }
-  int size() const override { return all_.size(); }
-  std::string name() const override { return "threads"; }
-  void allgather_bytes(const void* send, std::size_t bytes, void* recv) override {
-    all_.allgather(rank_, send, bytes, recv);
-  }
-  void broadcast_bytes(void* buf, std::size_t bytes, int root) override { all_.broadcast(rank_, buf, bytes, root); }
-  [[noreturn]] void abort(int) override { std::terminate(); }
-
-private:
-  ThreadRanks& all_;
-  int rank_;
-};
-
 /// f(comm) on each of R thread ranks; what each returned (or the message it threw) in rank order.
 std::vector<std::string> on_ranks(int R, const std::function<std::string(dist::Comm&)>& f) {
-  ThreadRanks all(R);
   std::vector<std::string> out(static_cast<std::size_t>(R));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < R; ++r)
-    threads.emplace_back([&, r] {
-      ThreadComm c(all, r);
-      try {
-        out[static_cast<std::size_t>(r)] = f(c);
-      } catch (const dist::RankFailed& e) {
-        out[static_cast<std::size_t>(r)] = std::string("RankFailed: ") + e.what();
-      } catch (const std::exception& e) {
-        out[static_cast<std::size_t>(r)] = std::string("error: ") + e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  dea_tests::run_on_thread_ranks(R, [&](dist::Comm& c) {
+    std::string& o = out[static_cast<std::size_t>(c.rank())];
+    try {
+      o = f(c);
+    } catch (const dist::RankFailed& e) {
+      o = std::string("RankFailed: ") + e.what();
+    } catch (const std::exception& e) {
+      o = std::string("error: ") + e.what();
+    }
+  });
   return out;
 }
 
