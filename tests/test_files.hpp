@@ -1,14 +1,19 @@
 // tests/test_files.hpp: the file helpers of the tests that build model directories on disk (test_bert,
-// test_deberta): a fresh temporary directory per test, a text file written, a file read back whole.
+// test_deberta): a fresh temporary directory per test, a text file written, a file read back whole, and a model
+// directory whose weights file was edited, refused by its loader with the expected messages.
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <dea/core/error.hpp>
+#include <dea/io/safetensors.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 namespace dea_tests {
 
@@ -31,6 +36,27 @@ inline void write_text(const std::string& path, const std::string& text) {
 inline std::string read_bytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+/// Writes `good` edited by `edit` as `dir`/model.safetensors and requires load(dir) to throw a dea::Error naming that
+/// file and containing every one of `msgs`; removes `dir` afterwards.
+inline void require_weights_refused(const std::string& dir, const dea::io::SafeTensors& good,
+                                    const std::function<void(dea::io::SafeTensors&)>& edit,
+                                    const std::function<void(const std::string&)>& load,
+                                    const std::vector<std::string>& msgs) {
+  dea::io::SafeTensors st = good;
+  edit(st);
+  st.save(dir + "/model.safetensors");
+  try {
+    load(dir);
+    FAIL("the directory loaded");
+  } catch (const dea::Error& e) {
+    const std::string what = e.what();
+    INFO(what);
+    CHECK(what.find(dir + "/model.safetensors") != std::string::npos);
+    for (const std::string& m : msgs) CHECK(what.find(m) != std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace dea_tests
